@@ -1,0 +1,27 @@
+"""pymc_dp: differentially private MCMC step methods for PyMC.
+
+Public API: the step methods, :func:`sample` and :func:`privacy_report`.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from pymc_dp.model import ModelNotSupportedError
+from pymc_dp.report import PrivacyReport, privacy_report
+from pymc_dp.sampling import sample
+from pymc_dp.step_methods import BudgetExceededError, DPPenaltyMetropolis, DPStep
+
+try:
+    __version__ = version("pymc_dp")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0"
+
+__all__ = [
+    "BudgetExceededError",
+    "DPPenaltyMetropolis",
+    "DPStep",
+    "ModelNotSupportedError",
+    "PrivacyReport",
+    "__version__",
+    "privacy_report",
+    "sample",
+]

@@ -1,0 +1,270 @@
+"""The privacy report of a finished run, computed from nothing but what ``pm.sample`` returned.
+
+Every pymc_dp step records, in every iteration, the privacy it spent as data-free sampler
+stats: ``dp_mu`` (privacy-loss parameter of the Gaussian mechanisms of the iteration),
+``dp_releases`` (how many releases), and, for steps with non-Gaussian parts,
+``dp_iter_epsilon``/``dp_iter_delta`` (an (epsilon, delta)-DP mechanism). The report counts
+every chain and every iteration, warmup included (from the ``warmup_sample_stats`` group, or
+from the ``tuning_steps`` attribute PyMC writes when tuned draws were discarded), composes
+them with :class:`pymc_dp.accounting.PrivacyLedger`, and writes flat attributes into the
+result (strings and numbers only, so they survive a netCDF round trip).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from pymc_dp.accounting import ApproxDPEvent, PrivacyLedger
+
+__all__ = ["PrivacyReport", "privacy_report", "RAW_DATA_GROUPS"]
+
+#: Groups of a PyMC result that hold the raw data.
+RAW_DATA_GROUPS = ("observed_data", "constant_data", "log_likelihood")
+
+NEIGHBOUR_RELATION = (
+    "replace-one (substitute): two datasets of the same size n that differ in one record"
+)
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """Privacy spend of a run.
+
+    Attributes
+    ----------
+    epsilon, delta : float
+        The run is (epsilon, delta)-DP with respect to any single record.
+    mu : float
+        Total privacy-loss parameter of the Gaussian mechanisms (loss ~ N(mu, 2 mu)).
+    mechanism : str
+        What was composed and by which theorem.
+    releases : int
+        Number of Gaussian-mechanism releases over the whole run.
+    chains : int
+    iterations : int
+        Total iterations over all chains, warmup included.
+    tuning_iterations : int
+        Warmup iterations per chain (included in ``iterations``).
+    draws : int
+        Kept draws per chain.
+    neighbour_relation : str
+    nonprivate_diagnostics : bool
+        True when the run emitted stats computed from the data without noise: then the
+        result is NOT differentially private as a whole.
+    raw_data_groups : tuple of str
+        Groups holding raw data still present in the result (publish none of them).
+    """
+
+    epsilon: float
+    delta: float
+    mu: float
+    mechanism: str
+    releases: int
+    chains: int
+    iterations: int
+    tuning_iterations: int
+    draws: int
+    neighbour_relation: str = NEIGHBOUR_RELATION
+    nonprivate_diagnostics: bool = False
+    raw_data_groups: tuple[str, ...] = ()
+
+    def to_attrs(self) -> dict[str, Any]:
+        """Flat ``dp_*`` attributes (str, int, float only)."""
+        out = {}
+        for k, v in asdict(self).items():
+            if isinstance(v, bool):
+                v = int(v)
+            elif isinstance(v, tuple):
+                v = ",".join(v)
+            out[f"dp_{k}"] = v
+        return out
+
+    def __str__(self) -> str:
+        lines = [
+            f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP",
+            f"  neighbours: {self.neighbour_relation}",
+            f"  {self.chains} chains x {self.iterations // max(self.chains, 1)} iterations "
+            f"({self.tuning_iterations} warmup + {self.draws} draws), {self.releases} releases, "
+            f"mu = {self.mu:.6g}",
+            f"  {self.mechanism}",
+        ]
+        if self.nonprivate_diagnostics:
+            lines.append("  WARNING: non-private diagnostics were emitted: NOT DP as a whole")
+        if self.raw_data_groups:
+            lines.append(f"  WARNING: raw data groups present: {', '.join(self.raw_data_groups)}")
+        return "\n".join(lines)
+
+
+def _groups(idata) -> list[str]:
+    if hasattr(idata, "groups") and callable(idata.groups):
+        return [g.strip("/") for g in idata.groups()]
+    return [k for k in getattr(idata, "children", {})]
+
+
+def _get_group(idata, name: str):
+    """A group as an xarray Dataset, for InferenceData and DataTree."""
+    if name not in _groups(idata):
+        return None
+    g = idata[name]
+    return g.to_dataset() if hasattr(g, "to_dataset") else g
+
+
+def _per_iteration(ds, name: str) -> np.ndarray | None:
+    """Stat ``name`` as (chain, draw), summed over the sampler axis of compound steps."""
+    if ds is None or name not in ds:
+        return None
+    a = np.asarray(ds[name].values, dtype=float)
+    a = np.where(np.isnan(a), 0.0, a)
+    while a.ndim > 2:
+        a = a.sum(axis=-1)
+    return a
+
+
+def _tuning_steps(idata, posterior) -> int:
+    for src in (posterior.attrs, getattr(idata, "attrs", {})):
+        if "tuning_steps" in src:
+            return int(src["tuning_steps"])
+    raise ValueError(
+        "cannot find how many warmup iterations the run made (no 'warmup_sample_stats' group "
+        "and no 'tuning_steps' attribute); pass tuning_steps= to privacy_report"
+    )
+
+
+def privacy_report(
+    idata, delta: float | None = None, *, tuning_steps: int | None = None, attach: bool = True
+) -> PrivacyReport:
+    """Compose the privacy spend of a pymc_dp run and attach it to the result.
+
+    Parameters
+    ----------
+    idata : arviz.InferenceData or xarray.DataTree
+        What ``pm.sample`` returned (PyMC 5.x or 6.x).
+    delta : float, optional
+        Delta at which to report epsilon. Default: the target delta the steps were calibrated
+        for (recorded in the ``dp_target_delta`` stat).
+    tuning_steps : int, optional
+        Warmup iterations per chain, when the result carries neither the warmup stats nor
+        PyMC's ``tuning_steps`` attribute.
+    attach : bool
+        Write the flat ``dp_*`` attributes into ``idata.attrs`` and the posterior's attrs.
+
+    Returns
+    -------
+    PrivacyReport
+
+    References
+    ----------
+    Sommer, Meiser, Mohammadi (2019), Lemma 12 (tight composition of Gaussian mechanisms);
+    DP-HMC paper Theorem 2.4 / 3.5; Kairouz, Oh, Viswanath (2015) for (epsilon, delta) parts.
+    """
+    stats = _get_group(idata, "sample_stats")
+    posterior = _get_group(idata, "posterior")
+    if stats is None or posterior is None or "dp_mu" not in stats:
+        raise ValueError(
+            "this result has no pymc_dp privacy stats (sample_stats.dp_mu): it was not sampled "
+            "with a pymc_dp step, so no privacy guarantee can be reported"
+        )
+    warm = _get_group(idata, "warmup_sample_stats")
+    mu_draws = _per_iteration(stats, "dp_mu")
+    chains, draws = mu_draws.shape
+    if warm is not None and "dp_mu" in warm:
+        mu_warm = _per_iteration(warm, "dp_mu")
+        n_tune = mu_warm.shape[1]
+    else:
+        n_tune = tuning_steps if tuning_steps is not None else _tuning_steps(idata, posterior)
+        mu_warm = None
+
+    def total(name: str) -> float:
+        d = _per_iteration(stats, name)
+        if d is None:
+            return 0.0
+        w = _per_iteration(warm, name) if mu_warm is not None else None
+        if w is not None:
+            return float(d.sum() + w.sum())
+        # Warmup draws were discarded: every step charges a constant per iteration.
+        per_iter = d.max(axis=1)
+        if not np.allclose(d, per_iter[:, None]):
+            raise ValueError(f"stat {name} varies within a chain; keep the warmup draws")
+        return float(d.sum() + n_tune * per_iter.sum())
+
+    mu = total("dp_mu")
+    releases = int(round(total("dp_releases")))
+    ledger = PrivacyLedger()
+    ledger_mu_note = "Gaussian mechanisms composed by the tight bound (privacy loss N(mu, 2mu); "
+    ledger_mu_note += "Sommer et al. 2019 Lemma 12, DP-HMC paper Thm 2.4)"
+    if delta is None:
+        td = np.asarray(stats["dp_target_delta"].values, dtype=float)
+        td = td[np.isfinite(td) & (td > 0)]
+        if td.size == 0:
+            raise ValueError(
+                "no target delta was recorded (the steps were given noise multipliers): pass "
+                "delta=..., e.g. well below 1/n"
+            )
+        delta = float(td.min())
+    if not (0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1); got {delta!r}")
+    if mu > 0:
+        from pymc_dp.accounting import GaussianEvent
+
+        # A single event with the same total mu: noise multiplier sqrt(1 / (2 mu)).
+        ledger.add(GaussianEvent(float(np.sqrt(1.0 / (2.0 * mu)))))
+    mechanism = ledger_mu_note
+    it_eps = _per_iteration(stats, "dp_iter_epsilon")
+    if it_eps is not None and np.any(it_eps > 0):
+        it_del = _per_iteration(stats, "dp_iter_delta")
+        if mu_warm is not None:
+            it_eps = np.concatenate([_per_iteration(warm, "dp_iter_epsilon"), it_eps], axis=1)
+            it_del = np.concatenate([_per_iteration(warm, "dp_iter_delta"), it_del], axis=1)
+            extra = 0
+        else:
+            extra = n_tune
+        # Homogeneous composition with the worst per-iteration charge (conservative).
+        e_max, d_max = float(it_eps.max()), float(it_del.max())
+        count = int(it_eps.size + extra * chains)
+        ledger.add(ApproxDPEvent(e_max, d_max, count))
+        mechanism += (
+            f"; plus {count} (epsilon={e_max:.4g}, delta={d_max:.3g})-DP iterations composed by "
+            "the optimal homogeneous composition theorem (Kairouz, Oh, Viswanath 2015)"
+        )
+    epsilon = float(ledger.epsilon(delta))
+    nonprivate = any(
+        name.endswith("_NONPRIVATE") and np.any(np.isfinite(np.asarray(stats[name].values)))
+        for name in stats.data_vars
+    )
+    raw = tuple(g for g in RAW_DATA_GROUPS if g in _groups(idata))
+    report = PrivacyReport(
+        epsilon=epsilon,
+        delta=float(delta),
+        mu=mu,
+        mechanism=mechanism,
+        releases=releases,
+        chains=int(chains),
+        iterations=int(chains * (draws + n_tune)),
+        tuning_iterations=int(n_tune),
+        draws=int(draws),
+        nonprivate_diagnostics=bool(nonprivate),
+        raw_data_groups=raw,
+    )
+    if raw:
+        warnings.warn(
+            f"this result still carries raw data ({', '.join(raw)}); remove those groups before "
+            "publishing it (pymc_dp.sample removes them unless keep_data=True)",
+            UserWarning,
+            stacklevel=2,
+        )
+    if nonprivate:
+        warnings.warn(
+            "this run emitted non-private diagnostics (stats ending in _NONPRIVATE): the result "
+            "is NOT differentially private as a whole",
+            UserWarning,
+            stacklevel=2,
+        )
+    if attach:
+        attrs = report.to_attrs()
+        idata.attrs.update(attrs)
+        idata["posterior"].attrs.update(attrs)
+    return report

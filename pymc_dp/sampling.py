@@ -1,0 +1,196 @@
+"""``pymc_dp.sample``: a private posterior in one call.
+
+Target (epsilon, delta) -> noise calibrated for the whole run (all chains, warmup included)
+-> ``pm.sample`` -> privacy report attached -> raw-data groups removed. Before anything is
+sampled, the run is refused if it would publish data outside the privacy mechanism.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import pymc as pm
+import pytensor.tensor as pt
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.traversal import ancestors
+
+from pymc_dp.model import ModelNotSupportedError, count_records
+from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
+from pymc_dp.step_methods.base import DPStep, check_positive, check_target
+
+__all__ = ["sample", "check_run_is_private"]
+
+
+def _reads_data(var, model: pm.Model, n: int) -> bool:
+    """Whether a graph reads the data: an observed value, a pm.Data (shared) variable, or any
+    constant array with one row per record (conservative: such a constant is treated as data).
+    """
+    observed = {model.rvs_to_values[rv] for rv in model.observed_RVs}
+    for a in ancestors([var]):
+        if a in observed:
+            return True
+        if isinstance(a, SharedVariable) and isinstance(a.type, pt.TensorType):
+            return True
+        if isinstance(a, pt.TensorConstant) and a.ndim >= 1 and a.data.shape[0] == n:
+            return True
+    return False
+
+
+def _flatten_steps(step) -> list:
+    if isinstance(step, pm.CompoundStep):
+        return [s for m in step.methods for s in _flatten_steps(m)]
+    if isinstance(step, list | tuple):
+        return [s for m in step for s in _flatten_steps(m)]
+    return [step]
+
+
+def check_run_is_private(
+    model: pm.Model,
+    steps: Sequence,
+    *,
+    var_names: Sequence[str] | None = None,
+    idata_kwargs: dict | None = None,
+) -> None:
+    """Refuse a run that would publish data outside the privacy mechanism.
+
+    Raises
+    ------
+    ModelNotSupportedError
+        A step that is not a pymc_dp step; free variables no DP step covers (PyMC would give
+        them a non-private sampler); a stored Deterministic that depends on the data;
+        ``idata_kwargs={"log_likelihood": True}``.
+    """
+    steps = _flatten_steps(steps)
+    for s in steps:
+        if not isinstance(s, DPStep):
+            raise ModelNotSupportedError(
+                f"step {type(s).__name__} is not a pymc_dp step: it would read the data "
+                "without a privacy mechanism. Use only pymc_dp step methods"
+            )
+    covered = {v.name for s in steps for v in s.vars}
+    missing = [v.name for v in model.value_vars if v.name not in covered]
+    if missing:
+        raise ModelNotSupportedError(
+            f"free variables {missing} are not sampled by any pymc_dp step; PyMC would assign "
+            "them a non-private sampler. Pass vars=... so the DP steps cover every free variable"
+        )
+    if idata_kwargs and idata_kwargs.get("log_likelihood"):
+        raise ModelNotSupportedError(
+            "idata_kwargs={'log_likelihood': True} stores per-record log-likelihoods computed "
+            "from the data without noise; remove it"
+        )
+    n = count_records(model)
+    for det in model.deterministics:
+        if var_names is not None and det.name not in var_names:
+            continue
+        if _reads_data(det, model, n):
+            raise ModelNotSupportedError(
+                f"Deterministic {det.name!r} depends on the data and would be stored at every "
+                "draw without noise; exclude it with var_names=[...] (list the variables to "
+                "keep) or remove it from the model"
+            )
+
+
+def sample(
+    step,
+    *,
+    epsilon: float | None = None,
+    delta: float | None = None,
+    draws: int = 1000,
+    tune: int = 1000,
+    chains: int = 4,
+    step_kwargs: dict[str, Any] | None = None,
+    keep_data: bool = False,
+    model: pm.Model | None = None,
+    var_names: Sequence[str] | None = None,
+    idata_kwargs: dict | None = None,
+    **sample_kwargs: Any,
+):
+    """Sample a differentially private posterior and attach its privacy report.
+
+    Parameters
+    ----------
+    step : pymc_dp step class, step instance, or list of step instances
+        A class (e.g. ``pymc_dp.DPHMC``) is constructed with ``epsilon``, ``delta``,
+        ``draws``, ``tune``, ``chains`` and ``step_kwargs``: its noise is calibrated so that
+        the whole run meets the target. An instance is used as it is (its own calibration).
+    epsilon, delta : float
+        Target privacy of the whole run (required with a step class).
+    draws, tune, chains : int
+        As in :func:`pymc.sample`. Warmup iterations are charged.
+    step_kwargs : dict, optional
+        Further arguments of the step class (e.g. ``clip_bound``).
+    keep_data : bool
+        Keep the raw-data groups (``observed_data``, ``constant_data``) in the result. They
+        are NOT private; off by default.
+    model : pm.Model, optional
+    var_names, idata_kwargs, **sample_kwargs
+        Passed to :func:`pymc.sample` (``cores``, ``random_seed``, ``progressbar``, ...).
+
+    Returns
+    -------
+    arviz.InferenceData (PyMC 5.x) or xarray.DataTree (PyMC 6.x)
+        With ``dp_*`` attributes; read them with :func:`pymc_dp.privacy_report`.
+    """
+    model = pm.modelcontext(model)
+    draws = check_positive("draws", draws, integer=True)
+    tune = check_positive("tune", tune, integer=True, allow_zero=True)
+    chains = check_positive("chains", chains, integer=True)
+    for bad in ("step", "return_inferencedata", "discard_tuned_samples_private"):
+        if bad in sample_kwargs:
+            raise TypeError(f"pymc_dp.sample got an unexpected argument {bad!r}")
+    if inspect.isclass(step):
+        if not issubclass(step, DPStep):
+            raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
+        epsilon, delta = check_target(epsilon, delta)
+        step = step(
+            model=model,
+            epsilon=epsilon,
+            delta=delta,
+            draws=draws,
+            tune=tune,
+            chains=chains,
+            **(step_kwargs or {}),
+        )
+    elif epsilon is not None or step_kwargs:
+        raise ValueError(
+            "epsilon/delta/step_kwargs calibrate a step class; a step instance carries its own "
+            "calibration: pass the class (e.g. step=pymc_dp.DPHMC) to calibrate here"
+        )
+    steps = _flatten_steps(step)
+    check_run_is_private(model, steps, var_names=var_names, idata_kwargs=idata_kwargs)
+    for s in steps:
+        if s.plan is not None and (
+            s.plan.chains < chains or s.plan.iterations_per_chain < draws + tune
+        ):
+            raise ValueError(
+                f"{type(s).__name__} was calibrated for {s.plan}, smaller than this run "
+                f"(draws={draws}, tune={tune}, chains={chains}); calibrate for the run you make"
+            )
+    step_arg = step if not isinstance(step, list | tuple) else list(step)
+    idata = pm.sample(
+        draws=draws,
+        tune=tune,
+        chains=chains,
+        step=step_arg,
+        model=model,
+        var_names=var_names,
+        idata_kwargs=idata_kwargs,
+        **sample_kwargs,
+    )
+    if not keep_data:
+        _drop_groups(idata, RAW_DATA_GROUPS)
+    privacy_report(idata, delta)
+    return idata
+
+
+def _drop_groups(idata, names) -> None:
+    for g in names:
+        if hasattr(idata, "groups") and callable(idata.groups):  # arviz.InferenceData
+            if g in idata.groups():
+                delattr(idata, g)
+                idata._groups = [x for x in idata._groups if x != g]
+        elif g in getattr(idata, "children", {}):  # xarray.DataTree
+            del idata[g]

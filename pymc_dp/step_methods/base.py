@@ -1,0 +1,241 @@
+"""Shared machinery of the pymc_dp step methods.
+
+A DP step is a thin PyMC :class:`~pymc.step_methods.arraystep.ArrayStepShared`: it wires a
+pure kernel (:mod:`pymc_dp.kernels`) to the per-record model functions
+(:mod:`pymc_dp.model`), declares its sampler stats, and records in every iteration the
+privacy it spent (data-free constants), from which :func:`pymc_dp.privacy_report` composes the
+spend of a whole run. The step never does privacy math beyond calling
+:mod:`pymc_dp.accounting`.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import numpy as np
+import pymc as pm
+from pymc.step_methods.arraystep import ArrayStepShared
+from pymc.step_methods.compound import Competence
+from pymc.util import get_value_vars_from_user_vars
+
+from pymc_dp.model import build_record_functions
+
+__all__ = [
+    "BudgetExceededError",
+    "DPStep",
+    "RunPlan",
+    "NONPRIVATE_SUFFIX",
+    "check_positive",
+    "check_target",
+]
+
+#: Suffix of every sampler stat that is computed from the data without noise.
+NONPRIVATE_SUFFIX = "_NONPRIVATE"
+
+
+class BudgetExceededError(RuntimeError):
+    """A chain was asked to run more iterations than its noise was calibrated for."""
+
+
+def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False):
+    """Validate a positive finite number; the error names the parameter and the fix."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number; got {value!r}") from None
+    ok = math.isfinite(v) and (v >= 0 if allow_zero else v > 0)
+    if integer:
+        ok = ok and float(int(v)) == v
+    if not ok:
+        kind = "integer" if integer else "finite number"
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a {kind} {bound}; got {value!r}")
+    return int(v) if integer else v
+
+
+def check_target(epsilon: Any, delta: Any) -> tuple[float, float]:
+    """Validate a privacy target (epsilon > 0 finite, 0 < delta < 1)."""
+    eps = check_positive("epsilon", epsilon)
+    try:
+        d = float(delta)
+    except (TypeError, ValueError):
+        raise ValueError(f"delta must be a number in (0, 1); got {delta!r}") from None
+    if not (0.0 < d < 1.0):
+        raise ValueError(f"delta must be in (0, 1), typically below 1/n; got {delta!r}")
+    return eps, d
+
+
+class RunPlan:
+    """A planned run: iterations per chain (tuning included) and number of chains.
+
+    Parameters
+    ----------
+    draws, tune, chains : int
+        As passed to :func:`pymc.sample`. Warmup (``tune``) iterations read the data and are
+        charged like any other iteration.
+    """
+
+    def __init__(self, draws: int, tune: int, chains: int) -> None:
+        self.draws = check_positive("draws", draws, integer=True)
+        self.tune = check_positive("tune", tune, integer=True, allow_zero=True)
+        self.chains = check_positive("chains", chains, integer=True)
+
+    @property
+    def iterations_per_chain(self) -> int:
+        return self.draws + self.tune
+
+    @property
+    def iterations(self) -> int:
+        return self.chains * self.iterations_per_chain
+
+    def __repr__(self) -> str:
+        return f"RunPlan(draws={self.draws}, tune={self.tune}, chains={self.chains})"
+
+
+def make_plan(draws, tune, chains, *, epsilon) -> RunPlan | None:
+    """A RunPlan when a target epsilon is given; error if the plan is incomplete."""
+    if epsilon is None:
+        if any(v is not None for v in (draws, tune, chains)):
+            return RunPlan(draws, tune if tune is not None else 0, chains or 1)
+        return None
+    missing = [k for k, v in (("draws", draws), ("tune", tune), ("chains", chains)) if v is None]
+    if missing:
+        raise ValueError(
+            "a target epsilon calibrates the noise for a planned run: pass "
+            f"{', '.join(missing)} (the same values you give pm.sample), or use pymc_dp.sample "
+            "which passes them for you"
+        )
+    return RunPlan(draws, tune, chains)
+
+
+class DPStep(ArrayStepShared):
+    """Base class of the differentially private step methods.
+
+    Subclasses set ``self._mu_per_iteration`` and ``self._releases_per_iteration`` (data-free
+    constants) before calling :meth:`_setup`, implement :meth:`_dp_astep` and extend
+    ``stats_dtypes_shapes``. Every iteration calls :meth:`_begin_iteration` before it reads the
+    data, which enforces the calibrated plan.
+    """
+
+    name = "dp_step"
+    default_blocked = True
+    stats_dtypes_shapes = {
+        "accepted": (np.float64, []),
+        "dp_mu": (np.float64, []),
+        "dp_releases": (np.int64, []),
+        "dp_target_delta": (np.float64, []),
+    }
+
+    def _setup(
+        self,
+        vars,
+        *,
+        model,
+        rng,
+        initial_point,
+        compile_kwargs,
+        blocked,
+        tempering: float,
+        chunk_size: int | None,
+        data_free_potentials: bool,
+        plan: RunPlan | None,
+        target_delta: float | None,
+        nonprivate_diagnostics: bool,
+    ) -> None:
+        model = pm.modelcontext(model)
+        if initial_point is None:
+            initial_point = model.initial_point()
+        if vars is None:
+            vars = model.value_vars
+        else:
+            vars = get_value_vars_from_user_vars(vars, model)
+        self.plan = plan
+        self.max_iterations = plan.iterations_per_chain if plan is not None else None
+        self.target_delta = target_delta
+        self.nonprivate_diagnostics = bool(nonprivate_diagnostics)
+        if self.nonprivate_diagnostics:
+            warnings.warn(
+                f"{type(self).__name__}(nonprivate_diagnostics=True): sampler stats ending in "
+                f"{NONPRIVATE_SUFFIX} are computed from the data WITHOUT noise and are NOT "
+                "differentially private. Never publish a result sampled with this option; its "
+                "privacy report says so.",
+                UserWarning,
+                stacklevel=3,
+            )
+        self._fns, shared = build_record_functions(
+            model,
+            vars,
+            initial_point,
+            tempering=tempering,
+            chunk_size=chunk_size,
+            data_free_potentials=data_free_potentials,
+            compile_kwargs=compile_kwargs,
+        )
+        q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars])
+        self._fns.check_start(q0)
+        self._iteration = 0
+        # Adapt during warmup; pm.sample switches this off (stop_tuning) when warmup ends.
+        self.tune = True
+        super().__init__(vars, shared, blocked=blocked, rng=rng)
+
+    # -- PyMC hooks ---------------------------------------------------------------------------
+    def set_rng(self, rng) -> None:
+        """PyMC 5.x calls this once at the start of every chain (cores=1 and parallel alike)."""
+        super().set_rng(rng)
+        self._start_chain()
+
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        """PyMC 6.x calls this once at the start of every chain, with its length."""
+        super().setup_chain(rng, tune, draws)
+        self._start_chain(int(tune) + int(draws))
+
+    def _start_chain(self, iterations: int | None = None) -> None:
+        self._iteration = 0
+        if (
+            iterations is not None
+            and self.max_iterations is not None
+            and iterations > self.max_iterations
+        ):
+            self._raise_budget_exceeded()
+        self._reset_chain_state()
+
+    def _reset_chain_state(self) -> None:
+        """Per-chain state (overridden by steps that carry state across iterations)."""
+
+    @staticmethod
+    def competence(var, has_grad):
+        # Never assigned automatically: privacy is opt-in by constructing the step.
+        return Competence.INCOMPATIBLE
+
+    # -- privacy bookkeeping ------------------------------------------------------------------
+    def _begin_iteration(self) -> None:
+        """Enforce the calibrated plan; call before the iteration reads the data."""
+        if self.max_iterations is not None and self._iteration >= self.max_iterations:
+            self._raise_budget_exceeded()
+        self._iteration += 1
+
+    def _raise_budget_exceeded(self):
+        raise BudgetExceededError(
+            f"{type(self).__name__} was calibrated for {self.max_iterations} iterations per "
+            f"chain ({self.plan}); a chain may not run longer, so it stops before reading the "
+            "data again. Calibrate for the run you make: pass the same draws, tune and chains to "
+            "the step and to pm.sample (or use pymc_dp.sample)."
+        )
+
+    def _privacy_stats(self) -> dict[str, Any]:
+        return {
+            "dp_mu": self._mu_per_iteration,
+            "dp_releases": self._releases_per_iteration,
+            "dp_target_delta": np.nan if self.target_delta is None else self.target_delta,
+        }
+
+    def astep(self, q0):
+        self._begin_iteration()
+        q, stats = self._dp_astep(q0)
+        stats.update(self._privacy_stats())
+        return q, [stats]
+
+    def _dp_astep(self, q0):  # pragma: no cover - abstract
+        raise NotImplementedError

@@ -1,0 +1,79 @@
+"""Shared fixtures and statistical helpers of the pymc_dp tests."""
+
+from __future__ import annotations
+
+import warnings
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import stats
+
+warnings.filterwarnings("ignore", message=".*BLAS.*")
+
+
+def posterior_array(idata, name: str) -> np.ndarray:
+    """Draws of ``name`` as a numpy array of shape (chain, draw, ...)."""
+    return np.asarray(idata["posterior"][name].values)
+
+
+def assert_matches_distribution(draws: np.ndarray, dist, *, label: str = "") -> None:
+    """Check (chain, draw) draws against a frozen scipy distribution.
+
+    - the mean is within 4 Monte Carlo standard errors (MCSE = posterior sd / sqrt(ESS));
+    - a KS test at alpha = 1e-3 on draws thinned to roughly independent ones
+      (thinning interval = total draws / ESS).
+    """
+    draws = np.asarray(draws, dtype=float)
+    assert draws.ndim == 2, draws.shape
+    ess = float(az.ess(draws))
+    assert ess > 100, f"{label}: effective sample size {ess:.0f} too small for the test"
+    mcse = dist.std() / np.sqrt(ess)
+    err = draws.mean() - dist.mean()
+    assert abs(err) < 4 * mcse, (
+        f"{label}: mean {draws.mean():.5f} vs {dist.mean():.5f}: error {err:.5f} is "
+        f"{abs(err) / mcse:.1f} MCSE (ESS {ess:.0f})"
+    )
+    thin = max(1, int(np.ceil(draws.size / ess)))
+    thinned = draws[:, ::thin].ravel()
+    p = stats.kstest(thinned, dist.cdf).pvalue
+    assert p > 1e-3, f"{label}: KS p-value {p:.2e} on {thinned.size} draws (thin {thin})"
+
+
+def normal_mean_model(n: int = 50, d: int = 1, prior_sd: float = 10.0, seed: int = 0):
+    """x_i ~ N(theta, I_d), theta ~ N(0, prior_sd^2 I). Returns (model, posterior mean, sd)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(loc=np.linspace(-1.0, 1.0, d), size=(n, d))
+    with pm.Model() as model:
+        theta = pm.Normal("theta", 0.0, prior_sd, shape=d)
+        pm.Normal("x", theta, 1.0, observed=x)
+    prec = 1.0 / prior_sd**2 + n
+    return model, x.sum(axis=0) / prec, np.full(d, 1.0 / np.sqrt(prec))
+
+
+def inverse_gamma_variance_model(n: int = 40, a: float = 3.0, b: float = 2.0, seed: int = 1):
+    """x_i ~ N(0, s2), s2 ~ InvGamma(a, b): a transformed (log) variable with a closed form.
+
+    Posterior: s2 | x ~ InvGamma(a + n / 2, b + sum x^2 / 2).
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.normal(scale=1.3, size=n)
+    with pm.Model() as model:
+        s2 = pm.InverseGamma("s2", alpha=a, beta=b)
+        pm.Normal("x", 0.0, pm.math.sqrt(s2), observed=x)
+    post = stats.invgamma(a + n / 2, scale=b + (x**2).sum() / 2)
+    return model, post
+
+
+@pytest.fixture
+def logistic_model():
+    """Small logistic regression with an intercept (n = 200, d = 3)."""
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(200, 2))
+    y = (rng.uniform(size=200) < 1 / (1 + np.exp(-(X @ [1.0, -0.5] + 0.3)))).astype(int)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 2)
+        w = pm.Normal("w", 0, 2, shape=2)
+        pm.Bernoulli("y", logit_p=a + pm.math.dot(X, w), observed=y)
+    return model, X, y

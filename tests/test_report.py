@@ -1,0 +1,212 @@
+"""The privacy report and pymc_dp.sample: counts, composition, attributes, refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import normal_mean_model
+
+import pymc_dp
+from pymc_dp.accounting import gaussian_epsilon
+
+SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
+
+
+def _groups(idata):
+    g = idata.groups() if callable(getattr(idata, "groups", None)) else idata.children
+    return {x.strip("/") for x in g}
+
+
+@pytest.mark.parametrize("discard", [True, False])
+def test_report_counts_every_chain_and_warmup(discard):
+    model, *_ = normal_mean_model(n=20, d=1)
+    z = 3.0
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=z)
+        idata = pm.sample(
+            25,
+            tune=15,
+            chains=3,
+            cores=1,
+            step=step,
+            random_seed=1,
+            discard_tuned_samples=discard,
+            **SAMPLE,
+        )
+    rep = pymc_dp.privacy_report(idata, delta=1e-6)
+    k = 3 * (25 + 15)
+    assert rep.iterations == k and rep.chains == 3
+    assert rep.tuning_iterations == 15 and rep.draws == 25
+    assert rep.releases == k
+    assert rep.mu == pytest.approx(k / (2 * z**2))
+    assert rep.epsilon == pytest.approx(gaussian_epsilon(k / (2 * z**2), 1e-6))
+    assert idata.attrs["dp_epsilon"] == rep.epsilon
+    assert idata["posterior"].attrs["dp_iterations"] == k
+
+
+def test_report_survives_netcdf_round_trip(tmp_path):
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        idata = pymc_dp.sample(
+            pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=20,
+            tune=10,
+            chains=2,
+            step_kwargs={"clip_bound": 3.0},
+            cores=1,
+            random_seed=2,
+            **SAMPLE,
+        )
+    path = tmp_path / "run.nc"
+    idata.to_netcdf(str(path))
+    try:
+        import arviz as az
+
+        back = az.from_netcdf(str(path))
+    except Exception:  # PyMC 6 / arviz 1.x returns a DataTree
+        import xarray as xr
+
+        back = xr.open_datatree(str(path))
+    attrs = dict(back["posterior"].attrs)
+    assert attrs["dp_epsilon"] == pytest.approx(idata.attrs["dp_epsilon"])
+    assert attrs["dp_epsilon"] <= 1.0
+    assert attrs["dp_iterations"] == 60
+    rep = pymc_dp.privacy_report(back)
+    assert rep.epsilon == pytest.approx(idata.attrs["dp_epsilon"])
+
+
+def test_sample_calibrates_removes_data_and_meets_target():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        idata = pymc_dp.sample(
+            pymc_dp.DPPenaltyMetropolis,
+            epsilon=0.5,
+            delta=1e-5,
+            draws=30,
+            tune=20,
+            chains=2,
+            step_kwargs={"clip_bound": 3.0},
+            cores=1,
+            random_seed=3,
+            **SAMPLE,
+        )
+    assert not _groups(idata) & {"observed_data", "constant_data", "log_likelihood"}
+    rep = pymc_dp.privacy_report(idata)
+    assert rep.epsilon <= 0.5 and rep.epsilon == pytest.approx(0.5, rel=1e-4)
+    assert rep.delta == 1e-5 and rep.iterations == 100 and not rep.raw_data_groups
+
+
+def test_sample_keep_data_warns_in_report():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model, pytest.warns(UserWarning, match="raw data"):
+        idata = pymc_dp.sample(
+            pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=10,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+            keep_data=True,
+            random_seed=3,
+            **SAMPLE,
+        )
+    assert "observed_data" in _groups(idata)
+
+
+def test_nonprivate_diagnostics_flagged():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model, pytest.warns(UserWarning, match="NOT"):
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=3.0, noise_multiplier=2.0, nonprivate_diagnostics=True
+        )
+        idata = pm.sample(10, tune=0, chains=1, step=step, random_seed=1, **SAMPLE)
+        rep = pymc_dp.privacy_report(idata, delta=1e-5)
+    assert rep.nonprivate_diagnostics and idata.attrs["dp_nonprivate_diagnostics"] == 1
+
+
+def test_report_refuses_non_dp_result():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        idata = pm.sample(10, tune=0, chains=1, step=pm.Metropolis(), random_seed=1, **SAMPLE)
+    with pytest.raises(ValueError, match="not sampled with a pymc_dp step"):
+        pymc_dp.privacy_report(idata, delta=1e-5)
+
+
+def test_report_needs_delta_when_not_calibrated():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=2.0)
+        idata = pm.sample(10, tune=0, chains=1, step=step, random_seed=1, **SAMPLE)
+    with pytest.raises(ValueError, match="pass delta"):
+        pymc_dp.privacy_report(idata)
+
+
+# -- refusals of pymc_dp.sample ---------------------------------------------------------------
+
+
+def test_sample_refuses_uncovered_free_variables(logistic_model):
+    model, *_ = logistic_model
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis([model["a"]], clip_bound=3.0, noise_multiplier=2.0)
+        with pytest.raises(pymc_dp.ModelNotSupportedError, match=r"\['w'\].*non-private"):
+            pymc_dp.sample(step, draws=5, tune=0, chains=1, delta=1e-5)
+
+
+def test_sample_refuses_data_dependent_deterministic():
+    x = np.linspace(-1, 1, 20)
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 1)
+        pm.Deterministic("resid", x - t)
+        pm.Deterministic("t2", t**2)
+        pm.Normal("x", t, 1, observed=x)
+    kw = dict(
+        epsilon=1.0,
+        delta=1e-5,
+        draws=5,
+        tune=0,
+        chains=1,
+        step_kwargs={"clip_bound": 3.0},
+        random_seed=1,
+        **SAMPLE,
+    )
+    with model:
+        with pytest.raises(pymc_dp.ModelNotSupportedError, match="'resid' depends on the data"):
+            pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
+        idata = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, var_names=["t", "t2"], **kw)
+    assert "resid" not in idata["posterior"]
+
+
+def test_sample_refuses_log_likelihood():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model, pytest.raises(pymc_dp.ModelNotSupportedError, match="log_likelihood"):
+        pymc_dp.sample(
+            pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=5,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+            idata_kwargs={"log_likelihood": True},
+        )
+
+
+def test_sample_refuses_non_dp_step():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        with pytest.raises(pymc_dp.ModelNotSupportedError, match="not a pymc_dp step"):
+            pymc_dp.sample(pm.Metropolis(), draws=5, tune=0, chains=1)
+
+
+def test_sample_refuses_step_calibrated_for_smaller_run():
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=3.0, epsilon=1.0, delta=1e-5, draws=10, tune=0, chains=1
+        )
+        with pytest.raises(ValueError, match="calibrated for"):
+            pymc_dp.sample(step, draws=10, tune=0, chains=2)
