@@ -8,5 +8,6 @@ shift || true
 cd "$(dirname "$0")/.."
 VENV=".venv-$(basename "$PY")"
 "$PY" -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[examples]"
+{ "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[examples]" 2>&1; } |
+  { grep -v "is ignored: it is neither a file nor a directory" || true; }
 "$VENV/bin/python" examples/logistic_regression.py "$@"

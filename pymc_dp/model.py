@@ -43,6 +43,7 @@ __all__ = [
     "RecordFunctions",
     "build_record_functions",
     "count_records",
+    "deterministics_reading_data",
 ]
 
 
@@ -103,6 +104,27 @@ def count_records(model: pm.Model) -> int:
     if n == 0:
         raise ModelNotSupportedError("the dataset is empty (0 records); there is nothing to fit")
     return n
+
+
+def _reads_data(var, model: pm.Model, n: int) -> bool:
+    """Whether a graph reads the data: an observed value, a pm.Data (shared) variable, or any
+    constant array with one row per record (conservative: such a constant is treated as data).
+    """
+    observed = {model.rvs_to_values[rv] for rv in model.observed_RVs}
+    for a in ancestors([var]):
+        if a in observed:
+            return True
+        if isinstance(a, SharedVariable) and isinstance(a.type, pt.TensorType):
+            return True
+        if isinstance(a, pt.TensorConstant) and a.ndim >= 1 and a.data.shape[0] == n:
+            return True
+    return False
+
+
+def deterministics_reading_data(model: pm.Model) -> list:
+    """The model's Deterministics whose graph reads the data (stored without noise by PyMC)."""
+    n = count_records(model)
+    return [det for det in model.deterministics if _reads_data(det, model, n)]
 
 
 def check_model_supported(

@@ -12,30 +12,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import pymc as pm
-import pytensor.tensor as pt
-from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.graph.traversal import ancestors
 
-from pymc_dp.model import ModelNotSupportedError, count_records
+from pymc_dp.model import ModelNotSupportedError, deterministics_reading_data
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, check_positive, check_target
 
 __all__ = ["sample", "check_run_is_private"]
-
-
-def _reads_data(var, model: pm.Model, n: int) -> bool:
-    """Whether a graph reads the data: an observed value, a pm.Data (shared) variable, or any
-    constant array with one row per record (conservative: such a constant is treated as data).
-    """
-    observed = {model.rvs_to_values[rv] for rv in model.observed_RVs}
-    for a in ancestors([var]):
-        if a in observed:
-            return True
-        if isinstance(a, SharedVariable) and isinstance(a.type, pt.TensorType):
-            return True
-        if isinstance(a, pt.TensorConstant) and a.ndim >= 1 and a.data.shape[0] == n:
-            return True
-    return False
 
 
 def _flatten_steps(step) -> list:
@@ -81,11 +63,8 @@ def check_run_is_private(
             "idata_kwargs={'log_likelihood': True} stores per-record log-likelihoods computed "
             "from the data without noise; remove it"
         )
-    n = count_records(model)
-    for det in model.deterministics:
-        if var_names is not None and det.name not in var_names:
-            continue
-        if _reads_data(det, model, n):
+    for det in deterministics_reading_data(model):
+        if var_names is None or det.name in var_names:
             raise ModelNotSupportedError(
                 f"Deterministic {det.name!r} depends on the data and would be stored at every "
                 "draw without noise; exclude it with var_names=[...] (list the variables to "

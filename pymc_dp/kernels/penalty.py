@@ -39,11 +39,17 @@ def penalty_log_acceptance(
     ``lambda + xi + log q-ratio + log prior ratio - sigma^2 / 2`` with ``xi ~ N(0, sigma^2)``
     (Yildirim & Ermis 2019, eq. for alpha_pen; DP-HMC paper Sec. 3). With the ratio not
     clipped the chain is exact: ``E[exp(xi - sigma^2/2)] = 1`` (Ceperley & Dewing 1999).
+    Works elementwise on arrays (vectorised audits draw many noise values at once); scalars in,
+    scalar out.
     """
-    xi = rng.normal() * sigma
+    shape = np.shape(clipped_llr)
+    xi = rng.normal(size=shape) * sigma if shape else rng.normal() * sigma
     return clipped_llr + xi + log_prior_ratio + log_proposal_ratio - 0.5 * sigma * sigma
 
 
-def accept(log_ratio: float, rng: np.random.Generator) -> bool:
-    """Metropolis decision ``log u < log_ratio`` (NaN rejects)."""
-    return bool(np.log(rng.uniform()) < log_ratio)
+def accept(log_ratio, rng: np.random.Generator):
+    """Metropolis decision ``log u < log_ratio`` (NaN rejects); elementwise on arrays."""
+    shape = np.shape(log_ratio)
+    if not shape:
+        return bool(np.log(rng.uniform()) < log_ratio)
+    return np.log(rng.uniform(size=shape)) < log_ratio

@@ -20,7 +20,7 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence
 from pymc.util import get_value_vars_from_user_vars
 
-from pymc_dp.model import build_record_functions
+from pymc_dp.model import build_record_functions, deterministics_reading_data
 
 __all__ = [
     "BudgetExceededError",
@@ -151,6 +151,25 @@ class DPStep(ArrayStepShared):
             vars = model.value_vars
         else:
             vars = get_value_vars_from_user_vars(vars, model)
+        uncovered = [v.name for v in model.value_vars if v not in vars]
+        if uncovered:
+            warnings.warn(
+                f"{type(self).__name__} samples {[v.name for v in vars]} only; the free "
+                f"variables {uncovered} must be sampled by pymc_dp steps too, otherwise PyMC "
+                "assigns them a non-private sampler that reads the data without noise "
+                "(pymc_dp.sample refuses such a run)",
+                UserWarning,
+                stacklevel=3,
+            )
+        leaky = [d.name for d in deterministics_reading_data(model)]
+        if leaky:
+            warnings.warn(
+                f"Deterministics {leaky} depend on the data; pm.sample stores them at every "
+                "draw without noise. Exclude them with var_names=[...] (pymc_dp.sample "
+                "refuses to store them)",
+                UserWarning,
+                stacklevel=3,
+            )
         self.plan = plan
         self.max_iterations = plan.iterations_per_chain if plan is not None else None
         self.target_delta = target_delta
