@@ -27,7 +27,7 @@ import pymc_dp  # noqa: E402
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epsilon", type=float, default=4.0)
-    p.add_argument("--delta", type=float, default=1e-4, help="below 1/n = 1/569")
+    p.add_argument("--delta", type=float, default=1e-5, help="below 1/n = 1/6366")
     p.add_argument("--draws", type=int, default=2000)
     p.add_argument("--tune", type=int, default=1000)
     p.add_argument("--chains", type=int, default=2)
@@ -57,7 +57,7 @@ def main(argv=None) -> None:
             random_seed=args.seed,
             progressbar=False,
         )
-    print(f"Breast-cancer logistic regression, n = {len(y)} patients, {X.shape[1]} features")
+    print(f"Affairs survey (Fair 1978): logistic regression, n = {len(y)} respondents")
     print(az.summary(idata, kind="stats"))
     acc = float(np.mean(idata["sample_stats"]["accepted"].values))
     print(f"acceptance rate (a DP output): {acc:.3f}")

@@ -197,3 +197,11 @@ def test_bad_input_raises_before_reading_data(kwargs, match, monkeypatch):
     model, *_ = normal_mean_model(n=10, d=1)
     with model, pytest.raises(ValueError, match=match):
         pymc_dp.DPPenaltyMetropolis(**kwargs)
+
+
+def test_delta_above_one_over_n_warns():
+    model, *_ = normal_mean_model(n=10, d=1)
+    with model, pytest.warns(UserWarning, match=r"larger than 1/n = 0.1"):
+        pymc_dp.DPPenaltyMetropolis(
+            clip_bound=1.0, epsilon=1.0, delta=0.2, draws=10, tune=0, chains=1
+        )

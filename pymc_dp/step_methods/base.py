@@ -20,7 +20,7 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence
 from pymc.util import get_value_vars_from_user_vars
 
-from pymc_dp.model import build_record_functions, deterministics_reading_data
+from pymc_dp.model import build_record_functions, count_records, deterministics_reading_data
 
 __all__ = [
     "BudgetExceededError",
@@ -167,6 +167,15 @@ class DPStep(ArrayStepShared):
                 f"Deterministics {leaky} depend on the data; pm.sample stores them at every "
                 "draw without noise. Exclude them with var_names=[...] (pymc_dp.sample "
                 "refuses to store them)",
+                UserWarning,
+                stacklevel=3,
+            )
+        n = count_records(model)
+        if target_delta is not None and target_delta > 1.0 / n:
+            warnings.warn(
+                f"delta={target_delta:g} is larger than 1/n = {1.0 / n:g}: a mechanism that "
+                "publishes one random record in the clear satisfies (0, 1/n)-DP. Choose delta "
+                "well below 1/n (the papers use 0.1/n)",
                 UserWarning,
                 stacklevel=3,
             )
