@@ -207,3 +207,99 @@ def penalty_runner(
         return {"accepted": accept(log_a, rng), "accept": np.exp(np.minimum(0.0, log_a))}
 
     return run
+
+
+def hmc_runner(
+    fns_d,
+    fns_d2,
+    q: np.ndarray,
+    p: np.ndarray,
+    *,
+    step_size: float,
+    n_leapfrog: int,
+    grad_clip_bound: float,
+    llr_clip_bound: float,
+    grad_noise_multiplier: float,
+    llr_noise_multiplier: float,
+    noise_scale: float = 1.0,
+    clip: bool = True,
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """One DPHMC iteration (fixed position and momentum, unit mass) on D and D'.
+
+    Runs the step's own kernels (:func:`pymc_dp.kernels.hmc.noisy_leapfrog`, the penalty
+    test) with the real clipped per-record gradient and ratio sums of the two datasets, once
+    per trial (the trajectory depends on each trial's noise, so trials are a loop; keep
+    ``n_leapfrog`` small). Published outputs: the next position (coordinate 0), the proposal's
+    step length (the ``step_norm`` stat), the accept bit and the noisy acceptance probability.
+    """
+    from pymc_dp.kernels.hmc import gradient_noise_std, kinetic_energy, noisy_leapfrog
+    from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
+
+    inv_mass = np.ones_like(q)
+    g_bound = grad_clip_bound if clip else np.inf
+    sigma_g = gradient_noise_std(grad_noise_multiplier, grad_clip_bound) * noise_scale
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        fns = fns_d2 if on_d2 else fns_d
+
+        def grad_fn(x: np.ndarray) -> np.ndarray:
+            return fns.clipped_grad_sum(x, g_bound)[0] + fns.prior_logp_and_grad(x)[1]
+
+        out = {k: np.empty(trials) for k in ("q0", "step_norm", "accept")}
+        acc = np.empty(trials, dtype=bool)
+        lp0 = fns.prior_logp(q)
+        for t in range(trials):
+            traj = noisy_leapfrog(q, p, step_size, n_leapfrog, grad_fn, inv_mass, sigma_g, rng)
+            norm = float(np.linalg.norm(traj.q - q))
+            bound = llr_clip_bound * norm if clip else np.inf
+            llr = fns.clipped_loglik_ratio_sum(traj.q, q, bound)[0]
+            sigma_l = penalty_noise_std(llr_noise_multiplier, llr_clip_bound, norm) * noise_scale
+            dk = kinetic_energy(p, inv_mass) - kinetic_energy(traj.p, inv_mass)
+            log_a = penalty_log_acceptance(llr, fns.prior_logp(traj.q) - lp0, dk, sigma_l, rng)
+            acc[t] = accept(log_a, rng)
+            out["q0"][t] = traj.q[0] if acc[t] else q[0]
+            out["step_norm"][t] = norm
+            out["accept"][t] = np.exp(min(0.0, log_a))
+        out["accepted"] = acc
+        return out
+
+    return run
+
+
+def fastmh_runner(
+    step_d, step_d2, q: np.ndarray, q_new: np.ndarray
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """One DPFastMH iteration (fixed state and proposal) on D and D'.
+
+    ``step_d`` and ``step_d2`` are :class:`pymc_dp.DPFastMH` steps with identical settings
+    built on the two neighbouring datasets; the runner calls the step's own transition kernel
+    (:func:`pymc_dp.kernels.fastmh.fastmh_transition`) with each step's data access, once per
+    trial. Published outputs: the accept bit and the ``accept`` stat (NaN in noise-free
+    iterations, where it is not published).
+    """
+    from pymc_dp.kernels.fastmh import fastmh_transition
+
+    M = min(float(np.linalg.norm(q_new - q)), step_d.max_step)
+    lpr = step_d._fns.prior_logp(q_new) - step_d._fns.prior_logp(q)
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        step = step_d2 if on_d2 else step_d
+        acc = np.empty(trials, dtype=bool)
+        stat = np.empty(trials)
+        for t in range(trials):
+            info = fastmh_transition(
+                rng,
+                step._settings,
+                step._sampler,
+                step_norm=M,
+                log_prior_ratio=lpr,
+                log_proposal_ratio=0.0,
+                minibatch_ratios=lambda idx, s=step: s._minibatch_ratios(q_new, q, idx),
+                fullbatch_clipped_sum=lambda m, s=step: s._fullbatch_clipped_sum(q_new, q, m),
+                n_records=step._fns.n_records,
+            )
+            acc[t] = info.accepted
+            stat[t] = np.nan if info.noise_free else np.exp(min(0.0, info.log_accept))
+        return {"accepted": acc, "accept": stat}
+
+    return run

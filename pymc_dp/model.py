@@ -33,10 +33,13 @@ import pymc as pm
 import pytensor
 import pytensor.tensor as pt
 from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
+from pytensor.compile.builders import OpFromGraph
 from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
+from pytensor.tensor.basic import Alloc
+from pytensor.tensor.shape import SpecifyShape
 
 __all__ = [
     "ModelNotSupportedError",
@@ -228,6 +231,19 @@ class RecordFunctions:
         """Per-record log-likelihood differences ``T * (l_i(q_new) - l_i(q_old))``."""
         return self.loglik(q_new) - self.loglik(q_old)
 
+    def loglik_ratio_subset(
+        self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
+    ) -> np.ndarray:
+        """``T * (l_i(q_new) - l_i(q_old))`` for the records ``idx`` only (repeats allowed).
+
+        Reads only the rows ``idx`` of every data array (one fancy-indexing read per array), so
+        the cost is ``O(len(idx))``, independent of ``n``: the minibatch of DP-Fast MH.
+        """
+        rows = [a[idx] for a in self._data]
+        return np.asarray(self._c.ll_chunk(q_new, *rows)) - np.asarray(
+            self._c.ll_chunk(q_old, *rows)
+        )
+
     def clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float
     ) -> tuple[float, int]:
@@ -257,13 +273,31 @@ class RecordFunctions:
         """``sum_i clip_b(grad l_i(q))`` with each record's gradient clipped to L2 norm ``b``.
 
         Returns the sum (shape ``(d,)``) and the number of clipped records (non-private: see
-        :meth:`clipped_loglik_ratio_sum`).
+        :meth:`clipped_loglik_ratio_sum`). A record whose gradient is not finite contributes
+        0 (and counts as clipped). Models whose per-record gradient factorises as
+        ``v_i(q) x_i`` per parameter block (GLMs) take a faster route with the same result
+        (see :meth:`_Builder.compile_gradients`); its per-chunk row norms of the data are
+        computed on first use and cached.
         """
         self._ensure_grad()
+        fs = self._c.grad_clipped
+        step = self.chunk_size or self.n_records
+        cache = self.__dict__.setdefault("_grad_row_sq", {})
         total = np.zeros(self.ndim)
         count = 0
-        for c in self._chunks():
-            g, k = self._c.grad_clipped(q, bound, *c)
+        for start, c in zip(range(0, self.n_records, step), self._chunks(), strict=True):
+            row_sq = None
+            if fs["fast"] is not None:
+                key = (step, start)
+                if key not in cache:
+                    r = [np.asarray(a) for a in fs["row_sq"](*c)]
+                    # a non-finite data row: the generic route zeroes that record's gradient
+                    cache[key] = r if all(np.all(np.isfinite(a)) for a in r) else None
+                row_sq = cache[key]
+            if row_sq is None:
+                g, k = fs["generic"](q, bound, *c)
+            else:
+                g, k = fs["fast"](q, bound, *row_sq, *c)
             total += g
             count += int(k)
         return total, count
@@ -293,19 +327,170 @@ class _Builder:
         self.compile_kwargs = compile_kwargs
 
     def compile_gradients(self):
-        """Per-record gradient (n x d) and clipped-gradient-sum functions."""
-        g_one = pytensor.grad(self.one_record, self.x)
-        grads = vectorize_graph(g_one, dict(zip(self.rows, self.batch, strict=True)))
+        """Per-record gradient and clipped-gradient-sum functions, compiled on first use.
+
+        Returns ``(f_grad, f_clip)``. ``f_grad(q, *chunk)`` gives the ``(m, d)`` per-record
+        gradients of a chunk of ``m`` records. ``f_clip`` is a dict of compiled functions
+        read by :meth:`RecordFunctions.clipped_grad_sum`:
+
+        ``"generic"``
+            ``(q, b, *chunk) -> (sum_i clip_b(g_i), n_clipped)`` for every model: the
+            ``m x d`` per-record gradients are formed, their norms taken, and the clipped
+            rows summed.
+        ``"fast"``, ``"row_sq"`` (both ``None`` when the model does not qualify)
+            The same sum for models whose per-record gradient factorises, per parameter
+            block, as ``g_i[block] = v_i(q) m_i`` with ``m_i`` the row of a matrix that
+            depends on the data only (GLMs: ``m_i = x_i``). Then
+            ``||g_i[block]||^2 = v_i^2 ||m_i||^2``, where ``||m_i||^2`` is computed once per
+            chunk by ``row_sq(*chunk)`` and passed to ``fast(q, b, *row_sq, *chunk)``, and
+            the clipped sum of the block is the matrix-vector product ``M^T (w v)``: the
+            same passes over the data as the gradient of the summed log-likelihood, instead
+            of forming and reducing the ``m x d`` per-record gradients. Blocks that do not
+            factorise (e.g. an intercept or a scale parameter: one column) are handled like
+            the generic route within the same function. The factorisation is verified on
+            data-free stand-in records before it is used.
+
+        Records whose gradient is not finite contribute 0 in both routes (their norm stays
+        below ``b``, so the sensitivity stays ``2 b``; otherwise one NaN would be released
+        without noise). Norms are formed from squared norms, never as ``sqrt(sqr(.))``:
+        pytensor < 2.39 rewrites ``sqrt(sqr(x))`` to ``switch(x >= 0, x, nan)`` (pytensor
+        PR #1952), which a one-parameter model triggers.
+        """
+        import pytensor.scalar as ps
+        from pytensor.graph.traversal import io_toposort
+        from pytensor.tensor.elemwise import Elemwise
+        from pytensor.tensor.subtensor import Subtensor
+
+        x, batch = self.x, self.batch
+        ck = dict(self.compile_kwargs)
+        to_batch = dict(zip(self.rows, batch, strict=True))
         bound = pt.dscalar("grad_clip_bound")
-        norms = pt.sqrt(pt.sum(pt.sqr(grads), axis=1))
-        scale = pt.minimum(1.0, bound / pt.maximum(norms, 1e-300))
-        clipped = pt.sum(grads * scale[:, None], axis=0)
-        n_clipped = pt.sum(pt.gt(norms, bound))
-        f_grad = pm.pytensorf.compile([self.x, *self.batch], grads, **self.compile_kwargs)
-        f_clip = pm.pytensorf.compile(
-            [self.x, bound, *self.batch], [clipped, n_clipped], **self.compile_kwargs
+        huge = np.finfo(np.float64).max
+
+        def clip_weights(sq_norms):
+            finite = pt.le(sq_norms, huge)
+            inv_norm = pt.minimum(1.0, bound / pt.sqrt(pt.maximum(sq_norms, 1e-300)))
+            scale = pt.switch(finite, inv_norm, 0.0)
+            return finite, scale, pt.sum(pt.invert(pt.le(sq_norms, bound * bound)))
+
+        def masked_sum(block, finite, scale):
+            return pt.sum(pt.switch(finite[:, None], block * scale[:, None], 0.0), axis=0)
+
+        grads = vectorize_graph(pytensor.grad(self.one_record, x), to_batch)
+        finite, scale, n_clipped = clip_weights(pt.sum(pt.sqr(grads), axis=1))
+        f_grad = pm.pytensorf.compile([x, *batch], grads, **ck)
+        f_generic = pm.pytensorf.compile(
+            [x, bound, *batch], [masked_sum(grads, finite, scale), n_clipped], **ck
         )
-        return f_grad, f_clip
+
+        def factor(block):
+            """``(M, v)`` with ``block = M * v[:, None]`` and M data-only, else None."""
+            node = block.owner
+            if (
+                node is not None
+                and isinstance(node.op, Elemwise)
+                and isinstance(node.op.scalar_op, ps.TrueDiv)
+                and node.inputs[1].type.broadcastable[1]
+            ):  # (M * v) / u with u constant along the block: M * (v / u)
+                f = factor(node.inputs[0])
+                return None if f is None else (f[0], f[1] / node.inputs[1][:, 0])
+            if not (
+                node is not None
+                and isinstance(node.op, Elemwise)
+                and isinstance(node.op.scalar_op, ps.Mul)
+                and block.ndim == 2
+                and block.type.shape[1] not in (None, 1)
+            ):
+                return None
+            full = [i for i in node.inputs if i.type.broadcastable == (False, False)]
+            rest = [i for i in node.inputs if i.type.broadcastable[1]]
+            if len(full) != 1 or len(full) + len(rest) != len(node.inputs):
+                return None
+            if x in ancestors([full[0]]):
+                return None
+            v = pt.mul(*rest) if rest else pt.ones((1, 1))
+            return full[0], v[:, 0]
+
+        def factorised():
+            d = x.type.shape[0]
+            if d is None:
+                return None
+            # Parameter blocks: the slices of q the one-record graph reads (one per value
+            # variable), located by evaluating them at q = 0, 1, ..., d - 1 (no data).
+            clients = [n for n in io_toposort([x], [self.one_record]) if x in n.inputs]
+            pieces = [x]
+            if clients and all(isinstance(n.op, Subtensor) for n in clients):
+                pieces = [n.outputs[0] for n in clients]
+            if any(p.ndim > 1 for p in pieces):
+                return None
+            where = pytensor.function([x], pieces, on_unused_input="ignore")(
+                np.arange(d, dtype=x.dtype)
+            )
+            where = [np.atleast_1d(w).astype(int) for w in where]
+            starts = [int(w[0]) if w.size else -1 for w in where]
+            order = np.argsort(starts)
+            if not np.array_equal(np.concatenate([where[i] for i in order]), np.arange(d)):
+                return None
+            wrt = [pieces[i] for i in order]
+            gs = pytensor.grad(self.one_record, wrt=wrt, disconnected_inputs="ignore")
+            blocks = vectorize_graph(list(gs), to_batch)
+            blocks = [
+                rewrite_graph(b, include=("canonicalize",), exclude=("constant_folding",))
+                for b in blocks
+            ]
+            blocks = [b[:, None] if b.ndim == 1 else b for b in blocks]
+            split = [factor(b) for b in blocks]
+            if not any(split):
+                return None
+            row_sq_in, row_sq_out, sq_terms = [], [], []
+            for b, f in zip(blocks, split, strict=True):
+                if f is None:
+                    sq_terms.append(pt.sum(pt.sqr(b), axis=1))
+                else:
+                    r = pt.vector(f"row_sq{len(row_sq_in)}", dtype="float64")
+                    row_sq_in.append(r)
+                    row_sq_out.append(pt.cast(pt.sum(pt.sqr(f[0]), axis=1), "float64"))
+                    sq_terms.append(pt.sqr(f[1]) * r)
+            finite, scale, n_clipped = clip_weights(pt.add(*sq_terms))
+            parts = [
+                masked_sum(b, finite, scale)
+                if f is None
+                else pt.dot(pt.switch(finite, scale * f[1], 0.0), f[0])
+                for b, f in zip(blocks, split, strict=True)
+            ]
+            clipped = pt.concatenate(parts) if len(parts) > 1 else parts[0]
+            kw = {"on_unused_input": "ignore", **ck}
+            f_fast = pm.pytensorf.compile(
+                [x, bound, *row_sq_in, *batch], [clipped, n_clipped], **kw
+            )
+            f_row_sq = pm.pytensorf.compile(list(batch), row_sq_out, **kw)
+            # Verify on data-free stand-in records, at two points, with and without clipping.
+            if any(None in b.type.shape[1:] for b in batch):
+                return None
+            fake = []
+            for b in batch:
+                shape = (5, *b.type.shape[1:])
+                k = np.arange(int(np.prod(shape))).reshape(shape)
+                if np.issubdtype(np.dtype(b.dtype), np.integer) or b.dtype == "bool":
+                    fake.append((k % 2).astype(b.dtype))
+                else:
+                    fake.append((0.3 + 0.1 * ((7 * k) % 11)).astype(b.dtype))
+            row_sq = f_row_sq(*fake)
+            checked = False
+            for q in (np.zeros(d), 0.1 + 0.05 * np.arange(d)):
+                for b in (1e-3, 1e6):
+                    g1, k1 = f_generic(q.astype(x.dtype), b, *fake)
+                    g2, k2 = f_fast(q.astype(x.dtype), b, *row_sq, *fake)
+                    if int(k1) != int(k2) or not np.allclose(g1, g2, rtol=1e-9, atol=1e-12):
+                        return None
+                    checked = checked or bool(np.all(np.isfinite(g1)) and np.any(g1 != 0))
+            return {"fast": f_fast, "row_sq": f_row_sq} if checked else None
+
+        try:
+            fast = factorised()
+        except Exception:  # noqa: BLE001 - any failure just means: use the generic route
+            fast = None
+        return f_grad, {"generic": f_generic, **(fast or {"fast": None, "row_sq": None})}
 
 
 def _data_nodes(graph, n: int, exclude: set) -> list:
@@ -320,6 +505,65 @@ def _data_nodes(graph, n: int, exclude: set) -> list:
             if a.ndim >= 1 and _static_leading_length(a) == n:
                 nodes.append(a)
     return nodes
+
+
+def _inline_op_from_graph(graph):
+    """Expand ``OpFromGraph`` nodes (e.g. ``LogSumExp`` of PyTensor 3): their inner graphs are
+    frozen with the static shapes of the full dataset and would pin them to ``n`` records."""
+    for _ in range(10):  # nested OpFromGraphs: expand level by level
+        nodes = [
+            v.owner
+            for v in ancestors([graph])
+            if v.owner is not None and isinstance(v.owner.op, OpFromGraph)
+        ]
+        if not nodes:
+            return graph
+        replacements = {}
+        for node in set(nodes):
+            replacements.update(zip(node.outputs, _expand(node), strict=True))
+        graph = clone_replace(graph, replace=replacements, rebuild_strict=False)
+    return graph
+
+
+def _expand(node) -> list:
+    """The inner graph of an ``OpFromGraph`` node, bound to the node's inputs."""
+    try:  # PyTensor >= 3: frozen inner graphs
+        from pytensor.compile.rewriting import inline_ofg_node
+
+        return list(inline_ofg_node(node))
+    except ImportError:  # PyTensor 2.x
+        return clone_replace(
+            node.op.inner_outputs,
+            replace=dict(zip(node.op.inner_inputs, node.inputs, strict=True)),
+        )
+
+
+def _drop_shape_pins(graph):
+    """Remove the nodes that pin shapes to ``n`` records.
+
+    PyMC fixes the observed variable's shape to ``n`` (``SpecifyShape``, and ``Alloc`` to the
+    observed shape); once the data arrays are replaced by chunks or single rows those pins
+    would fail, or silently broadcast one record to ``n``. ``SpecifyShape`` is dropped; an
+    ``Alloc`` is dropped only when its input already has the output's static shape (it is a
+    no-op). Any other broadcast stays, and the separability checks refuse the model.
+    """
+    replacements = {}
+    for v in ancestors([graph]):
+        if v.owner is None:
+            continue
+        op, inp = v.owner.op, v.owner.inputs[0]
+        if isinstance(op, SpecifyShape):
+            replacements[v] = inp
+        elif (
+            isinstance(op, Alloc)
+            and inp.type.ndim == v.type.ndim
+            and None not in v.type.shape
+            and tuple(inp.type.shape) == tuple(v.type.shape)
+        ):
+            replacements[v] = inp
+    if not replacements:
+        return graph
+    return clone_replace(graph, replace=replacements, rebuild_strict=False)
 
 
 def _node_value(node) -> np.ndarray:
@@ -406,7 +650,9 @@ def build_record_functions(
 
     [ll_vec, prior], x = join_nonshared_inputs(initial_point, [ll_vec, prior], vars, shared)
     x.name = "q"
+    ll_vec = _drop_shape_pins(_inline_op_from_graph(ll_vec))
     ll_vec = rewrite_graph(ll_vec, include=("canonicalize",), exclude=("constant_folding",))
+    ll_vec = _drop_shape_pins(ll_vec)
     if tempering != 1.0:
         ll_vec = ll_vec * tempering
 
@@ -426,14 +672,17 @@ def build_record_functions(
         pt.tensor(dtype=d.dtype, shape=d.type.shape[1:], name=f"row{i}")
         for i, d in enumerate(data_nodes)
     ]
-    ll_batch = clone_replace(
-        ll_vec, replace=dict(zip(data_nodes, batch, strict=True)), rebuild_strict=False
+    ll_batch = _drop_shape_pins(
+        clone_replace(
+            ll_vec, replace=dict(zip(data_nodes, batch, strict=True)), rebuild_strict=False
+        )
     )
     one = clone_replace(
         ll_vec,
         replace={d: r[None] for d, r in zip(data_nodes, rows, strict=True)},
         rebuild_strict=False,
-    ).sum()
+    )
+    one = _drop_shape_pins(one).sum()
     one = rewrite_graph(one, include=("canonicalize",), exclude=("constant_folding",))
 
     x_new = x.type("q_new")

@@ -194,8 +194,7 @@ def privacy_report(
     mu = total("dp_mu")
     releases = int(round(total("dp_releases")))
     ledger = PrivacyLedger()
-    ledger_mu_note = "Gaussian mechanisms composed by the tight bound (privacy loss N(mu, 2mu); "
-    ledger_mu_note += "Sommer et al. 2019 Lemma 12, DP-HMC paper Thm 2.4)"
+    parts = []
     if delta is None:
         td = np.asarray(stats["dp_target_delta"].values, dtype=float)
         td = td[np.isfinite(td) & (td > 0)]
@@ -212,7 +211,10 @@ def privacy_report(
 
         # A single event with the same total mu: noise multiplier sqrt(1 / (2 mu)).
         ledger.add(GaussianEvent(float(np.sqrt(1.0 / (2.0 * mu)))))
-    mechanism = ledger_mu_note
+        parts.append(
+            f"{releases} Gaussian-mechanism releases composed by the tight bound (privacy loss "
+            "N(mu, 2mu); Sommer et al. 2019 Lemma 12, DP-HMC paper Thm 2.4)"
+        )
     it_eps = _per_iteration(stats, "dp_iter_epsilon")
     if it_eps is not None and np.any(it_eps > 0):
         it_del = _per_iteration(stats, "dp_iter_delta")
@@ -226,10 +228,17 @@ def privacy_report(
         e_max, d_max = float(it_eps.max()), float(it_del.max())
         count = int(it_eps.size + extra * chains)
         ledger.add(ApproxDPEvent(e_max, d_max, count))
-        mechanism += (
-            f"; plus {count} (epsilon={e_max:.4g}, delta={d_max:.3g})-DP iterations composed by "
-            "the optimal homogeneous composition theorem (Kairouz, Oh, Viswanath 2015)"
+        parts.append(
+            f"{count} (epsilon={e_max:.4g}, delta={d_max:.3g})-DP iterations composed by the "
+            "optimal homogeneous composition theorem (Kairouz, Oh, Viswanath 2015)"
         )
+        min_delta = 1.0 - (1.0 - d_max) ** count
+        if min_delta >= delta:
+            parts.append(
+                f"no finite epsilon at delta={delta:.3g}: these iterations alone compose to "
+                f"delta >= {min_delta:.3g}"
+            )
+    mechanism = "; ".join(parts) if parts else "no data access recorded"
     epsilon = float(ledger.epsilon(delta))
     nonprivate = any(
         name.endswith("_NONPRIVATE") and np.any(np.isfinite(np.asarray(stats[name].values)))

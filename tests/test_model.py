@@ -234,3 +234,25 @@ def test_bad_chunk_size(logistic_model, bad):
     model, *_ = logistic_model
     with pytest.raises(ValueError, match="chunk_size"):
         _fns(model, chunk_size=bad)
+
+
+def test_mixture_with_numpy_observed():
+    """Likelihoods built from OpFromGraph ops (LogSumExp on PyTensor 3) and shape pins."""
+    x = np.random.default_rng(0).normal(size=50)
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 5, shape=2)
+        pm.NormalMixture(
+            "x", w=[0.5, 0.5], mu=pm.math.stack([t[0], t[0] + t[1]]), sigma=1.4, observed=x
+        )
+    fns = _fns(model, chunk_size=7)
+    q = np.array([0.1, 0.2])
+    ref = _reference_loglik(model, {"t": q})
+    np.testing.assert_allclose(fns.loglik(q), ref, rtol=1e-10)
+    G = fns.per_record_grad(q)
+    h = 1e-6
+    for k in range(2):
+        e = np.zeros(2)
+        e[k] = h
+        np.testing.assert_allclose(
+            G[:, k], (fns.loglik(q + e) - fns.loglik(q - e)) / (2 * h), atol=1e-6
+        )

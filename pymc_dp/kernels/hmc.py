@@ -1,0 +1,387 @@
+"""Pure-numpy pieces of DP-HMC: the noisy clipped leapfrog and its warmup adaptation.
+
+Never imports PyMC; every random draw comes from a ``numpy.random.Generator`` passed in.
+
+The sign convention is that of a *log density*: ``grad_fn(q)`` returns the gradient of the
+log target ``log pi(q) = -U(q)``, so a momentum half step is ``p <- p + (h/2) (g(q) + xi)``
+(the paper writes ``p - s grad U``; DP-HMC paper Sec. 2.2 and eq. (1)).
+
+References
+----------
+.. [1] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte
+   Carlo. Algorithm 1 and Theorem 3.5 (shared/papers/000); Sec. 3, eq. (1)
+   (shared/papers/003).
+.. [2] Neal, R. M. (2011). MCMC using Hamiltonian dynamics. Handbook of MCMC, ch. 5.
+.. [3] Hoffman, M. D. and Gelman, A. (2014). The No-U-Turn sampler. JMLR 15,
+   Sec. 3.2 (dual averaging of the step size).
+.. [4] Owen, A. B. (2017). A randomized Halton algorithm in R. arXiv:1706.02808;
+   Hoffman, Radul and Sountsov (2021), ChEES-HMC (Halton step-size jitter).
+.. [5] Stan Reference Manual, "HMC algorithm parameters": windowed warmup adaptation of a
+   diagonal metric.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import qmc
+
+__all__ = [
+    "DiagonalMassAdaptation",
+    "DualAveraging",
+    "HaltonSequence",
+    "LeapfrogResult",
+    "gradient_noise_std",
+    "kinetic_energy",
+    "noisy_leapfrog",
+    "sample_momentum",
+    "warmup_windows",
+]
+
+
+# -- Hamiltonian pieces -------------------------------------------------------------------------
+def kinetic_energy(p: np.ndarray, inv_mass: np.ndarray) -> float:
+    """Kinetic energy ``K(p) = p^T M^{-1} p / 2`` for a diagonal mass matrix.
+
+    Parameters
+    ----------
+    p : ndarray, shape (d,)
+        Momentum.
+    inv_mass : ndarray, shape (d,)
+        Diagonal of ``M^{-1}``.
+    """
+    return 0.5 * float(np.dot(p * inv_mass, p))
+
+
+def sample_momentum(mass: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Draw ``p ~ N(0, M)`` for a diagonal mass matrix ``M = diag(mass)``."""
+    return rng.standard_normal(mass.shape[0]) * np.sqrt(mass)
+
+
+def gradient_noise_std(noise_multiplier: float, clip_bound: float) -> float:
+    """Per-coordinate std ``sigma_g = z_g * 2 b_g`` of the gradient noise.
+
+    ``sum_i clip_{b_g}(grad l_i)`` has L2 sensitivity ``2 b_g`` under replace-one neighbours,
+    so each noisy gradient is a Gaussian mechanism with privacy-loss parameter
+    ``mu = 1 / (2 z_g^2)`` (DP-HMC paper, Algorithm 1 and Theorem 3.5).
+    """
+    return noise_multiplier * 2.0 * clip_bound
+
+
+@dataclass(frozen=True)
+class LeapfrogResult:
+    """End point of a (noisy) leapfrog trajectory.
+
+    Attributes
+    ----------
+    q, p : ndarray
+        Position and momentum after ``n_steps`` steps (momentum *not* negated: the kinetic
+        energy is symmetric, so the negation of the paper's proposal changes nothing here).
+    n_grad : int
+        Number of gradient evaluations (``n_steps + 1``), each one a release when noisy.
+    """
+
+    q: np.ndarray
+    p: np.ndarray
+    n_grad: int
+
+
+def noisy_leapfrog(
+    q: np.ndarray,
+    p: np.ndarray,
+    step_size: float,
+    n_steps: int,
+    grad_fn: Callable[[np.ndarray], np.ndarray],
+    inv_mass: np.ndarray,
+    noise_std: float,
+    rng: np.random.Generator | None,
+) -> LeapfrogResult:
+    r"""Leapfrog integration with a noisy gradient at every momentum update.
+
+    Implements the noisy clipped leapfrog of DP-HMC (paper eq. (1); Algorithm 1, inner
+    loop)
+
+    .. math:: l = l_{p_{\eta/2}} \circ l_\theta \circ l_{p_\eta} \circ \cdots \circ
+              l_{p_\eta} \circ l_\theta \circ l_{p_{\eta/2}}, \quad
+              l_{p_s}(\theta, p) = (\theta, p + s\,(g(\theta) + \xi)), \quad
+              l_\theta(\theta, p) = (\theta + \eta M^{-1} p, p)
+
+    with a fresh :math:`\xi \sim N(0, \sigma_g^2 I)` at each of the ``n_steps + 1``
+    gradient evaluations. The first gradient of a trajectory is always computed here, never
+    taken from a previous trajectory (paper, remark after Theorem 3.5: reusing it would make
+    the next iteration depend on this iteration's noise).
+
+    Parameters
+    ----------
+    q, p : ndarray, shape (d,)
+        Start position and momentum (not modified).
+    step_size : float
+        ``eta`` (> 0).
+    n_steps : int
+        Number of leapfrog steps ``L`` (>= 1).
+    grad_fn : callable
+        ``grad_fn(q)`` returns the gradient of the log target at ``q`` (for DP-HMC the
+        clipped per-record sum plus the exact prior gradient).
+    inv_mass : ndarray, shape (d,)
+        Diagonal of ``M^{-1}``.
+    noise_std : float
+        ``sigma_g >= 0``; with 0 no noise is drawn and the integrator is the ordinary,
+        deterministic, reversible leapfrog.
+    rng : numpy.random.Generator
+        Source of the gradient noise (may be ``None`` only when ``noise_std == 0``).
+
+    Returns
+    -------
+    LeapfrogResult
+    """
+    if n_steps < 1:
+        raise ValueError(f"n_steps must be >= 1; got {n_steps!r}")
+    d = q.shape[0]
+    noisy = noise_std > 0.0
+
+    def grad(x: np.ndarray) -> np.ndarray:
+        g = grad_fn(x)
+        if noisy:
+            g = g + noise_std * rng.standard_normal(d)
+        return g
+
+    half = 0.5 * step_size
+    q = q.copy()
+    p = p + half * grad(q)
+    for i in range(n_steps):
+        q = q + step_size * (inv_mass * p)
+        if i < n_steps - 1:
+            p = p + step_size * grad(q)
+    p = p + half * grad(q)
+    return LeapfrogResult(q=q, p=p, n_grad=n_steps + 1)
+
+
+# -- step-size jitter ---------------------------------------------------------------------------
+def _halton_engine(seed: int) -> qmc.Halton:
+    params = inspect.signature(qmc.Halton).parameters
+    key = "rng" if "rng" in params else "seed"  # scipy >= 1.15 renamed seed to rng
+    return qmc.Halton(d=1, scramble=True, **{key: np.random.default_rng(seed)})
+
+
+class HaltonSequence:
+    """Randomised (scrambled) base-2 Halton numbers in (0, 1), one per iteration.
+
+    The DP-HMC paper multiplies the step size of iteration ``i`` by such a number
+    (Sec. 3, after Theorem 3.4, following Hoffman et al.'s ChEES-HMC and Owen 2017): the
+    step size is constant within a trajectory, so the invariant distribution is unchanged,
+    and the low-discrepancy sequence spreads the step sizes evenly over ``(0, eta)``.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+        The scrambling is seeded from one draw of this generator.
+    """
+
+    _TINY = 1e-12
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._engine = _halton_engine(int(rng.integers(2**63 - 1)))
+
+    def next(self) -> float:
+        """The next number of the sequence, clipped away from 0."""
+        return max(float(self._engine.random(1)[0, 0]), self._TINY)
+
+
+# -- dual averaging -----------------------------------------------------------------------------
+class DualAveraging:
+    r"""Dual-averaging step-size adaptation (Hoffman & Gelman 2014, Sec. 3.2, eq. (6)).
+
+    After the ``t``-th update with acceptance statistic :math:`\alpha_t`,
+
+    .. math:: \bar H_t = (1 - \tfrac{1}{t + t_0}) \bar H_{t-1}
+              + \tfrac{1}{t + t_0} (\delta - \alpha_t), \quad
+              \log\eta_t = \mu - \tfrac{\sqrt t}{\gamma} \bar H_t, \quad
+              \log\bar\eta_t = t^{-\kappa}\log\eta_t + (1 - t^{-\kappa})\log\bar\eta_{t-1}
+
+    with :math:`\mu = \log(10\,\eta_0)`; the same constants as PyMC's and Stan's. During
+    warmup the sampler uses :math:`\eta_t`, afterwards :math:`\bar\eta_t`.
+
+    Parameters
+    ----------
+    initial_step : float
+    target : float
+        Target acceptance statistic ``delta`` in (0, 1).
+    gamma, k, t0 : float
+        Shrinkage, averaging exponent ``kappa`` and stabilisation offset.
+    """
+
+    def __init__(
+        self, initial_step: float, target: float, gamma: float = 0.05, k: float = 0.75, t0=10.0
+    ) -> None:
+        self.target = float(target)
+        self.gamma = float(gamma)
+        self.k = float(k)
+        self.t0 = float(t0)
+        self.restart(initial_step)
+
+    def restart(self, initial_step: float) -> None:
+        """Start over from ``initial_step`` (e.g. after the mass matrix changed)."""
+        self.log_step = float(np.log(initial_step))
+        self.log_bar = self.log_step
+        self.mu = float(np.log(10.0 * initial_step))
+        self.hbar = 0.0
+        self.count = 0
+
+    def current(self, tune: bool) -> float:
+        """Step size to use: the iterate during warmup, the average afterwards."""
+        return float(np.exp(self.log_step if tune else self.log_bar))
+
+    def update(self, accept_stat: float) -> None:
+        """One adaptation step from an acceptance statistic in [0, 1] (NaN counts as 0)."""
+        a = float(accept_stat)
+        a = 0.0 if not np.isfinite(a) else min(max(a, 0.0), 1.0)
+        self.count += 1
+        t = self.count
+        w = 1.0 / (t + self.t0)
+        self.hbar = (1.0 - w) * self.hbar + w * (self.target - a)
+        self.log_step = self.mu - self.hbar * np.sqrt(t) / self.gamma
+        mk = t ** (-self.k)
+        self.log_bar = mk * self.log_step + (1.0 - mk) * self.log_bar
+
+
+# -- diagonal mass matrix -----------------------------------------------------------------------
+def warmup_windows(
+    tune: int | None,
+    *,
+    init_buffer: int = 75,
+    term_buffer: int = 50,
+    base_window: int = 25,
+    max_iterations: int = 10**9,
+) -> list[tuple[int, int]]:
+    """Slow windows ``(start, end)`` of a windowed metric adaptation (warmup iterations).
+
+    A window collects the draws of warmup iterations ``start < i <= end`` (1-based) and
+    updates the metric at iteration ``end``. Stan's schedule: a fast initial buffer (step
+    size only), slow windows of doubling length ``base_window, 2 base_window, ...``, the last
+    one stretched to end ``term_buffer`` iterations before the end of warmup, and a terminal
+    buffer in which only the step size adapts. Short warmups shrink the buffers to 15 % /
+    10 % of ``tune``; fewer than 20 warmup iterations adapt no metric.
+
+    With ``tune=None`` (the warmup length is not known in advance) the doubling windows
+    continue without a terminal buffer, up to ``max_iterations``.
+    """
+    if tune is None:
+        windows, start, w = [], init_buffer, base_window
+        while start + w <= max_iterations:
+            windows.append((start, start + w))
+            start, w = start + w, 2 * w
+        return windows
+    tune = int(tune)
+    if tune < 20:
+        return []
+    if init_buffer + base_window + term_buffer > tune:
+        init_buffer = int(0.15 * tune)
+        term_buffer = int(0.1 * tune)
+        base_window = tune - init_buffer - term_buffer
+    end_slow = tune - term_buffer
+    windows, start, w = [], init_buffer, base_window
+    while start < end_slow:
+        end = start + w
+        if end + 2 * w > end_slow:
+            end = end_slow
+        windows.append((start, end))
+        start, w = end, 2 * w
+    return windows
+
+
+class DiagonalMassAdaptation:
+    """Windowed estimate of a diagonal inverse mass matrix from the chain's own draws.
+
+    Draws of each slow window (see :func:`warmup_windows`) are accumulated with Welford's
+    algorithm; at the window's end the inverse mass becomes their regularised variance
+    ``(n var + 5e-3 m_old) / (n + 5)`` per coordinate, with ``m_old`` the previous inverse
+    mass (Stan's shrinkage, made scale-free: Stan shrinks toward the absolute 1e-3, which
+    dominates the posteriors of large datasets, often far narrower than that).
+
+    A window's estimate is used only if the window looks stationary. Under DP noise the
+    chain often moves slowly during warmup (the penalty test's noise grows with the step
+    length), and the variance of a drifting or random-walking chain measures how far it
+    moved, not the posterior: adapting to it shrinks the metric of the coordinates that
+    happened to move least, which then move even less. The check: the squared difference
+    of the means of the window's two halves, over the window's variance, averaged over the
+    coordinates, must be at most ``max_split_drift`` (about ``4 / ESS`` for a stationary
+    window, about 1.5 or more for a random walk or a transient). A window in which the chain
+    moved fewer than ``min_moves`` times is not used either (a stuck chain has zero sample
+    variance, which would freeze it for good).
+
+    The draws are the chain's own (differentially private) states, so the adaptation is
+    post-processing.
+
+    Parameters
+    ----------
+    inv_mass : ndarray, shape (d,)
+        Initial diagonal of ``M^{-1}``.
+    tune : int or None
+        Number of warmup iterations (``None``: unknown, open-ended schedule).
+    min_moves : int
+        Minimum number of accepted moves in a window for its estimate to be used.
+    max_split_drift : float
+        Stationarity threshold described above.
+    """
+
+    def __init__(
+        self,
+        inv_mass: np.ndarray,
+        tune: int | None,
+        *,
+        min_moves: int = 5,
+        max_split_drift: float = 0.75,
+    ) -> None:
+        self.inv_mass = np.array(inv_mass, dtype=float)
+        self.windows = warmup_windows(tune)
+        self.min_moves = int(min_moves)
+        self.max_split_drift = float(max_split_drift)
+        self.iteration = 0
+        #: (window end, used) for every completed window
+        self.history: list[tuple[int, bool]] = []
+        self._window = 0
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        d = self.inv_mass.shape[0]
+        self._n = 0
+        self._mean = np.zeros(d)
+        self._m2 = np.zeros(d)
+        self._half_sum = np.zeros((2, d))
+        self._half_n = np.zeros(2)
+        self._moves = 0
+
+    def update(self, q: np.ndarray, moved: bool) -> bool:
+        """Record one warmup draw; return True when the metric changed at this iteration."""
+        self.iteration += 1
+        if self._window >= len(self.windows):
+            return False
+        start, end = self.windows[self._window]
+        if self.iteration > start:
+            self._n += 1
+            delta = q - self._mean
+            self._mean += delta / self._n
+            self._m2 += delta * (q - self._mean)
+            half = int(2 * (self.iteration - start - 1) >= end - start)
+            self._half_sum[half] += q
+            self._half_n[half] += 1
+            self._moves += int(moved)
+        if self.iteration < end:
+            return False
+        changed = False
+        if self._n >= 4 and self._moves >= self.min_moves:
+            var = self._m2 / (self._n - 1)
+            halves = self._half_sum / self._half_n[:, None]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                drift = float(np.mean((halves[0] - halves[1]) ** 2 / var))
+            if np.all(np.isfinite(var)) and np.all(var > 0) and drift <= self.max_split_drift:
+                n = self._n
+                self.inv_mass = (n * var + 5e-3 * self.inv_mass) / (n + 5.0)
+                changed = True
+        self.history.append((end, changed))
+        self._window += 1
+        self._reset_window()
+        return changed

@@ -1,0 +1,477 @@
+"""DPHMC: differentially private Hamiltonian Monte Carlo as a PyMC step.
+
+References
+----------
+.. [1] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte
+   Carlo. Algorithm 1 (DP-HMC), Theorem 3.3 (invariant distribution), Theorem 3.4
+   (ergodicity), Theorem 3.5 (privacy). (shared/papers/000; short version 003, Sec. 3)
+.. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
+   Sec. 5.2 (DP-HMC and its PLD accounting). (shared/papers/001)
+.. [3] Yildirim, S. and Ermis, B. (2019). Exact MCMC with differentially private moves.
+   Statistics and Computing 29(5). (the penalty test; shared/papers/002)
+.. [4] Sommer, D. M., Meiser, S. and Mohammadi, E. (2019). Privacy loss classes: the central
+   limit theorem in differential privacy. PoPETs 2019(2), Lemma 12.
+.. [5] Hoffman, M. D. and Gelman, A. (2014). The No-U-Turn sampler. JMLR 15, Sec. 3.2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pymc as pm
+from pymc.util import get_value_vars_from_user_vars
+
+from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.kernels.hmc import (
+    DiagonalMassAdaptation,
+    DualAveraging,
+    HaltonSequence,
+    gradient_noise_std,
+    kinetic_energy,
+    noisy_leapfrog,
+    sample_momentum,
+)
+from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    check_positive,
+    check_target,
+    make_plan,
+)
+
+__all__ = ["DPHMC", "calibrate_dphmc_noise"]
+
+#: Relative safety margin of the calibration against rounding in the report's sum of the
+#: per-iteration mu over (up to ~1e6) iterations.
+_MU_MARGIN = 1e-9
+_MAX_NUDGES = 200
+#: Noisy energy change beyond which an iteration is flagged as diverging (as PyMC's Emax).
+_MAX_ENERGY_CHANGE = 1000.0
+
+
+def calibrate_dphmc_noise(
+    epsilon: float,
+    delta: float,
+    iterations: int,
+    n_leapfrog: int,
+    grad_budget_fraction: float = 0.5,
+) -> tuple[float, float]:
+    r"""Noise multipliers ``(z_l, z_g)`` of DP-HMC for a target (epsilon, delta).
+
+    A run of ``k`` iterations (all chains, warmup included) with ``L`` leapfrog steps has
+    total privacy-loss parameter (DP-HMC paper Theorem 3.5)
+
+    .. math:: \mu = \frac{k}{2 z_l^2} + \frac{k (L + 1)}{2 z_g^2}.
+
+    The largest :math:`\mu^*` with :math:`\epsilon(\mu^*, \delta) \le \epsilon` (tight
+    Gaussian bound, :func:`~pymc_dp.accounting.gaussian_mu_for_epsilon`) is split: a
+    fraction ``f = grad_budget_fraction`` goes to the ``k (L + 1)`` gradient releases and
+    ``1 - f`` to the ``k`` log-likelihood-ratio releases, i.e.
+    :math:`z_g = \sqrt{k (L + 1) / (2 f \mu^*)}`, :math:`z_l = \sqrt{k / (2 (1 - f) \mu^*)}`.
+    Both are then nudged up until the run's epsilon (with a ``1e-9`` relative margin on
+    ``mu`` for rounding in the report's sum) is at most the target.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        Target of the whole run.
+    iterations : int
+        ``k``: iterations over all chains, warmup included.
+    n_leapfrog : int
+        ``L``.
+    grad_budget_fraction : float
+        ``f`` in (0, 1).
+
+    Returns
+    -------
+    (float, float)
+        ``(z_l, z_g)``.
+    """
+    eps, d = check_target(epsilon, delta)
+    k = check_positive("iterations", iterations, integer=True)
+    n_grad = check_positive("n_leapfrog", n_leapfrog, integer=True) + 1
+    f = _check_fraction(grad_budget_fraction)
+    mu_star = gaussian_mu_for_epsilon(eps, d)
+    z_l = math.sqrt(k / (2.0 * (1.0 - f) * mu_star))
+    z_g = math.sqrt(k * n_grad / (2.0 * f * mu_star))
+    factor = 1.0 + 1e-12
+    for _ in range(_MAX_NUDGES):
+        mu = k * _mu_per_iteration(z_l, z_g, n_grad - 1)
+        if gaussian_epsilon(mu * (1.0 + _MU_MARGIN), d) <= eps:
+            return z_l, z_g
+        z_l, z_g = z_l * factor, z_g * factor
+        factor = 1.0 + 2.0 * (factor - 1.0)
+    raise RuntimeError(  # pragma: no cover
+        "calibrate_dphmc_noise failed to find safe noise multipliers; please report this"
+    )
+
+
+def _mu_per_iteration(z_l: float, z_g: float, n_leapfrog: int) -> float:
+    """``1 / (2 z_l^2) + (L + 1) / (2 z_g^2)`` (DP-HMC paper Theorem 3.5, one iteration)."""
+    return GaussianEvent(z_l).mu + GaussianEvent(z_g, n_leapfrog + 1).mu
+
+
+def _check_fraction(value) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"grad_budget_fraction must be a number in (0, 1); got {value!r}"
+        ) from None
+    if not (0.0 < f < 1.0):
+        raise ValueError(f"grad_budget_fraction must be in (0, 1); got {value!r}")
+    return f
+
+
+class DPHMC(DPStep):
+    r"""Differentially private Hamiltonian Monte Carlo (DP-HMC, Räisä et al., Algorithm 1).
+
+    Each iteration draws a momentum :math:`p \sim N(0, M)` (diagonal ``M``), runs ``L``
+    leapfrog steps of size :math:`\eta_i = \eta h_i` (:math:`h_i` a randomised Halton number
+    in (0, 1)) in which *every* momentum update uses the noisy clipped gradient
+
+    .. math:: g(\theta) + \xi, \quad g(\theta) = \sum_i \mathrm{clip}_{b_g}
+              (\nabla \log p(x_i|\theta)) + \nabla \log p(\theta), \quad
+              \xi \sim N(0, (2 z_g b_g)^2 I)
+
+    (prior and log-Jacobian exact, neither clipped nor noised), and accepts
+    :math:`(\theta', p')` by the penalty test
+
+    .. math:: \log u < \sum_i \mathrm{clip}(r_i) + \xi_l + \log\frac{p(\theta')}{p(\theta)}
+              + K(p) - K(p') - \frac{\sigma_l^2}{2}, \quad
+              \xi_l \sim N(0, \sigma_l^2),\ \sigma_l = 2 z_l b_l \|\theta' - \theta\|_2
+
+    with per-record log-likelihood ratios :math:`r_i` clipped to
+    :math:`\pm b_l \|\theta' - \theta\|_2`. With the ratios not clipped the chain has the
+    exact posterior as invariant distribution (paper Theorem 3.3; gradient clipping does not
+    affect exactness) and is ergodic (Theorem 3.4).
+
+    **Privacy** (Theorem 3.5): the gradient is released ``L + 1`` times per iteration (the
+    first gradient of an iteration is recomputed, never reused), the ratio once; each is a
+    Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
+    parameter :math:`\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)` and ``k`` iterations over all
+    chains (warmup included) compose to :math:`k\mu` by the tight Gaussian bound (Sommer et
+    al. 2019). Every iteration records ``dp_mu`` and ``dp_releases = L + 2``; read the
+    spend of a run with :func:`pymc_dp.privacy_report`. Everything else the step emits or
+    adapts on is post-processing of the released values.
+
+    Parameters
+    ----------
+    vars : list, optional
+        Value variables to sample (default: all free variables of the model).
+    llr_clip_bound : float
+        ``b_l``: per-record log-likelihood ratios are clipped to ``+-b_l ||theta' - theta||``
+        (a Lipschitz bound of each record's log-likelihood makes the clipping inactive).
+    grad_clip_bound : float
+        ``b_g``: each record's log-likelihood gradient is clipped to L2 norm ``b_g``.
+        Choose both bounds from knowledge of the model, not by looking at the data: tuning
+        them on the private data costs privacy.
+    llr_noise_multiplier, grad_noise_multiplier : float, optional
+        ``z_l`` and ``z_g`` (noise std over sensitivity). Give both, or give ``epsilon`` and
+        ``delta`` with the planned ``draws``, ``tune`` and ``chains``.
+    epsilon, delta : float, optional
+        Target privacy of the whole planned run (all chains, warmup included); ``z_l`` and
+        ``z_g`` are calibrated so that the run's epsilon never exceeds the target
+        (:func:`calibrate_dphmc_noise`).
+    draws, tune, chains : int, optional
+        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
+        :class:`~pymc_dp.step_methods.base.BudgetExceededError` before it reads the data again.
+    grad_budget_fraction : float
+        With a target epsilon: the fraction of the total privacy-loss parameter ``mu`` spent
+        on the ``L + 1`` gradient releases per iteration; the rest goes to the penalty test.
+        Default 0.5 (the paper's tuned settings spend 46 % and 68 % on gradients for its two
+        models). More gradient budget gives straighter trajectories, more ratio budget a less
+        noisy test; both noises lower the acceptance rate.
+    n_leapfrog : int
+        ``L``, leapfrog steps per iteration (each costs one gradient release).
+    step_size : float, optional
+        ``eta``, the largest step size (the step of iteration ``i`` is ``eta h_i``); the
+        starting value when adapted. Default ``0.25 / d**0.25`` (as PyMC's HMC).
+    mass_matrix : float or array, optional
+        Diagonal of the mass matrix ``M`` (momentum covariance; its inverse should
+        approximate the posterior variances in the transformed space). Default identity;
+        the starting value when adapted.
+    adapt_step_size : bool
+        Adapt ``eta`` during warmup by dual averaging (Hoffman & Gelman 2014) toward
+        ``target_accept``, from the noisy acceptance probabilities (post-processing).
+    adapt_mass_matrix : bool
+        Adapt a diagonal ``M^{-1}`` during warmup from the chain's own draws (Stan-style
+        doubling windows; the step size adaptation restarts after each update).
+    target_accept : float
+        Target of the step-size adaptation; default 0.65, the optimal acceptance rate of
+        HMC with a fixed number of steps (Beskos et al. 2013) and PyMC's default for
+        ``HamiltonianMC``. The noise of the test and of the gradients shrinks with the step
+        size, so any target is reachable; lower targets give longer, noisier moves.
+    tempering : float
+        Likelihood temperature ``T`` (thesis Sec. 3.2).
+    chunk_size : int, optional
+        Records per call of the compiled functions (bounded memory for large ``n``).
+    data_free_potentials : bool
+        Declare that every ``pm.Potential`` of the model is free of the data.
+    nonprivate_diagnostics : bool
+        Also emit ``grad_clip_fraction_NONPRIVATE`` and ``llr_clip_fraction_NONPRIVATE``
+        (fractions of clipped per-record gradients and ratios), computed from the data
+        WITHOUT noise. Not differentially private; the privacy report flags the run.
+
+    Notes
+    -----
+    Sampler stats: ``accepted``, ``accept`` (the noisy acceptance probability),
+    ``step_size`` (``eta h_i`` of the iteration), ``step_size_bar`` (dual-averaged ``eta``),
+    ``n_leapfrog``, ``energy_change`` (the *noisy* energy change ``-(log acceptance ratio +
+    sigma_l^2 / 2)``; the exact energy reads the data and is never published),
+    ``diverging`` (noisy energy change above 1000 or not finite), ``step_norm``,
+    ``llr_noise_std``, ``grad_noise_std`` and the privacy stats of
+    :class:`~pymc_dp.step_methods.base.DPStep`.
+
+    The Gaussian mechanism is implemented with floating-point Gaussian samples, which can
+    leak through low-order bits (Mironov 2012); the penalty correction needs Gaussian noise,
+    so the discrete Gaussian is no drop-in replacement (paper Sec. 5).
+    """
+
+    name = "dphmc"
+    stats_dtypes_shapes = {
+        **DPStep.stats_dtypes_shapes,
+        "accept": (np.float64, []),
+        "step_size": (np.float64, []),
+        "step_size_bar": (np.float64, []),
+        "n_leapfrog": (np.int64, []),
+        "energy_change": (np.float64, []),
+        "diverging": (bool, []),
+        "step_norm": (np.float64, []),
+        "llr_noise_std": (np.float64, []),
+        "grad_noise_std": (np.float64, []),
+        "grad_clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        "llr_clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+    }
+
+    def __init__(
+        self,
+        vars=None,
+        *,
+        llr_clip_bound: float,
+        grad_clip_bound: float,
+        llr_noise_multiplier: float | None = None,
+        grad_noise_multiplier: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        draws: int | None = None,
+        tune: int | None = None,
+        chains: int | None = None,
+        grad_budget_fraction: float = 0.5,
+        n_leapfrog: int = 10,
+        step_size: float | None = None,
+        mass_matrix=None,
+        adapt_step_size: bool = True,
+        adapt_mass_matrix: bool = True,
+        target_accept: float = 0.65,
+        tempering: float = 1.0,
+        chunk_size: int | None = None,
+        data_free_potentials: bool = False,
+        nonprivate_diagnostics: bool = False,
+        model=None,
+        rng=None,
+        initial_point=None,
+        compile_kwargs=None,
+        blocked: bool = True,
+    ) -> None:
+        # -- validate everything before the data is touched ------------------------------------
+        self.llr_clip_bound = check_positive("llr_clip_bound", llr_clip_bound)
+        self.grad_clip_bound = check_positive("grad_clip_bound", grad_clip_bound)
+        self.n_leapfrog = check_positive("n_leapfrog", n_leapfrog, integer=True)
+        self.grad_budget_fraction = _check_fraction(grad_budget_fraction)
+        if step_size is not None:
+            step_size = check_positive("step_size", step_size)
+        try:
+            ta = float(target_accept)
+        except (TypeError, ValueError):
+            ta = math.nan
+        if not 0.0 < ta < 1.0:
+            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
+        self.target_accept = ta
+        self.adapt_step_size = bool(adapt_step_size)
+        self.adapt_mass_matrix = bool(adapt_mass_matrix)
+
+        given = [v is not None for v in (llr_noise_multiplier, grad_noise_multiplier)]
+        if epsilon is not None and any(given):
+            raise ValueError(
+                "give either llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
+                "delta, draws, tune, chains), not both: the noise is set either directly or by "
+                "a target for a planned run"
+            )
+        if epsilon is None and not all(given):
+            raise ValueError(
+                "give both llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
+                "delta, draws, tune, chains): the noise is set either directly or by a target "
+                "for a planned run"
+            )
+        plan = make_plan(draws, tune, chains, epsilon=epsilon)
+        if epsilon is not None:
+            epsilon, delta = check_target(epsilon, delta)
+            z_l, z_g = calibrate_dphmc_noise(
+                epsilon, delta, plan.iterations, self.n_leapfrog, self.grad_budget_fraction
+            )
+        else:
+            z_l = check_positive("llr_noise_multiplier", llr_noise_multiplier)
+            z_g = check_positive("grad_noise_multiplier", grad_noise_multiplier)
+            if delta is not None:
+                _, delta = check_target(1.0, delta)
+        self.llr_noise_multiplier = float(z_l)
+        self.grad_noise_multiplier = float(z_g)
+        self.epsilon = epsilon
+        self._mu_per_iteration = _mu_per_iteration(z_l, z_g, self.n_leapfrog)
+        self._releases_per_iteration = self.n_leapfrog + 2
+        self.grad_noise_std = gradient_noise_std(z_g, self.grad_clip_bound)
+
+        # Dimension from the initial point only (shapes of the parameters, no data).
+        model = pm.modelcontext(model)
+        if initial_point is None:
+            initial_point = model.initial_point()
+        value_vars = (
+            model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
+        )
+        d = int(sum(np.size(initial_point[v.name]) for v in value_vars))
+        self._initial_mass = _check_mass_matrix(mass_matrix, d)
+        self._initial_step_size = float(step_size) if step_size is not None else 0.25 / d**0.25
+
+        self._setup(
+            vars,
+            model=model,
+            rng=rng,
+            initial_point=initial_point,
+            compile_kwargs=compile_kwargs,
+            blocked=blocked,
+            tempering=tempering,
+            chunk_size=chunk_size,
+            data_free_potentials=data_free_potentials,
+            plan=plan,
+            target_delta=delta,
+            nonprivate_diagnostics=nonprivate_diagnostics,
+        )
+        self._chain_tune: int | None = plan.tune if plan is not None else None
+        self._reset_chain_state()
+
+    # -- per-chain state -------------------------------------------------------------------------
+    def setup_chain(self, rng, tune: int, draws: int) -> None:
+        """PyMC 6.x: remember the warmup length (for the mass-matrix windows), then reset."""
+        self._chain_tune = int(tune)
+        super().setup_chain(rng, tune, draws)
+
+    def _reset_chain_state(self) -> None:
+        # Called by the base at the start of every chain, after the chain's rng is set; the
+        # Halton scrambling is drawn from that rng, so draws do not depend on `cores`.
+        self._halton = HaltonSequence(self.rng)
+        # A worker process of pm.sample never sets `tune` itself (it only calls stop_tuning).
+        self.tune = True
+        self.reset_tuning()
+
+    def reset_tuning(self) -> None:
+        """Restart the warmup adaptation (called by pm.sample per chain with cores=1)."""
+        self._dual = DualAveraging(self._initial_step_size, self.target_accept)
+        self._mass = DiagonalMassAdaptation(1.0 / self._initial_mass, self._chain_tune)
+        self._inv_mass = self._mass.inv_mass.copy()
+        self._mass_diag = 1.0 / self._inv_mass
+
+    # -- one iteration -------------------------------------------------------------------------
+    def _dp_astep(self, q0):
+        fns = self._fns
+        q = q0.data
+        tune = bool(self.tune)
+        eta = self._dual.current(tune) if self.adapt_step_size else self._initial_step_size
+        h = eta * self._halton.next()
+        p = sample_momentum(self._mass_diag, self.rng)
+        n_grad_clipped = 0
+        prior_lp: list[float] = []
+        b_g = self.grad_clip_bound
+
+        def grad_fn(x: np.ndarray) -> np.ndarray:
+            # One gradient release (the kernel adds the noise): clipped per-record sum of
+            # log-likelihood gradients plus the exact, data-free prior/log-Jacobian gradient.
+            nonlocal n_grad_clipped
+            g, k = fns.clipped_grad_sum(x, b_g)
+            n_grad_clipped += k
+            lp, g_prior = fns.prior_logp_and_grad(x)
+            prior_lp.append(lp)
+            return g + g_prior
+
+        # -- L + 1 gradient releases -----------------------------------------------------------
+        traj = noisy_leapfrog(
+            q, p, h, self.n_leapfrog, grad_fn, self._inv_mass, self.grad_noise_std, self.rng
+        )
+        q1, p1 = traj.q, traj.p
+        norm = float(np.linalg.norm(q1 - q))
+        # The first gradient is evaluated at q, the last at q1 (data-free prior terms).
+        lp0 = prior_lp[0]
+        lp1 = prior_lp[-1] if np.all(np.isfinite(q1)) else -np.inf
+        lp1 = lp1 if np.isfinite(lp1) else -np.inf
+        # -- one log-likelihood-ratio release (the penalty test) --------------------------------
+        if np.isfinite(lp1):
+            llr, n_llr_clipped = fns.clipped_loglik_ratio_sum(q1, q, self.llr_clip_bound * norm)
+        else:  # outside the prior's support: rejected whatever the data say (no data access)
+            llr, n_llr_clipped = 0.0, 0
+        sigma_l = penalty_noise_std(self.llr_noise_multiplier, self.llr_clip_bound, norm)
+        d_kinetic = kinetic_energy(p, self._inv_mass) - kinetic_energy(p1, self._inv_mass)
+        log_a = penalty_log_acceptance(llr, lp1 - lp0, d_kinetic, sigma_l, self.rng)
+        # -- everything below is post-processing of the released values --------------------------
+        accepted = accept(log_a, self.rng)
+        accept_prob = float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0
+        energy_change = -(log_a + 0.5 * sigma_l * sigma_l) if np.isfinite(log_a) else np.inf
+        q_next = q1 if accepted else q
+        if tune:
+            self._adapt(q_next, accepted, accept_prob)
+        n = fns.n_records
+        stats = {
+            "accepted": float(accepted),
+            "accept": accept_prob,
+            "step_size": h,
+            "step_size_bar": self._dual.current(False) if self.adapt_step_size else eta,
+            "n_leapfrog": self.n_leapfrog,
+            "energy_change": float(energy_change),
+            "diverging": bool(not np.isfinite(log_a) or energy_change > _MAX_ENERGY_CHANGE),
+            "step_norm": norm,
+            "llr_noise_std": sigma_l,
+            "grad_noise_std": self.grad_noise_std,
+            "grad_clip_fraction" + NONPRIVATE_SUFFIX: (
+                n_grad_clipped / (traj.n_grad * n) if self.nonprivate_diagnostics else np.nan
+            ),
+            "llr_clip_fraction" + NONPRIVATE_SUFFIX: (
+                n_llr_clipped / n if self.nonprivate_diagnostics else np.nan
+            ),
+        }
+        return q_next, stats
+
+    def _adapt(self, q_next: np.ndarray, accepted: bool, accept_prob: float) -> None:
+        """Warmup adaptation from DP outputs only (the accept probability and the draws)."""
+        if self.adapt_step_size:
+            self._dual.update(accept_prob)
+        if self.adapt_mass_matrix and self._mass.update(q_next, accepted):
+            self._inv_mass = self._mass.inv_mass.copy()
+            self._mass_diag = 1.0 / self._inv_mass
+            if self.adapt_step_size:
+                self._dual.restart(self._dual.current(True))
+
+
+def _check_mass_matrix(mass_matrix, d: int) -> np.ndarray:
+    """Diagonal of M as a float vector of length d (ValueError naming the parameter)."""
+    if mass_matrix is None:
+        return np.ones(d)
+    try:
+        m = np.asarray(mass_matrix, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"mass_matrix must be a positive number or a vector of length {d}; got {mass_matrix!r}"
+        ) from None
+    if m.ndim > 1:
+        raise ValueError(
+            f"mass_matrix must be the diagonal of M (a number or a vector of length {d}); "
+            f"got an array of shape {m.shape}: DPHMC supports diagonal mass matrices only"
+        )
+    if m.ndim == 1 and m.shape[0] != d:
+        raise ValueError(
+            f"mass_matrix has length {m.shape[0]}, but the step samples {d} parameters"
+        )
+    m = np.broadcast_to(m, (d,)).copy()
+    if not np.all(np.isfinite(m) & (m > 0)):
+        raise ValueError("mass_matrix must be finite and > 0 in every coordinate")
+    return m

@@ -1,0 +1,545 @@
+"""DPHMC: the noisy leapfrog kernel, exactness with clipping inactive, privacy accounting,
+reproducibility, pickling and bad input."""
+
+from __future__ import annotations
+
+import pickle
+
+import arviz as az
+import cloudpickle
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import (
+    assert_matches_distribution,
+    inverse_gamma_variance_model,
+    normal_mean_model,
+    posterior_array,
+)
+from scipy import stats
+from threadpoolctl import threadpool_limits
+
+import pymc_dp
+from pymc_dp.accounting import gaussian_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.kernels.hmc import (
+    DiagonalMassAdaptation,
+    DualAveraging,
+    HaltonSequence,
+    gradient_noise_std,
+    kinetic_energy,
+    noisy_leapfrog,
+    warmup_windows,
+)
+from pymc_dp.model import build_record_functions
+from pymc_dp.step_methods.hmc import calibrate_dphmc_noise
+
+SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_threaded_blas():
+    """Multi-threaded OpenBLAS on tiny solves (MvNormal, 10 x 100) is up to 200x slower when
+    the cores are busy; one thread keeps these tests fast and their timing stable."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+# -- the pure kernel ------------------------------------------------------------------------------
+
+
+def _gaussian_target(d: int = 5, seed: int = 0):
+    """log pi(q) = -q^T A q / 2 with a fixed SPD A; returns (A, grad_fn, energy(q, p, inv_m))."""
+    rng = np.random.default_rng(seed)
+    B = rng.normal(size=(d, d))
+    A = B @ B.T / d + np.eye(d)
+
+    def grad_fn(q):
+        return -A @ q
+
+    def energy(q, p, inv_mass):
+        return 0.5 * q @ A @ q + kinetic_energy(p, inv_mass)
+
+    return A, grad_fn, energy
+
+
+def test_leapfrog_without_noise_is_reversible():
+    _, grad_fn, _ = _gaussian_target()
+    rng = np.random.default_rng(1)
+    q, p = rng.normal(size=5), rng.normal(size=5)
+    inv_mass = rng.uniform(0.5, 2.0, size=5)
+    fwd = noisy_leapfrog(q, p, 0.13, 25, grad_fn, inv_mass, 0.0, None)
+    back = noisy_leapfrog(fwd.q, -fwd.p, 0.13, 25, grad_fn, inv_mass, 0.0, None)
+    assert fwd.n_grad == 26
+    np.testing.assert_allclose(back.q, q, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(-back.p, p, rtol=0, atol=1e-10)
+    assert np.linalg.norm(fwd.q - q) > 0.1  # it did move
+
+
+def test_leapfrog_energy_error_is_second_order():
+    _, grad_fn, energy = _gaussian_target()
+    rng = np.random.default_rng(2)
+    q, p = rng.normal(size=5), rng.normal(size=5)
+    inv_mass = np.ones(5)
+    etas = np.array([0.08, 0.04, 0.02, 0.01, 0.005])
+    errors = []
+    for eta in etas:
+        steps = int(round(1.2 / eta))  # same integration time for every step size
+        r = noisy_leapfrog(q, p, eta, steps, grad_fn, inv_mass, 0.0, None)
+        errors.append(abs(energy(r.q, r.p, inv_mass) - energy(q, p, inv_mass)))
+    errors = np.array(errors)
+    slope = np.polyfit(np.log(etas), np.log(errors), 1)[0]
+    assert 1.8 < slope < 2.2, (slope, errors)
+    np.testing.assert_allclose(errors[:-1] / errors[1:], 4.0, rtol=0.15)
+
+
+def test_leapfrog_adds_fresh_noise_at_each_of_the_l_plus_1_gradients():
+    """With a zero gradient the trajectory is a known linear function of the L + 1 draws."""
+    d, eta, sigma, L = 3, 0.3, 2.0, 4
+    q, p = np.zeros(d), np.ones(d)
+    inv_mass = np.array([1.0, 2.0, 0.5])
+    r = noisy_leapfrog(
+        q, p, eta, L, lambda x: np.zeros(d), inv_mass, sigma, np.random.default_rng(7)
+    )
+    xi = sigma * np.random.default_rng(7).standard_normal((L + 1, d))
+    weights = np.r_[0.5, np.ones(L - 1), 0.5] * eta  # half, full, ..., full, half steps
+    np.testing.assert_allclose(r.p, p + weights @ xi, rtol=1e-12)
+    pos = q.copy()
+    mom = p + 0.5 * eta * xi[0]
+    for i in range(L):
+        pos = pos + eta * inv_mass * mom
+        if i < L - 1:
+            mom = mom + eta * xi[i + 1]
+    np.testing.assert_allclose(r.q, pos, rtol=1e-12)
+    assert r.n_grad == L + 1
+    assert gradient_noise_std(0.5, 3.0) == 3.0
+
+
+def test_halton_sequence_is_seeded_uniform_and_picklable():
+    a = HaltonSequence(np.random.default_rng(3))
+    b = pickle.loads(pickle.dumps(HaltonSequence(np.random.default_rng(3))))
+    xa = np.array([a.next() for _ in range(512)])
+    xb = np.array([b.next() for _ in range(512)])
+    np.testing.assert_array_equal(xa, xb)
+    assert np.all((xa > 0) & (xa < 1))
+    # low discrepancy: far more even than i.i.d. uniforms
+    assert stats.kstest(xa, "uniform").statistic < 0.01
+    other = np.array([HaltonSequence(np.random.default_rng(4)).next() for _ in range(3)])
+    assert not np.array_equal(other, xa[:3])
+
+
+def test_dual_averaging_finds_the_target_step_size():
+    da = DualAveraging(1.0, target=0.65)
+    for _ in range(2000):
+        da.update(np.exp(-da.current(True)))  # acceptance exp(-eps): target at -log(0.65)
+    assert da.current(False) == pytest.approx(-np.log(0.65), rel=0.02)
+    da.update(np.nan)  # a NaN statistic counts as a rejection, never crashes
+
+
+def test_warmup_windows_follow_stan():
+    assert warmup_windows(1000) == [(75, 100), (100, 150), (150, 250), (250, 450), (450, 950)]
+    assert warmup_windows(100) == [(15, 90)]
+    assert warmup_windows(10) == []
+    assert warmup_windows(None)[:3] == [(75, 100), (100, 150), (150, 250)]
+
+
+def test_mass_adaptation_estimates_variances_and_ignores_a_stuck_window():
+    rng = np.random.default_rng(5)
+    sd = np.array([0.01, 1.0, 30.0])
+    ad = DiagonalMassAdaptation(np.ones(3), tune=1000)
+    changed = [ad.update(rng.normal(size=3) * sd, True) for _ in range(950)]
+    assert sum(changed) == 5
+    np.testing.assert_allclose(ad.inv_mass, sd**2, rtol=0.2)
+    assert [used for _, used in ad.history] == [True] * 5
+    stuck = DiagonalMassAdaptation(np.ones(3), tune=1000)
+    for _ in range(100):
+        stuck.update(np.zeros(3), False)
+    np.testing.assert_array_equal(stuck.inv_mass, np.ones(3))
+    # a slowly random-walking chain (as under heavy DP noise) measures its own movement,
+    # not the posterior: such windows are not used
+    walk = DiagonalMassAdaptation(np.ones(3), tune=1000)
+    path = np.cumsum(rng.normal(size=(950, 3)) * 1e-3, axis=0)
+    for x in path:
+        walk.update(x, True)
+    np.testing.assert_array_equal(walk.inv_mass, np.ones(3))
+    assert walk.history and not any(used for _, used in walk.history)
+
+
+# -- per-record clipped gradient sums -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_clipped_grad_sum_matches_numpy(d):
+    """Regression: with one parameter pytensor < 2.39 rewrote sqrt(sqr(g)) to NaN for g < 0."""
+    model, *_ = normal_mean_model(n=40, d=d, seed=2)
+    fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    q = np.linspace(-0.5, 0.7, d)
+    g = fns.per_record_grad(q)
+    for bound in (0.3, 1.0, 100.0):
+        norms = np.linalg.norm(g, axis=1)
+        expected = (g * np.minimum(1.0, bound / norms)[:, None]).sum(axis=0)
+        total, count = fns.clipped_grad_sum(q, bound)
+        np.testing.assert_allclose(total, expected, rtol=1e-12, atol=1e-12)
+        assert count == int(np.sum(norms > bound))
+
+
+def test_clipped_grad_sum_drops_non_finite_records():
+    """A record with a non-finite gradient contributes 0 (its norm stays <= b)."""
+    x = np.linspace(-1.0, 1.0, 10)
+    x[3] = 1e200  # its squared gradient overflows
+    with pm.Model() as model:
+        pm.Normal("x", pm.Normal("t", 0.0, 1.0), 1.0, observed=x)
+    fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    total, count = fns.clipped_grad_sum(np.array([0.2]), 5.0)
+    assert np.isfinite(total).all()
+    np.testing.assert_allclose(total, np.delete(x, 3).sum() - 9 * 0.2, rtol=1e-12)
+    assert count == 1
+
+
+# -- exactness with clipping inactive (noise on) ---------------------------------------------------
+
+
+def _check_no_clipping_and_noise_on(idata) -> None:
+    ss = idata["sample_stats"]
+    assert np.nanmax(ss["grad_clip_fraction_NONPRIVATE"].values) == 0.0
+    assert np.nanmax(ss["llr_clip_fraction_NONPRIVATE"].values) == 0.0
+    assert np.all(ss["grad_noise_std"].values > 0)
+    assert np.nanmedian(ss["llr_noise_std"].values) > 0.05
+    assert 0.3 < ss["accepted"].values.mean() < 0.95
+
+
+@pytest.mark.slow
+def test_exact_normal_mean_1d():
+    model, mean, sd = normal_mean_model(n=50, d=1)
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=50.0,
+            grad_clip_bound=50.0,
+            llr_noise_multiplier=0.03,
+            grad_noise_multiplier=0.05,
+            n_leapfrog=5,
+            nonprivate_diagnostics=True,
+        )
+        idata = pm.sample(3000, tune=500, chains=4, cores=1, step=step, random_seed=11, **SAMPLE)
+    _check_no_clipping_and_noise_on(idata)
+    # the gradient noise (std 5) is comparable to the gradient itself (n * |theta - mean| ~ 7)
+    assert idata["sample_stats"]["grad_noise_std"].values.min() == pytest.approx(5.0)
+    assert_matches_distribution(
+        posterior_array(idata, "theta")[..., 0], stats.norm(mean[0], sd[0]), label="theta"
+    )
+
+
+def correlated_normal_model(n: int = 100, d: int = 10, prior_sd: float = 10.0, seed: int = 3):
+    """x_i ~ MvNormal(theta, Sigma) with a fixed correlated Sigma, theta ~ N(0, prior_sd^2 I).
+
+    Returns (model, posterior mean, posterior covariance).
+    """
+    rng = np.random.default_rng(seed)
+    lag = np.abs(np.subtract.outer(np.arange(d), np.arange(d)))
+    Sigma = 0.7**lag * np.outer(np.linspace(0.5, 1.5, d), np.linspace(0.5, 1.5, d))
+    x = rng.multivariate_normal(np.linspace(-1.0, 1.0, d), Sigma, size=n)
+    with pm.Model() as model:
+        theta = pm.Normal("theta", 0.0, prior_sd, shape=d)
+        pm.MvNormal("x", mu=theta, cov=Sigma, observed=x)
+    prec_lik = np.linalg.inv(Sigma)
+    cov = np.linalg.inv(np.eye(d) / prior_sd**2 + n * prec_lik)
+    return model, cov @ (prec_lik @ x.sum(axis=0)), cov
+
+
+@pytest.mark.slow
+def test_exact_correlated_normal_10d():
+    model, mean, cov = correlated_normal_model()
+    corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
+    assert np.max(np.abs(corr - np.eye(10))) > 0.6  # the posterior is really correlated
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=100.0,
+            grad_clip_bound=100.0,
+            llr_noise_multiplier=0.01,
+            grad_noise_multiplier=0.01,
+            n_leapfrog=8,
+            nonprivate_diagnostics=True,
+        )
+        idata = pm.sample(2500, tune=600, chains=4, cores=1, step=step, random_seed=3, **SAMPLE)
+    _check_no_clipping_and_noise_on(idata)
+    draws = posterior_array(idata, "theta")
+    sd = np.sqrt(np.diag(cov))
+    for k in range(10):
+        assert_matches_distribution(draws[..., k], stats.norm(mean[k], sd[k]), label=f"theta{k}")
+    # the joint: whitened draws are independent standard normals, so their squared norm is
+    # chi2(10) (its ESS reflects HMC's slowly mixing energy, unlike the marginals' ESS)
+    white = np.linalg.solve(np.linalg.cholesky(cov), (draws - mean)[..., None])[..., 0]
+    assert_matches_distribution((white**2).sum(axis=-1), stats.chi2(10), label="|white|^2")
+    for k in range(10):
+        mcse = 1.0 / np.sqrt(az.ess(white[..., k]))
+        assert abs(white[..., k].mean()) < 4 * mcse, f"whitened mean {k}"
+
+
+@pytest.mark.slow
+def test_exact_transformed_variable():
+    model, post = inverse_gamma_variance_model()
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=400.0,
+            grad_clip_bound=400.0,
+            llr_noise_multiplier=0.002,
+            grad_noise_multiplier=0.002,
+            n_leapfrog=5,
+            nonprivate_diagnostics=True,
+        )
+        idata = pm.sample(3000, tune=500, chains=4, cores=1, step=step, random_seed=2, **SAMPLE)
+    _check_no_clipping_and_noise_on(idata)
+    assert_matches_distribution(posterior_array(idata, "s2"), post, label="s2")
+
+
+# -- privacy accounting ----------------------------------------------------------------------------
+
+
+def test_report_equals_closed_form():
+    model, *_ = normal_mean_model(n=30, d=2)
+    z_l, z_g, L = 0.7, 1.3, 4
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=5.0,
+            grad_clip_bound=5.0,
+            llr_noise_multiplier=z_l,
+            grad_noise_multiplier=z_g,
+            n_leapfrog=L,
+            step_size=0.1,
+        )
+        idata = pm.sample(20, tune=7, chains=3, cores=1, step=step, random_seed=4, **SAMPLE)
+    rep = pymc_dp.privacy_report(idata, delta=1e-3)
+    k = 3 * (20 + 7)
+    mu = k / (2 * z_l**2) + k * (L + 1) / (2 * z_g**2)
+    assert rep.mu == pytest.approx(mu, rel=1e-12)
+    assert rep.releases == k * (L + 2)
+    assert rep.epsilon == pytest.approx(gaussian_epsilon(mu, 1e-3), rel=1e-12)
+    assert not rep.nonprivate_diagnostics
+    ss = idata["sample_stats"]
+    for name in ("grad_clip_fraction_NONPRIVATE", "llr_clip_fraction_NONPRIVATE"):
+        assert np.all(np.isnan(ss[name].values))
+    assert np.all(ss["n_leapfrog"].values == L)
+    assert np.all(ss["dp_releases"].values == L + 2)
+
+
+@pytest.mark.parametrize(
+    ("epsilon", "delta", "iterations", "n_leapfrog", "fraction"),
+    [
+        (1.0, 1e-5, 4000, 10, 0.5),
+        (0.1, 1e-6, 100, 1, 0.3),
+        (8.0, 1e-6, 40_000, 25, 0.9),
+        (15.0, 1e-3, 7, 3, 0.01),
+        (2.0, 1e-8, 10**6, 12, 0.67),
+    ],
+)
+def test_calibration_splits_the_budget_and_never_exceeds_the_target(
+    epsilon, delta, iterations, n_leapfrog, fraction
+):
+    z_l, z_g = calibrate_dphmc_noise(epsilon, delta, iterations, n_leapfrog, fraction)
+    mu_g = iterations * (n_leapfrog + 1) / (2 * z_g**2)
+    mu_l = iterations / (2 * z_l**2)
+    achieved = gaussian_epsilon(mu_l + mu_g, delta)
+    assert achieved <= epsilon
+    assert achieved == pytest.approx(epsilon, rel=1e-6)  # and wastes nothing
+    assert mu_g / (mu_l + mu_g) == pytest.approx(fraction, rel=1e-9)
+    assert mu_l + mu_g <= gaussian_mu_for_epsilon(epsilon, delta)
+
+
+def test_calibrated_run_stays_within_target_and_guards_the_budget():
+    model, *_ = normal_mean_model(n=30, d=1)
+    kwargs = dict(llr_clip_bound=5.0, grad_clip_bound=5.0, n_leapfrog=3, step_size=0.1)
+    with model:
+        idata = pymc_dp.sample(
+            pymc_dp.DPHMC,
+            epsilon=2.0,
+            delta=1e-5,
+            draws=30,
+            tune=10,
+            chains=2,
+            step_kwargs=kwargs,
+            cores=1,
+            random_seed=1,
+            **SAMPLE,
+        )
+        rep = pymc_dp.privacy_report(idata)
+        assert rep.epsilon <= 2.0
+        assert rep.epsilon == pytest.approx(2.0, rel=1e-6)
+        assert rep.releases == 2 * 40 * 5
+        step = pymc_dp.DPHMC(epsilon=2.0, delta=1e-5, draws=30, tune=10, chains=2, **kwargs)
+        z_l, z_g = calibrate_dphmc_noise(2.0, 1e-5, 80, 3, 0.5)
+        assert (step.llr_noise_multiplier, step.grad_noise_multiplier) == (z_l, z_g)
+        with pytest.raises(pymc_dp.BudgetExceededError, match="calibrated for 40 iterations"):
+            pm.sample(31, tune=10, chains=1, cores=1, step=step, random_seed=1, **SAMPLE)
+
+
+# -- mechanics of one iteration --------------------------------------------------------------------
+
+
+def test_each_iteration_releases_l_plus_1_fresh_gradients_and_one_ratio():
+    model, *_ = normal_mean_model(n=20, d=2)
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=5.0,
+            grad_clip_bound=5.0,
+            llr_noise_multiplier=1.0,
+            grad_noise_multiplier=1.0,
+            n_leapfrog=6,
+            step_size=0.05,
+        )
+    fns = step._fns
+    calls = []
+    grad, llr = fns.clipped_grad_sum, fns.clipped_loglik_ratio_sum
+    fns.clipped_grad_sum = lambda q, b: calls.append(("grad", q.copy())) or grad(q, b)
+    fns.clipped_loglik_ratio_sum = lambda a, b, c: calls.append(("llr", b.copy())) or llr(a, b, c)
+    point = model.initial_point()
+    for _ in range(4):
+        start = np.concatenate([np.ravel(point[v.name]) for v in step.vars])
+        calls.clear()
+        point, _ = step.step(point)
+        assert [c[0] for c in calls] == ["grad"] * 7 + ["llr"]
+        # the first gradient is evaluated (recomputed) at the current state, every iteration
+        np.testing.assert_array_equal(calls[0][1], start)
+        np.testing.assert_array_equal(calls[-1][1], start)
+
+
+def test_fixed_step_size_and_mass_matrix_are_honoured():
+    model, *_ = normal_mean_model(n=20, d=3)
+    mass = np.array([1.0, 4.0, 0.25])
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=5.0,
+            grad_clip_bound=5.0,
+            llr_noise_multiplier=1.0,
+            grad_noise_multiplier=1.0,
+            n_leapfrog=3,
+            step_size=0.07,
+            mass_matrix=mass,
+            adapt_step_size=False,
+            adapt_mass_matrix=False,
+        )
+        idata = pm.sample(30, tune=200, chains=1, cores=1, step=step, random_seed=2, **SAMPLE)
+    ss = idata["sample_stats"]
+    assert np.all(ss["step_size_bar"].values == 0.07)
+    assert np.all((ss["step_size"].values > 0) & (ss["step_size"].values < 0.07))
+    np.testing.assert_array_equal(step._inv_mass, 1.0 / mass)
+
+
+@pytest.mark.slow
+def test_warmup_adapts_mass_matrix_and_step_size():
+    rng = np.random.default_rng(0)
+    scales = np.array([0.1, 1.0, 10.0])
+    x = rng.normal(size=(200, 3)) * scales
+    with pm.Model():
+        theta = pm.Normal("theta", 0.0, 100.0, shape=3)
+        pm.Normal("x", theta, scales, observed=x)
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=200.0,
+            grad_clip_bound=200.0,
+            llr_noise_multiplier=1e-3,
+            grad_noise_multiplier=1e-3,
+            n_leapfrog=5,
+        )
+        idata = pm.sample(200, tune=600, chains=1, cores=1, step=step, random_seed=3, **SAMPLE)
+    ratio = step._inv_mass / (scales**2 / 200)  # posterior variances spanning 1e4
+    assert ratio.max() / ratio.min() < 3.0, ratio
+    ss = idata["sample_stats"]
+    assert 0.5 < ss["accepted"].values.mean() < 0.95
+    assert ss["step_size_bar"].values[0, 0] > 0.5  # far above the unadapted 0.25 / 3**0.25
+
+
+def _run(cores: int):
+    model, *_ = normal_mean_model(n=30, d=2)
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=20.0,
+            grad_clip_bound=20.0,
+            llr_noise_multiplier=0.2,
+            grad_noise_multiplier=0.2,
+            n_leapfrog=4,
+        )
+        # 120 warmup iterations: the step size and the mass matrix both adapt
+        return pm.sample(30, tune=120, chains=3, cores=cores, step=step, random_seed=7, **SAMPLE)
+
+
+def test_same_draws_for_cores_1_and_2():
+    a, b = _run(1), _run(2)
+    np.testing.assert_array_equal(posterior_array(a, "theta"), posterior_array(b, "theta"))
+    for name in ("accepted", "step_size", "energy_change"):
+        np.testing.assert_array_equal(
+            a["sample_stats"][name].values, b["sample_stats"][name].values
+        )
+    assert not np.array_equal(posterior_array(a, "theta")[0], posterior_array(a, "theta")[1])
+
+
+def test_step_pickles_and_continues_identically():
+    model, *_ = normal_mean_model(n=30, d=2)
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=20.0,
+            grad_clip_bound=20.0,
+            llr_noise_multiplier=0.2,
+            grad_noise_multiplier=0.2,
+            n_leapfrog=4,
+        )
+    point = model.initial_point()
+    for _ in range(5):
+        point, _ = step.step(point)
+    clone = cloudpickle.loads(cloudpickle.dumps(step))
+    assert clone.grad_noise_multiplier == step.grad_noise_multiplier
+    p1, p2 = dict(point), dict(point)
+    for _ in range(5):
+        p1, s1 = step.step(p1)
+        p2, s2 = clone.step(p2)
+        np.testing.assert_array_equal(p1["theta"], p2["theta"])
+        assert s1[0]["step_size"] == s2[0]["step_size"]
+
+
+# -- bad input: a clear error naming the parameter, before any data is read --------------------
+
+_OK = dict(
+    llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0, grad_noise_multiplier=1.0
+)
+_TARGET = dict(
+    llr_clip_bound=1.0, grad_clip_bound=1.0, epsilon=1.0, delta=1e-5, draws=1, tune=0, chains=1
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({**_OK, "llr_clip_bound": 0.0}, "llr_clip_bound"),
+        ({**_OK, "llr_clip_bound": np.inf}, "llr_clip_bound"),
+        ({**_OK, "grad_clip_bound": -1.0}, "grad_clip_bound"),
+        ({**_OK, "grad_clip_bound": np.nan}, "grad_clip_bound"),
+        ({**_OK, "llr_noise_multiplier": 0.0}, "llr_noise_multiplier"),
+        ({**_OK, "grad_noise_multiplier": -2.0}, "grad_noise_multiplier"),
+        ({**_OK, "grad_noise_multiplier": None}, "grad_noise_multiplier"),
+        ({**_OK, "epsilon": 1.0}, "not both"),
+        ({**_OK, "n_leapfrog": 0}, "n_leapfrog"),
+        ({**_OK, "n_leapfrog": 2.5}, "n_leapfrog"),
+        ({**_OK, "step_size": 0.0}, "step_size"),
+        ({**_OK, "step_size": -0.1}, "step_size"),
+        ({**_OK, "target_accept": 1.0}, "target_accept"),
+        ({**_OK, "grad_budget_fraction": 0.0}, "grad_budget_fraction"),
+        ({**_OK, "grad_budget_fraction": 1.0}, "grad_budget_fraction"),
+        ({**_TARGET, "grad_budget_fraction": 1.5}, "grad_budget_fraction"),
+        ({**_OK, "mass_matrix": [1.0, 2.0]}, "mass_matrix"),
+        ({**_OK, "mass_matrix": 0.0}, "mass_matrix"),
+        ({**_OK, "mass_matrix": np.eye(1)}, "mass_matrix"),
+        ({**_OK, "mass_matrix": [np.nan]}, "mass_matrix"),
+        ({**_OK, "mass_matrix": "heavy"}, "mass_matrix"),
+        ({"llr_clip_bound": 1.0, "grad_clip_bound": 1.0}, "llr_noise_multiplier"),
+        ({**_TARGET, "draws": None}, "draws"),
+        ({**_TARGET, "epsilon": 0.0}, "epsilon"),
+        ({**_TARGET, "delta": 1.5}, "delta"),
+    ],
+)
+def test_bad_input_raises_before_reading_data(kwargs, match, monkeypatch):
+    import pymc_dp.step_methods.base as base
+
+    def fail(*a, **k):  # the data must not be touched
+        raise AssertionError("record functions were built before the input was validated")
+
+    monkeypatch.setattr(base, "build_record_functions", fail)
+    model, *_ = normal_mean_model(n=10, d=1)
+    with model, pytest.raises(ValueError, match=match):
+        pymc_dp.DPHMC(**kwargs)
