@@ -303,3 +303,129 @@ def fastmh_runner(
         return {"accepted": acc, "accept": stat}
 
     return run
+
+
+# -- the standard audit scenarios (used by the tests and by benchmarks/audit_table.py) ----------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One audit: a step's mechanism (or a deliberately broken variant) and its claim.
+
+    Attributes
+    ----------
+    step, variant : str
+    claimed_epsilon, delta : float
+        The per-iteration guarantee the accountant claims (for a broken variant: the claim of
+        the correct mechanism it pretends to be).
+    must_hold : bool
+        True for a correct mechanism (``eps_lb <= claimed_epsilon``), False for a broken one
+        (the audit must find ``eps_lb > claimed_epsilon``).
+    make_runner : callable
+        Builds the runner (compiles the model functions; a few seconds).
+    trials : int
+        Default number of trials per dataset.
+    """
+
+    step: str
+    variant: str
+    claimed_epsilon: float
+    delta: float
+    must_hold: bool
+    make_runner: Callable[[], Callable]
+    trials: int
+
+
+def _normal_record_functions(first_record: float):
+    """A 1-parameter normal model on 10 records whose record 0 is the one that differs."""
+    import pymc as pm
+
+    from pymc_dp.model import build_record_functions
+
+    x = np.linspace(-1.0, 1.0, 10)
+    x[0] = first_record
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 3)
+        pm.Normal("x", t, 1, observed=x)
+    return build_record_functions(model, model.value_vars, model.initial_point())[0]
+
+
+def _fastmh_steps(**kwargs):
+    import warnings
+
+    import pymc as pm
+
+    from pymc_dp.step_methods.fastmh import DPFastMH
+
+    steps = []
+    for first in (-100.0, 100.0):
+        x = np.linspace(-1.0, 1.1, 10)  # the others sit around the proposal's midpoint
+        x[0] = first
+        with pm.Model(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t = pm.Normal("t", 0, 3)
+            pm.Normal("x", t, 1, observed=x)
+            steps.append(
+                DPFastMH(clip_bound=3.0, iter_epsilon=1.0, iter_delta=1e-5, max_step=0.1, **kwargs)
+            )
+    return steps
+
+
+def standard_scenarios() -> list[Scenario]:
+    """Every step's mechanism and the broken variants the audit must catch.
+
+    Neighbouring datasets: record 0 is +100 in D and -100 in D' (its clipped ratio and
+    gradient sit at +bound in D and at -bound in D' for a proposal that moves upward).
+    """
+    from pymc_dp.accounting import gaussian_epsilon
+
+    delta = 1e-5
+    q, q_new = np.array([0.0]), np.array([0.3])
+
+    def neighbours():
+        return _normal_record_functions(100.0), _normal_record_functions(-100.0)
+
+    def penalty(**broken):
+        return lambda: penalty_runner(
+            *neighbours(), q, q_new, clip_bound=2.0, noise_multiplier=1.0, **broken
+        )
+
+    z_hmc = 2.0
+    hmc_kw = dict(step_size=0.05, n_leapfrog=1, grad_clip_bound=2.0, llr_clip_bound=2.0)
+
+    def hmc(**broken):
+        return lambda: hmc_runner(
+            *neighbours(), np.array([0.0]), np.array([0.5]),
+            grad_noise_multiplier=z_hmc, llr_noise_multiplier=z_hmc, **hmc_kw, **broken,
+        )  # fmt: skip
+
+    def fastmh(**kwargs):
+        def make():
+            d, d2 = _fastmh_steps(**kwargs)
+            return fastmh_runner(d, d2, np.array([0.0]), np.array([0.1]))
+
+        return make
+
+    pen_claim = gaussian_epsilon(1 / (2 * 1.0**2), delta)
+    hmc_claim = gaussian_epsilon(1 / (2 * z_hmc**2) + 2 / (2 * z_hmc**2), delta)
+    return [
+        Scenario("DPPenaltyMetropolis", "as shipped", pen_claim, delta, True, penalty(), 400_000),
+        Scenario(
+            "DPPenaltyMetropolis", "noise scale halved", pen_claim, delta, False,
+            penalty(noise_scale=0.5), 400_000,
+        ),
+        Scenario(
+            "DPPenaltyMetropolis", "clipping removed", pen_claim, delta, False,
+            penalty(clip=False), 400_000,
+        ),
+        Scenario("DPHMC", "as shipped (L = 1)", hmc_claim, delta, True, hmc(), 20_000),
+        Scenario("DPHMC", "clipping removed", hmc_claim, delta, False, hmc(clip=False), 20_000),
+        Scenario(
+            "DPFastMH", "as shipped, full batch", 1.0, delta, True, fastmh(max_batch=1), 50_000
+        ),
+        Scenario("DPFastMH", "as shipped, minibatch", 1.0, delta, True, fastmh(), 50_000),
+        Scenario(
+            "DPFastMH", "paper's privacy for free", 1.0, delta, False,
+            fastmh(max_batch=1, privacy_for_free=True), 50_000,
+        ),
+    ]  # fmt: skip
