@@ -747,3 +747,21 @@ def test_bad_input_raises_before_reading_data(kwargs, match, monkeypatch):
     model, *_ = normal_mean_model(n=10, d=1)
     with model, pytest.raises(ValueError, match=match):
         pymc_dp.DPFastMH(**kwargs)
+
+
+def test_infeasible_run_target_names_smallest_feasible_delta():
+    x = np.zeros(100)
+    with pm.Model(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t = pm.Normal("t", 0, 1)
+        pm.Normal("x", t, 1, observed=x)
+        with pytest.raises(ValueError, match=r"cannot be met.*smallest delta with a finite"):
+            pymc_dp.DPFastMH(
+                clip_bound=3.0,
+                epsilon=1.0,
+                delta=1e-5,
+                draws=100,
+                tune=0,
+                chains=1,
+                privacy_for_free=True,
+            )

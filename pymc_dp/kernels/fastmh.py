@@ -704,6 +704,10 @@ def calibrate_fastmh(
                 if privacy_for_free
                 else ""
             )
+            + (
+                f"; over {int(iterations)} iterations the smallest delta with a finite epsilon "
+                f"is {1.0 - (1.0 - d_charge) ** int(iterations):.3g}"
+            )
         )
     return FastMHCalibration(
         z_minibatch=float(z1),
