@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from pymc_dp.accounting import ApproxDPEvent, PrivacyLedger
+from pymc_dp.accounting import ApproxDPEvent, GaussianEvent, PrivacyLedger
 
 __all__ = ["PrivacyReport", "privacy_report", "RAW_DATA_GROUPS"]
 
@@ -207,8 +207,6 @@ def privacy_report(
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1); got {delta!r}")
     if mu > 0:
-        from pymc_dp.accounting import GaussianEvent
-
         # A single event with the same total mu: noise multiplier sqrt(1 / (2 mu)).
         ledger.add(GaussianEvent(float(np.sqrt(1.0 / (2.0 * mu)))))
         parts.append(
