@@ -688,8 +688,12 @@ def build_record_functions(
     x_new = x.type("q_new")
     bound = pt.dscalar("llr_clip_bound")
     r = clone_replace(ll_batch, replace={x: x_new}) - ll_batch
-    llr_sum = pt.sum(pt.clip(r, -bound, bound))
-    llr_count = pt.sum(pt.gt(pt.abs(r), bound))
+    # A record whose log-likelihood is -inf at both points gives NaN: it contributes 0 (any
+    # value within the bounds keeps the sensitivity 2 * bound) instead of a NaN that would
+    # decide the test without noise. +-inf are clipped like any large ratio.
+    nan = pt.isnan(r)
+    llr_sum = pt.sum(pt.switch(nan, 0.0, pt.clip(r, -bound, bound)))
+    llr_count = pt.sum(pt.or_(nan, pt.gt(pt.abs(r), bound)))
 
     f_prior = pm.pytensorf.compile([x], [prior, pytensor.grad(prior, x)], **compile_kwargs)
     f_ll = pm.pytensorf.compile([x, *batch], ll_batch, **compile_kwargs)
@@ -698,9 +702,14 @@ def build_record_functions(
     q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars]).astype(x.dtype)
     data = [_node_value(d) for d in data_nodes]
     _check_separable(f_ll, q0, data, n)
-    for a in data:
-        # Outcome of this check is one bit about the data, shown to the analyst who runs the
-        # sampler (the trusted curator); no value, count or position is reported.
+    observed = {model.rvs_to_values[rv] for rv in model.observed_RVs}
+    for node, a in zip(data_nodes, data, strict=True):
+        # Only arrays the user supplied (observed values, pm.Data): PyMC may also fold a
+        # constant such as an all -inf bound into an array of n rows, which is not data.
+        # The outcome of this check is one bit about the data, shown to the analyst who runs
+        # the sampler (the trusted curator); no value, count or position is reported.
+        if not (node in observed or isinstance(node, SharedVariable)):
+            continue
         if np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
             raise ValueError(
                 "the observed data (or a covariate array with one row per record) contains NaN "

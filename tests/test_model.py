@@ -256,3 +256,25 @@ def test_mixture_with_numpy_observed():
         np.testing.assert_allclose(
             G[:, k], (fns.loglik(q + e) - fns.loglik(q - e)) / (2 * h), atol=1e-6
         )
+
+
+def test_poisson_model_is_supported():
+    """PyMC folds the Poisson support bound into an all -inf array of n rows: not data."""
+    y = np.random.default_rng(2).poisson(3.0, size=40)
+    with pm.Model() as model:
+        lam = pm.Normal("log_lam", 1.0, 1.0)
+        pm.Poisson("y", pm.math.exp(lam), observed=y)
+    fns = _fns(model)
+    q = np.array([1.1])
+    np.testing.assert_allclose(fns.loglik(q), _reference_loglik(model, {"log_lam": q[0]}))
+
+
+def test_nan_ratio_counts_as_zero_and_clipped():
+    """A record impossible at both points (-inf - -inf) must not make the sum NaN."""
+    with pm.Model() as model:
+        u = pm.Uniform("u", 0, 1)
+        pm.Uniform("a", 0, u, observed=np.array([0.01, 0.9]))
+    fns = _fns(model)
+    # u = sigmoid(-3) and sigmoid(-2.5) are both below 0.9: record 1 is -inf at both points
+    s, k = fns.clipped_loglik_ratio_sum(np.array([-2.5]), np.array([-3.0]), 10.0)
+    assert np.isfinite(s) and k == 1

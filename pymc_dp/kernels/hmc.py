@@ -301,16 +301,18 @@ class DiagonalMassAdaptation:
     mass (Stan's shrinkage, made scale-free: Stan shrinks toward the absolute 1e-3, which
     dominates the posteriors of large datasets, often far narrower than that).
 
-    A window's estimate is used only if the window looks stationary. Under DP noise the
-    chain often moves slowly during warmup (the penalty test's noise grows with the step
-    length), and the variance of a drifting or random-walking chain measures how far it
-    moved, not the posterior: adapting to it shrinks the metric of the coordinates that
-    happened to move least, which then move even less. The check: the squared difference
-    of the means of the window's two halves, over the window's variance, averaged over the
-    coordinates, must be at most ``max_split_drift`` (about ``4 / ESS`` for a stationary
-    window, about 1.5 or more for a random walk or a transient). A window in which the chain
-    moved fewer than ``min_moves`` times is not used either (a stuck chain has zero sample
-    variance, which would freeze it for good).
+    A coordinate's estimate may *lower* its inverse mass only if the chain mixed in that
+    coordinate within the window; otherwise it can only raise it. Under DP noise the chain
+    often moves slowly during warmup (the penalty test's noise grows with the step length),
+    and the variance of a random-walking chain measures how far it moved, a lower bound of
+    the posterior variance: adapting to it anyway shrinks the metric of the coordinates that
+    happened to move least, which then move even less, until they freeze. Mixing is judged
+    by a lag-one estimate of the coordinate's effective sample size in the window,
+    ``n msd / (2 var)`` with ``msd`` the mean squared change between successive draws
+    (within a factor of 2 of the truth for an AR(1) chain; about 3 for a random walk
+    whatever the window's length, less for a drift), which must reach ``min_ess``. A window
+    in which the chain moved fewer than ``min_moves`` times is not used at all (a stuck
+    chain has zero sample variance).
 
     The draws are the chain's own (differentially private) states, so the adaptation is
     post-processing.
@@ -323,8 +325,8 @@ class DiagonalMassAdaptation:
         Number of warmup iterations (``None``: unknown, open-ended schedule).
     min_moves : int
         Minimum number of accepted moves in a window for its estimate to be used.
-    max_split_drift : float
-        Stationarity threshold described above.
+    min_ess : float
+        Mixing threshold described above.
     """
 
     def __init__(
@@ -333,12 +335,12 @@ class DiagonalMassAdaptation:
         tune: int | None,
         *,
         min_moves: int = 5,
-        max_split_drift: float = 0.75,
+        min_ess: float = 20.0,
     ) -> None:
         self.inv_mass = np.array(inv_mass, dtype=float)
         self.windows = warmup_windows(tune)
         self.min_moves = int(min_moves)
-        self.max_split_drift = float(max_split_drift)
+        self.min_ess = float(min_ess)
         self.iteration = 0
         #: (window end, used) for every completed window
         self.history: list[tuple[int, bool]] = []
@@ -350,8 +352,8 @@ class DiagonalMassAdaptation:
         self._n = 0
         self._mean = np.zeros(d)
         self._m2 = np.zeros(d)
-        self._half_sum = np.zeros((2, d))
-        self._half_n = np.zeros(2)
+        self._sq_steps = np.zeros(d)
+        self._last = None
         self._moves = 0
 
     def update(self, q: np.ndarray, moved: bool) -> bool:
@@ -365,22 +367,23 @@ class DiagonalMassAdaptation:
             delta = q - self._mean
             self._mean += delta / self._n
             self._m2 += delta * (q - self._mean)
-            half = int(2 * (self.iteration - start - 1) >= end - start)
-            self._half_sum[half] += q
-            self._half_n[half] += 1
+            if self._last is not None:
+                self._sq_steps += (q - self._last) ** 2
+            self._last = np.array(q, dtype=float)
             self._moves += int(moved)
         if self.iteration < end:
             return False
         changed = False
         if self._n >= 4 and self._moves >= self.min_moves:
-            var = self._m2 / (self._n - 1)
-            halves = self._half_sum / self._half_n[:, None]
+            n, old = self._n, self.inv_mass
+            var = self._m2 / (n - 1)
             with np.errstate(divide="ignore", invalid="ignore"):
-                drift = float(np.mean((halves[0] - halves[1]) ** 2 / var))
-            if np.all(np.isfinite(var)) and np.all(var > 0) and drift <= self.max_split_drift:
-                n = self._n
-                self.inv_mass = (n * var + 5e-3 * self.inv_mass) / (n + 5.0)
-                changed = True
+                mixed = n * (self._sq_steps / (n - 1)) / (2.0 * var) >= self.min_ess
+            estimate = (n * var + 5e-3 * old) / (n + 5.0)
+            new = np.where(mixed, estimate, np.maximum(old, estimate))
+            new = np.where(np.isfinite(var) & (var > 0), new, old)
+            changed = bool(np.any(new != old))
+            self.inv_mass = new
         self.history.append((end, changed))
         self._window += 1
         self._reset_window()

@@ -375,6 +375,12 @@ class DPHMC(DPStep):
 
     # -- one iteration -------------------------------------------------------------------------
     def _dp_astep(self, q0):
+        # A trajectory that diverges (huge momenta or positions) is rejected; its overflows
+        # need no warning.
+        with np.errstate(over="ignore", invalid="ignore"):
+            return self._iteration_body(q0)
+
+    def _iteration_body(self, q0):
         fns = self._fns
         q = q0.data
         tune = bool(self.tune)
