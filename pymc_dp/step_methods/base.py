@@ -26,6 +26,7 @@ __all__ = [
     "BudgetExceededError",
     "DPStep",
     "RunPlan",
+    "ScaleAdaptation",
     "NONPRIVATE_SUFFIX",
     "check_positive",
     "check_target",
@@ -267,3 +268,30 @@ class DPStep(ArrayStepShared):
 
     def _dp_astep(self, q0):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class ScaleAdaptation:
+    """Warmup adaptation of a random-walk scale from the (DP) accept decisions.
+
+    Robbins-Monro on the log scale toward ``target_accept``: post-processing of released
+    decisions, so it costs nothing beyond the charged warmup iterations. Mixed into the
+    random-walk steps; they set ``scaling`` and ``target_accept`` before calling
+    :meth:`_reset_scaling`.
+    """
+
+    scaling: float
+    target_accept: float
+
+    def _reset_scaling(self) -> None:
+        if not hasattr(self, "_initial_scaling"):
+            self._initial_scaling = self.scaling
+        self.scaling = self._initial_scaling
+        self._tune_count = 0
+
+    def reset_tuning(self) -> None:
+        self._reset_scaling()
+
+    def _adapt_scaling(self, accepted: bool) -> None:
+        self._tune_count += 1
+        rate = 1.0 / np.sqrt(self._tune_count + 10.0)
+        self.scaling = float(self.scaling * np.exp(rate * (float(accepted) - self.target_accept)))

@@ -38,6 +38,7 @@ from pymc_dp.model import count_records
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
+    ScaleAdaptation,
     check_positive,
     check_target,
     make_plan,
@@ -65,7 +66,7 @@ def _check_iter_delta(value: Any) -> float:
     return d
 
 
-class DPFastMH(DPStep):
+class DPFastMH(ScaleAdaptation, DPStep):
     r"""Differentially private minibatch Metropolis-Hastings (DP-Fast MH, Algorithm 2).
 
     Each iteration proposes a truncated Gaussian random walk :math:`\theta' = \theta + \Delta`,
@@ -363,7 +364,7 @@ class DPFastMH(DPStep):
         self._sampler = IndexSampler(c, n)
         self._mu_per_iteration = 0.0
         self._releases_per_iteration = 1
-        self._initial_scaling = self.scaling
+        self._reset_scaling()
         self._setup(
             vars,
             model=model,
@@ -403,12 +404,7 @@ class DPFastMH(DPStep):
 
     # -- PyMC hooks ------------------------------------------------------------------------------
     def _reset_chain_state(self) -> None:
-        self.scaling = self._initial_scaling
-        self._tune_count = 0
-
-    def reset_tuning(self) -> None:
-        self.scaling = self._initial_scaling
-        self._tune_count = 0
+        self._reset_scaling()
 
     def _privacy_stats(self) -> dict[str, Any]:
         out = super()._privacy_stats()
@@ -460,11 +456,7 @@ class DPFastMH(DPStep):
         # -- everything below is post-processing of the (noisy) decision ----------------------
         accepted = info.accepted
         if self.tune:
-            self._tune_count += 1
-            rate = 1.0 / np.sqrt(self._tune_count + 10.0)
-            self.scaling = float(
-                self.scaling * np.exp(rate * (float(accepted) - self.target_accept))
-            )
+            self._adapt_scaling(accepted)
         log_a = info.log_accept
         diag = self.nonprivate_diagnostics
         stats = {

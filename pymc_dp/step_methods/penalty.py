@@ -18,6 +18,7 @@ from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_nois
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
+    ScaleAdaptation,
     check_positive,
     check_target,
     make_plan,
@@ -29,7 +30,7 @@ _PROPOSALS = ("gaussian", "coordinate", "guided")
 _TARGET_ACCEPT = {"gaussian": 0.234, "coordinate": 0.44, "guided": 0.44}
 
 
-class DPPenaltyMetropolis(DPStep):
+class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     r"""Differentially private random-walk Metropolis with the penalty test.
 
     Each iteration proposes :math:`\theta' = \theta + s\,S \odot \xi` (full vector, one
@@ -150,7 +151,7 @@ class DPPenaltyMetropolis(DPStep):
         self.epsilon = epsilon
         self._mu_per_iteration = GaussianEvent(self.noise_multiplier).mu
         self._releases_per_iteration = 1
-        self._initial_scaling = self.scaling
+        self._reset_scaling()
         self._setup(
             vars,
             model=model,
@@ -175,12 +176,7 @@ class DPPenaltyMetropolis(DPStep):
     def _reset_chain_state(self) -> None:
         d = self._fns.ndim
         self._direction = np.ones(d)
-        self.scaling = self._initial_scaling
-        self._tune_count = 0
-
-    def reset_tuning(self) -> None:
-        self.scaling = self._initial_scaling
-        self._tune_count = 0
+        self._reset_scaling()
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         d = q.size
@@ -210,12 +206,7 @@ class DPPenaltyMetropolis(DPStep):
         if self.proposal == "guided" and not accepted:
             self._direction[j] = -self._direction[j]
         if self.tune:
-            # Robbins-Monro on log scale from the (DP) accept decisions.
-            self._tune_count += 1
-            rate = 1.0 / np.sqrt(self._tune_count + 10.0)
-            self.scaling = float(
-                self.scaling * np.exp(rate * (float(accepted) - self.target_accept))
-            )
+            self._adapt_scaling(accepted)
         stats = {
             "accepted": float(accepted),
             "accept": float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0,
