@@ -8,7 +8,17 @@ from importlib.metadata import PackageNotFoundError, version
 from pymc_dp.model import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
 from pymc_dp.sampling import sample
-from pymc_dp.step_methods import DPHMC, BudgetExceededError, DPFastMH, DPPenaltyMetropolis, DPStep
+from pymc_dp.step_methods import (
+    DPHMC,
+    DPSGLD,
+    DPSGNHT,
+    BudgetExceededError,
+    DPBarker,
+    DPFastMH,
+    DPPenaltyMetropolis,
+    DPStep,
+    DPSubsampledPenalty,
+)
 
 try:
     __version__ = version("pymc_dp")
@@ -16,7 +26,11 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
+    "DPBarker",
+    "DPSubsampledPenalty",
     "DPHMC",
+    "DPSGLD",
+    "DPSGNHT",
     "BudgetExceededError",
     "DPFastMH",
     "DPPenaltyMetropolis",

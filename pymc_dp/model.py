@@ -151,7 +151,7 @@ def check_model_supported(
             "If every Potential is a function of parameters only, pass data_free_potentials=True"
         )
     for v in vars:
-        if v.dtype in pm.discrete_types:
+        if v.dtype in pm.vartypes.discrete_types:
             raise ModelNotSupportedError(
                 f"free variable {v.name!r} is discrete; pymc_dp's step methods sample continuous "
                 "parameters only (marginalise the discrete variable out of the model)"

@@ -21,7 +21,7 @@ __all__ = ["sample", "check_run_is_private"]
 
 
 def _flatten_steps(step) -> list:
-    if isinstance(step, pm.CompoundStep):
+    if isinstance(step, pm.step_methods.CompoundStep):
         return [s for m in step.methods for s in _flatten_steps(m)]
     if isinstance(step, list | tuple):
         return [s for m in step for s in _flatten_steps(m)]

@@ -4,7 +4,8 @@ Tight accounting for compositions of Gaussian mechanisms (Sommer et al. 2019; RÃ
 al., Theorem 2.4), the optimal homogeneous composition of (epsilon, delta)-DP mechanisms
 (Kairouz, Oh & Viswanath 2017, Theorem 3.3), a ledger composing both, noise calibration
 (including the analytic Gaussian mechanism of Balle & Wang 2018) and, for comparison, the
-looser zCDP and RDP conversions.
+looser zCDP and RDP conversions. Subsampled Gaussian mechanisms (minibatch samplers) are
+accounted with Google's dp-accounting (imported lazily, :mod:`.subsampled`).
 
 Every number here refers to the neighbouring relation under which the sensitivities of
 the events were computed: for replace-one ("substitute") neighbours a per-record value
@@ -36,17 +37,31 @@ from .gaussian import (
     zcdp_epsilon,
 )
 from .ledger import PrivacyLedger
+from .subsampled import (
+    PoissonSubsampledGaussian,
+    WORSubsampledGaussian,
+    calibrate_poisson_subsampled_noise,
+    calibrate_wor_subsampled_noise,
+    poisson_subsampled_gaussian_epsilon,
+    wor_subsampled_gaussian_epsilon,
+)
 
 __all__ = [
     "ApproxDPEvent",
     "GaussianEvent",
+    "PoissonSubsampledGaussian",
     "PrivacyLedger",
+    "WORSubsampledGaussian",
     "analytic_gaussian_sigma",
     "calibrate_noise_multiplier",
+    "calibrate_poisson_subsampled_noise",
+    "calibrate_wor_subsampled_noise",
     "compose_approx_dp",
     "gaussian_delta",
     "gaussian_epsilon",
     "gaussian_mu_for_epsilon",
+    "poisson_subsampled_gaussian_epsilon",
     "rdp_epsilon",
+    "wor_subsampled_gaussian_epsilon",
     "zcdp_epsilon",
 ]

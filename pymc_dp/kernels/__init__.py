@@ -22,8 +22,30 @@ from pymc_dp.kernels.hmc import (
     warmup_windows,
 )
 from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
+from pymc_dp.kernels.sgmcmc import (
+    SGNHTState,
+    added_noise_multiplier,
+    noisy_gradient,
+    poisson_subsample,
+    sgld_gaussian_variance,
+    sgld_intrinsic_noise_multiplier,
+    sgld_update,
+    sgnht_intrinsic_noise_multiplier,
+    sgnht_update,
+    total_noise_multiplier,
+)
 
 __all__ = [
+    "SGNHTState",
+    "added_noise_multiplier",
+    "noisy_gradient",
+    "poisson_subsample",
+    "sgld_gaussian_variance",
+    "sgld_intrinsic_noise_multiplier",
+    "sgld_update",
+    "sgnht_intrinsic_noise_multiplier",
+    "sgnht_update",
+    "total_noise_multiplier",
     "DiagonalMassAdaptation",
     "DualAveraging",
     "FastMHInfo",

@@ -1,8 +1,21 @@
 """PyMC step methods of pymc_dp (thin: a kernel wired to the per-record model functions)."""
 
+from pymc_dp.step_methods.barker import DPBarker
 from pymc_dp.step_methods.base import BudgetExceededError, DPStep
 from pymc_dp.step_methods.fastmh import DPFastMH
 from pymc_dp.step_methods.hmc import DPHMC
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
+from pymc_dp.step_methods.sgmcmc import DPSGLD, DPSGNHT
+from pymc_dp.step_methods.subsampled_penalty import DPSubsampledPenalty
 
-__all__ = ["DPHMC", "BudgetExceededError", "DPFastMH", "DPPenaltyMetropolis", "DPStep"]
+__all__ = [
+    "DPBarker",
+    "DPSubsampledPenalty",
+    "DPHMC",
+    "DPSGLD",
+    "DPSGNHT",
+    "BudgetExceededError",
+    "DPFastMH",
+    "DPPenaltyMetropolis",
+    "DPStep",
+]

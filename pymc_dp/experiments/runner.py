@@ -1,0 +1,643 @@
+"""Run the papers' experiment protocol with pymc_dp's step methods.
+
+Protocol of the DP-HMC paper (Räisä, Koskela & Honkela, Sec. 4; settings in
+``shared/notes/reference-experiments.md``): for each (method, epsilon, repeat), 4 chains that
+share one privacy budget start around the true parameter (std = mean of the reference
+posterior's componentwise sds); the second halves of the chains are pooled and compared with
+1000 exact reference draws by the MMD and the distance of the means.
+
+Two ways of spending the budget:
+
+- ``protocol="paper"`` (the paper's): the noise is fixed by the paper's ``tau``
+  (noise std ``tau sqrt(n) 2 b``, i.e. pymc_dp noise multiplier ``z = tau sqrt(n)``, privacy
+  loss ``mu = 1 / (2 tau^2 n)`` per release) and the chains run as many iterations as the
+  budget allows: ``k = floor(mu*(epsilon, delta) / (chains * mu_iteration))`` per chain, where
+  ``mu*`` is the largest total ``mu`` with tight Gaussian epsilon <= target
+  (:func:`pymc_dp.accounting.gaussian_mu_for_epsilon`). No warmup, no adaptation.
+- ``protocol="calibrated"`` (pymc_dp's): the run length is fixed (``draws``, ``tune``) and
+  :func:`pymc_dp.sample` calibrates the noise for it; warmup adaptation is on.
+
+Either way the privacy report of the finished run (:func:`pymc_dp.privacy_report`) gives the
+epsilon that is recorded, and the runner checks it is at most the target.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import pymc_dp
+from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.experiments.metrics import convergence, mean_error, mmd
+from pymc_dp.experiments.models import MODELS, ExperimentModel, posterior_matrix
+
+__all__ = [
+    "CSV_FIELDS",
+    "METHODS",
+    "MethodSetting",
+    "MethodSpec",
+    "RunResult",
+    "paper_iterations_per_chain",
+    "register_method",
+    "run_experiment",
+    "run_one",
+]
+
+#: Columns of the results CSV, in order.
+CSV_FIELDS = [
+    "model",
+    "method",
+    "protocol",
+    "n",
+    "epsilon_target",
+    "epsilon_reported",
+    "delta",
+    "chains",
+    "iterations_per_chain",
+    "tune",
+    "repeat",
+    "seed",
+    "mmd",
+    "mean_error",
+    "rhat",
+    "ess",
+    "accept_rate",
+    "noise",
+    "settings",
+    "seconds",
+]
+
+
+@dataclass(frozen=True)
+class MethodSetting:
+    """Hyperparameters of one method on one model.
+
+    Attributes
+    ----------
+    step_kwargs : dict
+        Data-free arguments of the step class (clip bounds, step sizes, ...), used by both
+        protocols.
+    paper_noise : dict, optional
+        The paper's fixed noise as step arguments (e.g. ``{"noise_multiplier": z}``); with
+        ``paper_mu`` it enables ``protocol="paper"``. Built from the paper's ``tau`` and ``n``.
+    paper_mu : float, optional
+        Privacy-loss parameter ``mu`` of one iteration at ``paper_noise``.
+    paper_kwargs : dict
+        Extra step arguments for the paper protocol only (e.g. adaptation switched off).
+    draws, tune : int
+        Run length of ``protocol="calibrated"``.
+    """
+
+    step_kwargs: dict
+    paper_noise: dict | None = None
+    paper_mu: float | None = None
+    paper_kwargs: dict = field(default_factory=dict)
+    draws: int = 1000
+    tune: int = 500
+
+
+@dataclass
+class MethodSpec:
+    """A sampler of the comparison: a step class and its settings per model.
+
+    Attributes
+    ----------
+    name : str
+    step_class : type
+        A :class:`pymc_dp.DPStep` subclass (or any callable building a step from
+        ``model=``, the settings' kwargs and ``delta``, ``draws``, ``tune``, ``chains``).
+    settings : dict
+        Model name -> callable ``(ExperimentModel) -> MethodSetting``.
+    """
+
+    name: str
+    step_class: type
+    settings: dict[str, Callable[[ExperimentModel], MethodSetting]]
+
+    def setting(self, exp: ExperimentModel) -> MethodSetting:
+        if exp.name not in self.settings:
+            raise ValueError(
+                f"method {self.name!r} has no settings for model {exp.name!r}; it supports "
+                f"{sorted(self.settings)}"
+            )
+        return self.settings[exp.name](exp)
+
+
+def _hmc_mu(z_l: float, z_g: float, n_leapfrog: int) -> float:
+    """mu of one DP-HMC iteration: one ratio release + (L + 1) gradient releases (Thm 3.5)."""
+    return GaussianEvent(z_l).mu + GaussianEvent(z_g, n_leapfrog + 1).mu
+
+
+def _dphmc_setting(
+    tau_l: float, tau_g: float, eta: float, n_leapfrog: int, llr_clip: float, grad_clip: float
+) -> Callable[[ExperimentModel], MethodSetting]:
+    def make(exp: ExperimentModel) -> MethodSetting:
+        z_l, z_g = tau_l * math.sqrt(exp.n), tau_g * math.sqrt(exp.n)
+        return MethodSetting(
+            step_kwargs={
+                "llr_clip_bound": llr_clip,
+                "grad_clip_bound": grad_clip,
+                "n_leapfrog": n_leapfrog,
+                "step_size": eta,
+                "tempering": exp.info.get("tempering", 1.0),
+            },
+            paper_noise={"llr_noise_multiplier": z_l, "grad_noise_multiplier": z_g},
+            paper_mu=_hmc_mu(z_l, z_g, n_leapfrog),
+            paper_kwargs={"adapt_step_size": False, "adapt_mass_matrix": False},
+            draws=500,
+            tune=250,
+        )
+
+    return make
+
+
+def _penalty_setting(
+    tau: float, proposal_sd: float, clip: float
+) -> Callable[[ExperimentModel], MethodSetting]:
+    def make(exp: ExperimentModel) -> MethodSetting:
+        z = tau * math.sqrt(exp.n)
+        return MethodSetting(
+            step_kwargs={
+                "clip_bound": clip,
+                "proposal": "gaussian",
+                "proposal_scale": proposal_sd,
+                "tempering": exp.info.get("tempering", 1.0),
+            },
+            paper_noise={"noise_multiplier": z},
+            paper_mu=GaussianEvent(z).mu,
+            draws=2000,
+            tune=1000,
+        )
+
+    return make
+
+
+def _fastmh_mixture(exp: ExperimentModel) -> MethodSetting:
+    # As examples/fastmh_mixture.py: the paper's c_i at the public truncation bound.
+    return MethodSetting(
+        step_kwargs={
+            "clip_bound": exp.info["clip_bound"],
+            "max_step": 0.5,
+            "lam": 5000.0,
+            "proposal_scale": 0.1,
+            "target_accept": 0.3,
+            "tempering": exp.info["tempering"],
+        },
+        draws=2500,
+        tune=500,
+    )
+
+
+def _logistic_penalty(exp: ExperimentModel) -> MethodSetting:
+    return MethodSetting(
+        step_kwargs={"clip_bound": exp.info["clip_bound"], "proposal": "guided"},
+        draws=1500,
+        tune=500,
+    )
+
+
+def _logistic_dphmc(exp: ExperimentModel) -> MethodSetting:
+    b = exp.info["clip_bound"]
+    return MethodSetting(
+        step_kwargs={"llr_clip_bound": b, "grad_clip_bound": b, "n_leapfrog": 5},
+        draws=300,
+        tune=200,
+    )
+
+
+def _logistic_fastmh(exp: ExperimentModel) -> MethodSetting:
+    return MethodSetting(
+        step_kwargs={
+            "clip_bound": exp.info["clip_bound"],
+            "max_step": 0.2,
+            "lam": 2000.0,
+            "proposal_scale": 0.03,
+        },
+        draws=1500,
+        tune=500,
+    )
+
+
+#: Method registry: name -> MethodSpec. Register further samplers with
+#: :func:`register_method` (e.g. ``sgld``, ``sgnht``).
+METHODS: dict[str, MethodSpec] = {
+    "dphmc": MethodSpec(
+        "dphmc",
+        pymc_dp.DPHMC,
+        {
+            # DP-HMC paper code: tau_l, tau_g, eta, L, LLR clip, gradient clip.
+            "banana": _dphmc_setting(0.10, 0.55, 0.006, 25, 0.1, 0.05),
+            "gaussian": _dphmc_setting(0.1, 0.25, 1.5e-4, 12, 6.0, 10.0),
+            "logistic": _logistic_dphmc,
+        },
+    ),
+    "penalty": MethodSpec(
+        "penalty",
+        pymc_dp.DPPenaltyMetropolis,
+        {
+            # DP-HMC paper code: tau, proposal std, LLR clip.
+            "banana": _penalty_setting(0.17, 0.06, 0.15),
+            "gaussian": _penalty_setting(0.05, 7e-4, 10.0),
+            "logistic": _logistic_penalty,
+        },
+    ),
+    "fastmh": MethodSpec(
+        "fastmh",
+        pymc_dp.DPFastMH,
+        {"mixture": _fastmh_mixture, "logistic": _logistic_fastmh},
+    ),
+}
+
+
+def _sgld_setting(clip: float, eta_paper: float) -> Callable[[ExperimentModel], MethodSetting]:
+    """DP-SGLD as the DP-HMC paper's baseline: batch 1000, the paper's clip and step size.
+
+    The paper's code takes steps ``eta_p / n`` on the average gradient; pymc_dp's DP-SGLD
+    drifts by ``step_size / 2`` times the summed gradient (docs/steps/sgmcmc.md), hence
+    ``step_size = 2 eta_p / n``.
+    """
+
+    def make(exp: ExperimentModel) -> MethodSetting:
+        return MethodSetting(
+            step_kwargs={
+                "clip_bound": clip,
+                "step_size": 2.0 * eta_paper / exp.n,
+                "batch_size": min(1000, exp.n),
+                "tempering": exp.info.get("tempering", 1.0),
+            },
+            draws=2000,
+            tune=500,
+        )
+
+    return make
+
+
+def _sgnht_setting(
+    clip: float, eta_paper: float, diffusion: float
+) -> Callable[[ExperimentModel], MethodSetting]:
+    """DP-SGNHT as the DP-HMC paper's baseline (batch 1000; ``step_size = eta_p / n``)."""
+
+    def make(exp: ExperimentModel) -> MethodSetting:
+        return MethodSetting(
+            step_kwargs={
+                "clip_bound": clip,
+                "step_size": eta_paper / exp.n,
+                "diffusion": diffusion,
+                "batch_size": min(1000, exp.n),
+                "tempering": exp.info.get("tempering", 1.0),
+            },
+            draws=2000,
+            tune=500,
+        )
+
+    return make
+
+
+METHODS["sgld"] = MethodSpec(
+    "sgld",
+    pymc_dp.DPSGLD,
+    # DP-HMC paper's baseline settings: clip / eta = 0.2 / 1 (banana), 15 / 0.008 (Gaussian).
+    {"banana": _sgld_setting(0.2, 1.0), "gaussian": _sgld_setting(15.0, 0.008)},
+)
+METHODS["sgnht"] = MethodSpec(
+    "sgnht",
+    pymc_dp.DPSGNHT,
+    # clip / eta / A = 0.2 / 100 / 50 (banana), 12 / 0.2 / 30 (Gaussian).
+    {"banana": _sgnht_setting(0.2, 100.0, 50.0), "gaussian": _sgnht_setting(12.0, 0.2, 30.0)},
+)
+
+
+def register_method(spec: MethodSpec) -> None:
+    """Add (or replace) a method of the registry."""
+    if not isinstance(spec, MethodSpec):
+        raise ValueError(f"register_method needs a MethodSpec; got {type(spec).__name__}")
+    METHODS[spec.name] = spec
+
+
+def paper_iterations_per_chain(mu_iteration: float, epsilon: float, delta: float, chains: int):
+    """Iterations per chain the budget allows at a fixed per-iteration ``mu`` (tight bound).
+
+    ``k = floor(mu*(epsilon, delta) / (chains * mu_iteration))``, lowered while the tight
+    Gaussian epsilon of ``chains * k * mu_iteration`` exceeds the target (rounding).
+    """
+    mu_star = gaussian_mu_for_epsilon(epsilon, delta)
+    k = int(math.floor(mu_star / (chains * mu_iteration)))
+    while k > 0 and gaussian_epsilon(chains * k * mu_iteration, delta) > epsilon:
+        k -= 1
+    return k
+
+
+@dataclass
+class RunResult:
+    """One run: the CSV row and the pooled second-half draws."""
+
+    row: dict
+    draws: np.ndarray
+
+
+def _run_seed(base_seed: int, model: str, method: str, epsilon: float, repeat: int) -> int:
+    """Seed derived from (base seed, model, method, epsilon, repeat)."""
+    tag = [ord(c) for c in f"{model}/{method}"]
+    ss = np.random.SeedSequence([int(base_seed), int(round(epsilon * 1000)), int(repeat), *tag])
+    return int(ss.generate_state(1)[0])
+
+
+def _initvals(exp: ExperimentModel, points: np.ndarray) -> list[dict]:
+    """Flat starting points -> per-chain initvals dicts keyed by variable name."""
+    ip = exp.model.initial_point()
+    rvs = {rv.name: rv for rv in exp.model.free_RVs}
+    out = []
+    for p in points:
+        d, k = {}, 0
+        for name in exp.var_names:
+            value_name = exp.model.rvs_to_values[rvs[name]].name
+            shape = np.shape(ip[value_name])
+            size = int(np.prod(shape, dtype=int))
+            d[name] = p[k : k + size].reshape(shape)
+            k += size
+        out.append(d)
+    return out
+
+
+def run_one(
+    exp: ExperimentModel,
+    method: str,
+    epsilon: float,
+    *,
+    delta: float = 1e-6,
+    chains: int = 4,
+    repeat: int = 0,
+    protocol: str = "paper",
+    base_seed: int = 0,
+    reference_draws: int = 1000,
+    start_sd: float | None = None,
+    draws: int | None = None,
+    tune: int | None = None,
+) -> RunResult:
+    """One run of the protocol; returns the CSV row and the pooled second-half draws.
+
+    Parameters
+    ----------
+    exp : ExperimentModel
+    method : str
+        A key of :data:`METHODS`.
+    epsilon, delta : float
+        Target of the whole run (all chains).
+    chains : int
+        Chains sharing the budget (paper: 4).
+    repeat : int
+        Repeat index (with ``base_seed``, ``method`` and ``epsilon`` it sets the seed).
+    protocol : {"paper", "calibrated"}
+        See the module docstring; ``"paper"`` needs the method's ``paper_noise``.
+    base_seed : int
+    reference_draws : int
+        Exact reference draws (paper: 1000).
+    start_sd : float, optional
+        Spread of the starting points; default the mean of the reference posterior's
+        componentwise sds (paper).
+    draws, tune : int, optional
+        Override the calibrated protocol's run length.
+
+    Returns
+    -------
+    RunResult
+    """
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {sorted(METHODS)}")
+    if protocol not in ("paper", "calibrated"):
+        raise ValueError(f"protocol must be 'paper' or 'calibrated'; got {protocol!r}")
+    spec = METHODS[method]
+    setting = spec.setting(exp)
+    if protocol == "paper" and (setting.paper_noise is None or setting.paper_mu is None):
+        raise ValueError(
+            f"method {method!r} has no paper noise level for model {exp.name!r}; use "
+            "protocol='calibrated'"
+        )
+    seed = _run_seed(base_seed, exp.name, method, epsilon, repeat)
+    rng = np.random.default_rng(seed)
+    ref = exp.reference(reference_draws, rng)
+    if start_sd is None:
+        start_sd = float(np.mean(exp.reference_sd()))
+    starts = exp.true_theta + start_sd * rng.standard_normal((chains, exp.dim))
+    initvals = _initvals(exp, starts)
+    sample_kwargs = {
+        "chains": chains,
+        "cores": 1,
+        "progressbar": False,
+        "compute_convergence_checks": False,
+        "random_seed": seed % (2**31),
+        "initvals": initvals,
+        "model": exp.model,
+    }
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if protocol == "paper":
+            k = paper_iterations_per_chain(setting.paper_mu, epsilon, delta, chains)
+            if k < 2:
+                raise ValueError(
+                    f"epsilon={epsilon} allows {k} iteration(s) per chain of {method} at the "
+                    f"paper's noise on {exp.name} (n={exp.n}): raise epsilon or n, or use "
+                    "protocol='calibrated'"
+                )
+            n_draws, n_tune = k, 0
+            with exp.model:
+                step = spec.step_class(
+                    model=exp.model,
+                    delta=delta,
+                    draws=n_draws,
+                    tune=n_tune,
+                    chains=chains,
+                    **setting.step_kwargs,
+                    **setting.paper_kwargs,
+                    **setting.paper_noise,
+                )
+            idata = pymc_dp.sample(step, draws=n_draws, tune=n_tune, **sample_kwargs)
+        else:
+            n_draws = int(draws if draws is not None else setting.draws)
+            n_tune = int(tune if tune is not None else setting.tune)
+            idata = pymc_dp.sample(
+                spec.step_class,
+                epsilon=epsilon,
+                delta=delta,
+                draws=n_draws,
+                tune=n_tune,
+                step_kwargs=setting.step_kwargs,
+                **sample_kwargs,
+            )
+    seconds = time.perf_counter() - t0
+    report = pymc_dp.privacy_report(idata)
+    if report.epsilon > epsilon * (1 + 1e-9):
+        raise RuntimeError(
+            f"the privacy report says epsilon={report.epsilon} > target {epsilon}: "
+            "please report this"
+        )
+    post = posterior_matrix(idata, exp.var_names)
+    half = post[:, post.shape[1] // 2 :, :]
+    pooled = half.reshape(-1, exp.dim)
+    finite = bool(np.all(np.isfinite(pooled)))
+    ok = finite and half.shape[1] >= 4
+    rhat, ess = convergence(half) if ok else (math.nan, math.nan)
+    acc = float(np.asarray(idata["sample_stats"]["accepted"].values).mean())
+    noise = setting.paper_noise if protocol == "paper" else {}
+    row = {
+        "model": exp.name,
+        "method": method,
+        "protocol": protocol,
+        "n": exp.n,
+        "epsilon_target": float(epsilon),
+        "epsilon_reported": float(report.epsilon),
+        "delta": float(report.delta),
+        "chains": int(report.chains),
+        "iterations_per_chain": int(report.iterations // report.chains),
+        "tune": n_tune,
+        "repeat": int(repeat),
+        "seed": seed,
+        # A diverged chain (e.g. DP-SGLD with too large a step) is a result, recorded as NaN.
+        "mmd": mmd(pooled, ref, rng=rng) if finite else math.nan,
+        "mean_error": mean_error(pooled, ref) if finite else math.nan,
+        "rhat": rhat,
+        "ess": ess,
+        "accept_rate": acc,
+        "noise": json.dumps(noise),
+        "settings": json.dumps({k: _jsonable(v) for k, v in setting.step_kwargs.items()}),
+        "seconds": round(seconds, 3),
+    }
+    return RunResult(row=row, draws=pooled)
+
+
+def _jsonable(v):
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, np.floating | np.integer):
+        return v.item()
+    return v
+
+
+def run_experiment(
+    model: str,
+    methods: Sequence[str],
+    epsilons: Sequence[float],
+    *,
+    repeats: int = 10,
+    n: int | None = None,
+    out: str | Path,
+    delta: float = 1e-6,
+    chains: int = 4,
+    protocol: str = "paper",
+    seed: int = 0,
+    draws: int | None = None,
+    tune: int | None = None,
+    reference_draws: int = 1000,
+    model_kwargs: dict | None = None,
+    stop_at: float | None = None,
+    log=None,
+) -> Path:
+    """Run every (method, epsilon, repeat); write ``results.csv`` and the draws to ``out``.
+
+    Rows are appended to ``out/results.csv`` as runs finish (one progress line per run on
+    ``log``); the pooled draws of each run go to ``out/draws/<method>_eps<e>_rep<r>.npy`` and
+    ``reference_draws`` exact reference draws to ``out/draws/reference.npy`` (for the figures).
+    A method without the paper's noise for this model runs with ``protocol="calibrated"``.
+    Repeats are the outer loop; with ``stop_at`` (a ``time.time()`` value) no run is started
+    after that time, so a time-limited reproduction still covers every (method, epsilon).
+
+    Returns
+    -------
+    pathlib.Path
+        The CSV file.
+    """
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; choose from {sorted(MODELS)}")
+    for m in methods:
+        if m not in METHODS:
+            raise ValueError(f"unknown method {m!r}; choose from {sorted(METHODS)}")
+    if int(repeats) != repeats or repeats < 1:
+        raise ValueError(f"repeats must be a positive integer; got {repeats!r}")
+    kwargs = dict(model_kwargs or {})
+    if n is not None:
+        kwargs["n"] = n
+    exp = MODELS[model](seed=seed, **kwargs)
+    out = Path(out)
+    (out / "draws").mkdir(parents=True, exist_ok=True)
+    np.save(out / "draws" / "reference.npy", exp.reference(4000, np.random.default_rng(seed)))
+    path = out / "results.csv"
+    start_sd = float(np.mean(exp.reference_sd()))
+    log = sys.stderr if log is None else log
+    protocols = {}
+    for method in methods:
+        setting = METHODS[method].setting(exp)
+        protocols[method] = protocol if setting.paper_noise is not None else "calibrated"
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        # Repeats outermost: a run stopped early still covers every (method, epsilon).
+        for r in range(int(repeats)):
+            for method in methods:
+                for eps in epsilons:
+                    if stop_at is not None and time.time() >= stop_at:
+                        print(f"stop time reached: {r} full repeat(s) done", file=log, flush=True)
+                        return path
+                    res = run_one(
+                        exp,
+                        method,
+                        float(eps),
+                        delta=delta,
+                        chains=chains,
+                        repeat=r,
+                        protocol=protocols[method],
+                        base_seed=seed,
+                        reference_draws=reference_draws,
+                        start_sd=start_sd,
+                        draws=draws,
+                        tune=tune,
+                    )
+                    writer.writerow(res.row)
+                    fh.flush()
+                    np.save(out / "draws" / f"{method}_eps{eps:g}_rep{r}.npy", res.draws)
+                    row = res.row
+                    print(
+                        f"[{time.strftime('%H:%M:%S')}] {model} {method} eps={eps:g} "
+                        f"rep={r}: eps_reported={row['epsilon_reported']:.4g} "
+                        f"iters/chain={row['iterations_per_chain']} mmd={row['mmd']:.4g} "
+                        f"mean_error={row['mean_error']:.4g} accept={row['accept_rate']:.2f} "
+                        f"({row['seconds']:.1f} s)",
+                        file=log,
+                        flush=True,
+                    )
+    return path
+
+
+def read_results(path: str | Path) -> list[dict]:
+    """Rows of a results CSV with numeric columns converted."""
+    numeric = {
+        "n",
+        "epsilon_target",
+        "epsilon_reported",
+        "delta",
+        "chains",
+        "iterations_per_chain",
+        "tune",
+        "repeat",
+        "seed",
+        "mmd",
+        "mean_error",
+        "rhat",
+        "ess",
+        "accept_rate",
+        "seconds",
+    }
+    rows = []
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            rows.append({k: (float(v) if k in numeric else v) for k, v in row.items()})
+    return rows

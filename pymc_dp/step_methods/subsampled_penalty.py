@@ -1,0 +1,333 @@
+r"""DPSubsampledPenalty: the DP penalty test on a minibatch drawn without replacement.
+
+Räisä (2021), MSc thesis, Sec. 4.1 (Lemma 1, Theorem 9); the penalty method of Ceperley &
+Dewing (1999) and Yildirim & Ermis (2019); subsampled RDP of Wang, Balle, Kasiviswanathan
+(2019).
+
+References
+----------
+.. [1] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
+   Sec. 4.1. (shared/papers/001)
+.. [2] Wang, Y.-X., Balle, B. and Kasiviswanathan, S. (2019). Subsampled Rényi differential
+   privacy and analytical moments accountant. AISTATS (Theorem 9; dp-accounting implements
+   the strengthened Theorem 27 for Gaussian mechanisms).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pymc as pm
+
+from pymc_dp.accounting import calibrate_wor_subsampled_noise
+from pymc_dp.kernels.penalty import accept
+from pymc_dp.model import count_records
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    ScaleAdaptation,
+    check_positive,
+    check_target,
+    make_plan,
+)
+
+__all__ = [
+    "DPSubsampledPenalty",
+    "minibatch_estimate",
+    "subsampled_penalty_sensitivity",
+    "subsampled_penalty_log_acceptance",
+    "subsampled_penalty_runner",
+]
+
+
+def minibatch_estimate(r, n: int, bound: float) -> tuple[np.ndarray, np.ndarray]:
+    r"""Minibatch estimate of the log-likelihood ratio and its batch variance.
+
+    For per-record (tempered) ratios ``r`` of a batch of ``b`` records drawn without
+    replacement from ``n``, clipped to ``[-bound, bound]`` (NaN counts as 0, as in the
+    full-data steps):
+
+    .. math:: \hat\lambda = \frac{n}{b}\sum_{j\in B} r_j, \qquad
+              \sigma_b^2 = \Bigl(1 - \frac{b}{n}\Bigr)\Bigl(\frac{n}{b}\Bigr)^2
+              \sum_{j\in B}(r_j - \bar r)^2 .
+
+    :math:`\sigma_b^2` is the thesis' estimate (Sec. 4.1; Heikkilä et al. 2019) times the
+    finite-population correction :math:`1 - b/n` of sampling without replacement, which makes
+    it vanish at ``b = n`` (the full-data test, exact) and only shrinks every sensitivity bound
+    by the same factor (so Lemma 1 and Theorem 8 hold as stated). ``r`` may have a leading
+    trials axis: shape ``(..., b)``.
+    """
+    r = np.asarray(r, dtype=float)
+    r = np.clip(np.where(np.isnan(r), 0.0, r), -bound, bound)
+    b = r.shape[-1]
+    scale = n / b
+    lam = scale * r.sum(axis=-1)
+    ss = np.sum((r - r.mean(axis=-1, keepdims=True)) ** 2, axis=-1)
+    var = (1.0 - b / n) * scale * scale * ss
+    return lam, var
+
+
+def subsampled_penalty_sensitivity(n: int, b: int, clip_bound: float, step_norm: float) -> float:
+    r"""Replace-one sensitivity ``c = Delta_lambda + Delta_sigma`` of ``lambda - sigma_b^2 / 2``.
+
+    Thesis Theorem 9 with Lemma 1, for tempered ratios clipped to :math:`\pm L h`
+    (:math:`h = \|\theta'-\theta\|_2`, tempering already inside the ratios):
+
+    .. math:: \Delta_\lambda = \frac{2 n L h}{b}, \qquad
+              \Delta_\sigma = \kappa \Bigl(\frac{n}{b}\Bigr)^2 L^2 h^2
+              \Bigl[\Bigl|1 - \frac1b\Bigr| + \frac{2(b-1)}{b}\Bigr],
+
+    with :math:`\kappa = 1 - b/n` the finite-population factor of :func:`minibatch_estimate`
+    (Lemma 1 bounds half the sensitivity of the variance estimate without it; its first term
+    is twice what the proof needs, which keeps it a valid upper bound).
+    """
+    lh = clip_bound * step_norm
+    kappa = 1.0 - b / n
+    d_lam = 2.0 * n * lh / b
+    d_sig = kappa * (n / b) ** 2 * lh * lh * (abs(1.0 - 1.0 / b) + 2.0 * (b - 1) / b)
+    return d_lam + d_sig
+
+
+def subsampled_penalty_log_acceptance(
+    lam, batch_var, log_prior_ratio: float, sigma: float, rng: np.random.Generator
+):
+    r"""Noisy, penalty-corrected log acceptance of the subsampled test (thesis Sec. 4.1).
+
+    .. math:: \hat\lambda - \tfrac12\sigma_b^2 + \xi + \log\frac{p(\theta')}{p(\theta)}
+              - \tfrac12\sigma^2, \qquad \xi\sim N(0, \sigma^2).
+
+    The released quantity is :math:`\hat\lambda - \sigma_b^2/2 + \xi`: a Gaussian mechanism on
+    the minibatch with sensitivity ``c`` (:func:`subsampled_penalty_sensitivity`) and noise
+    ``sigma = z c``. If :math:`\hat\lambda \sim N(\lambda, \sigma_b^2)` (CLT) with the
+    variance known, :math:`E[\exp(\hat\lambda - \lambda - \sigma_b^2/2 + \xi - \sigma^2/2)] = 1`
+    and the test is the exact penalty test (Ceperley & Dewing 1999); both the normality and
+    the plug-in variance are approximations (exact at ``b = n``). Elementwise on arrays.
+    """
+    lam = np.asarray(lam, dtype=float)
+    xi = rng.normal(size=lam.shape) * sigma
+    out = lam - 0.5 * np.asarray(batch_var) + xi + log_prior_ratio - 0.5 * sigma * sigma
+    return out if out.shape else float(out)
+
+
+class DPSubsampledPenalty(ScaleAdaptation, DPStep):
+    r"""DP random-walk Metropolis with the penalty test on a minibatch (thesis Sec. 4.1).
+
+    Each iteration proposes :math:`\theta' = \theta + s\,S\odot\xi`, draws a minibatch
+    :math:`B` of ``batch_size`` records uniformly without replacement, computes the tempered
+    ratios :math:`r_j = T(\log p(x_j|\theta') - \log p(x_j|\theta))` for :math:`j \in B` only,
+    clipped to :math:`\pm L\|\theta'-\theta\|_2`, and accepts if
+
+    .. math:: \log u < \frac{n}{b}\sum_{j\in B} r_j - \frac{\sigma_b^2}{2} + \xi
+              + \log\frac{p(\theta')}{p(\theta)} - \frac{\sigma^2}{2},
+              \quad \xi\sim N(0, \sigma^2),\ \sigma = z\,c(\theta,\theta')
+
+    with :math:`\sigma_b^2` the batch variance (:func:`minibatch_estimate`) and :math:`c` the
+    sensitivity of Theorem 9 / Lemma 1 (:func:`subsampled_penalty_sensitivity`).
+
+    **Privacy.** Each iteration is a Gaussian mechanism with noise multiplier ``z`` (noise std
+    over replace-one sensitivity) applied to a minibatch drawn without replacement: thesis
+    Theorem 9 gives its RDP by Wang, Balle & Kasiviswanathan (2019); the report composes the
+    iterations with dp-accounting's RDP accountant (``SampledWithoutReplacementDpEvent``, their
+    Theorem 27, never looser than the Theorem 9 bound the thesis uses) and converts to
+    (epsilon, delta). The step records ``dp_wor_sigma = z``, ``dp_wor_batch = b``,
+    ``dp_wor_n = n`` in every iteration; ``dp_mu`` is 0.
+
+    **Approximation.** The test is exact at ``b = n`` (then :math:`\sigma_b^2 = 0` and it is
+    :class:`~pymc_dp.DPPenaltyMetropolis` with sensitivity :math:`2TLh`). With ``b < n`` it
+    relies on :math:`\hat\lambda` being normal with the estimated variance (CLT), which needs
+    :math:`\sigma_b^2 \lesssim 1` to be accurate; the noise grows like :math:`n/b` and
+    :math:`(n/b)^2` (thesis: use tempering :math:`T = n_0/n` for large ``n``).
+
+    Parameters
+    ----------
+    vars : list, optional
+        Value variables to sample (default: all free variables).
+    batch_size : int
+        ``b``, records per iteration (``1 < b <= n``).
+    clip_bound : float
+        ``L``: each tempered per-record ratio is clipped to ``+-L ||theta' - theta||``; choose
+        it from the model (a Lipschitz bound), never from the data.
+    noise_multiplier : float, optional
+        ``z``; give either this or a target ``epsilon``/``delta`` with ``draws``, ``tune``,
+        ``chains`` (then ``z`` comes from
+        :func:`pymc_dp.accounting.calibrate_wor_subsampled_noise`).
+    epsilon, delta : float, optional
+        Target privacy of the whole planned run (all chains, warmup included).
+    draws, tune, chains : int, optional
+        The planned run; a chain never runs longer.
+    proposal_scale, scaling, target_accept
+        Random-walk proposal ``s S xi`` as in :class:`~pymc_dp.DPPenaltyMetropolis`; the scale
+        ``s`` adapts in warmup from the DP decisions only.
+    tempering : float
+        Likelihood temperature ``T`` (thesis Sec. 3.2: ``T = n_0 / n``).
+    data_free_potentials : bool
+        Declare that every ``pm.Potential`` is free of the data.
+    nonprivate_diagnostics : bool
+        Also emit ``clip_fraction_NONPRIVATE`` and ``batch_var_NONPRIVATE`` (computed from the
+        data WITHOUT noise; the result is then not DP).
+    """
+
+    name = "dp_subsampled_penalty"
+    stats_dtypes_shapes = {
+        **DPStep.stats_dtypes_shapes,
+        "accept": (np.float64, []),
+        "scaling": (np.float64, []),
+        "step_norm": (np.float64, []),
+        "noise_std": (np.float64, []),
+        "dp_wor_sigma": (np.float64, []),
+        "dp_wor_batch": (np.int64, []),
+        "dp_wor_n": (np.int64, []),
+        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
+    }
+
+    def __init__(
+        self,
+        vars=None,
+        *,
+        batch_size: int,
+        clip_bound: float,
+        noise_multiplier: float | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        draws: int | None = None,
+        tune: int | None = None,
+        chains: int | None = None,
+        proposal_scale=1.0,
+        scaling: float = 1.0,
+        target_accept: float = 0.234,
+        tempering: float = 1.0,
+        data_free_potentials: bool = False,
+        nonprivate_diagnostics: bool = False,
+        model=None,
+        rng=None,
+        initial_point=None,
+        compile_kwargs=None,
+        blocked: bool = True,
+    ) -> None:
+        # Validate everything before the data is touched (n is public: counted from shapes).
+        self.clip_bound = check_positive("clip_bound", clip_bound)
+        self.batch_size = check_positive("batch_size", batch_size, integer=True)
+        check_positive("tempering", tempering)
+        self.scaling = check_positive("scaling", scaling)
+        self.target_accept = float(target_accept)
+        if not 0 < self.target_accept < 1:
+            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
+        n = count_records(pm.modelcontext(model))
+        if not 2 <= self.batch_size <= n:
+            raise ValueError(
+                f"batch_size must be between 2 and the number of records n = {n}; got "
+                f"{batch_size!r}"
+            )
+        if (noise_multiplier is None) == (epsilon is None):
+            raise ValueError(
+                "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
+                "chains): the noise is set either directly or by a target for a planned run"
+            )
+        plan = make_plan(draws, tune, chains, epsilon=epsilon)
+        if epsilon is not None:
+            epsilon, delta = check_target(epsilon, delta)
+            z = calibrate_wor_subsampled_noise(epsilon, delta, n, self.batch_size, plan.iterations)
+        else:
+            z = check_positive("noise_multiplier", noise_multiplier)
+            if delta is not None:
+                _, delta = check_target(1.0, delta)
+        self.noise_multiplier = float(z)
+        self.epsilon = epsilon
+        self._mu_per_iteration = 0.0
+        self._releases_per_iteration = 1
+        self._reset_scaling()
+        self._setup(
+            vars,
+            model=model,
+            rng=rng,
+            initial_point=initial_point,
+            compile_kwargs=compile_kwargs,
+            blocked=blocked,
+            tempering=tempering,
+            chunk_size=None,
+            data_free_potentials=data_free_potentials,
+            plan=plan,
+            target_delta=delta,
+            nonprivate_diagnostics=nonprivate_diagnostics,
+        )
+        d = self._fns.ndim
+        s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
+        if not np.all(np.isfinite(s) & (s > 0)):
+            raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
+        self.proposal_scale = s
+
+    def _reset_chain_state(self) -> None:
+        self._reset_scaling()
+
+    def _dp_astep(self, q0):
+        q = q0.data
+        q1 = q + self.scaling * self.proposal_scale * self.rng.normal(size=q.size)
+        norm = float(np.linalg.norm(q1 - q))
+        n, b = self._fns.n_records, self.batch_size
+        bound = self.clip_bound * norm
+        lpr = self._fns.prior_logp(q1) - self._fns.prior_logp(q)
+        sigma = self.noise_multiplier * subsampled_penalty_sensitivity(n, b, self.clip_bound, norm)
+        # -- the one data access: a Gaussian mechanism on a minibatch drawn w/o replacement ---
+        idx = np.sort(self.rng.choice(n, size=b, replace=False))
+        r = self._fns.loglik_ratio_subset(q1, q, idx)
+        lam, var = minibatch_estimate(r, n, bound)
+        log_a = subsampled_penalty_log_acceptance(lam, var, lpr, sigma, self.rng)
+        # -- post-processing of the noisy release ---------------------------------------------
+        accepted = accept(log_a, self.rng)
+        if self.tune:
+            self._adapt_scaling(accepted)
+        npd = self.nonprivate_diagnostics
+        stats = {
+            "accepted": float(accepted),
+            "accept": float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0,
+            "scaling": self.scaling,
+            "step_norm": norm,
+            "noise_std": sigma,
+            "dp_wor_sigma": self.noise_multiplier,
+            "dp_wor_batch": b,
+            "dp_wor_n": n,
+            "clip_fraction" + NONPRIVATE_SUFFIX: (
+                float(np.mean(~(np.abs(r) <= bound))) if npd else np.nan
+            ),
+            "batch_var" + NONPRIVATE_SUFFIX: float(var) if npd else np.nan,
+        }
+        return (q1 if accepted else q), stats
+
+
+def subsampled_penalty_runner(
+    fns_d,
+    fns_d2,
+    q: np.ndarray,
+    q_new: np.ndarray,
+    *,
+    batch_size: int,
+    clip_bound: float,
+    noise_multiplier: float,
+    noise_scale: float = 1.0,
+    clip: bool = True,
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """One DPSubsampledPenalty iteration (fixed state and proposal) on D and D' (for the audit).
+
+    Per-record ratios come from the real model functions of the two neighbouring datasets
+    (record 0 differs); each trial draws its own minibatch without replacement and its own
+    noise, vectorised. Published outputs: the accept bit and the ``accept`` stat.
+    ``noise_scale`` and ``clip`` build deliberately broken variants (less noise than claimed,
+    clipping removed) that :func:`pymc_dp.audit.audit_mechanism` must catch.
+    """
+    n = fns_d.n_records
+    norm = float(np.linalg.norm(q_new - q))
+    bound = clip_bound * norm if clip else np.inf
+    ratios = {False: fns_d.loglik_ratio(q_new, q), True: fns_d2.loglik_ratio(q_new, q)}
+    lpr = fns_d.prior_logp(q_new) - fns_d.prior_logp(q)
+    sigma = noise_multiplier * subsampled_penalty_sensitivity(n, batch_size, clip_bound, norm)
+    sigma *= noise_scale
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        idx = np.argsort(rng.uniform(size=(trials, n)), axis=1)[:, :batch_size]
+        lam, var = minibatch_estimate(ratios[on_d2][idx], n, bound)
+        log_a = subsampled_penalty_log_acceptance(lam, var, lpr, sigma, rng)
+        return {"accepted": accept(log_a, rng), "accept": np.exp(np.minimum(0.0, log_a))}
+
+    return run

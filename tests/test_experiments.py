@@ -1,0 +1,270 @@
+"""Tests of pymc_dp.experiments: metrics, reference samplers, the paper's accounting, the CLI."""
+
+from __future__ import annotations
+
+import csv
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pymc_dp.experiments import (
+    METHODS,
+    banana,
+    correlated_gaussian,
+    mean_error,
+    median_heuristic,
+    mmd,
+    paper_iterations_per_chain,
+    run_one,
+)
+from pymc_dp.experiments.cli import main
+
+warnings.filterwarnings("ignore", message=".*BLAS.*")
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+
+def test_median_heuristic_all_pairs_hand_example():
+    # distances |0-1|, |0-3|, |10-1|, |10-3| = 1, 3, 9, 7: median 5
+    assert median_heuristic([[0.0], [10.0]], [[1.0], [3.0]], n_pairs=None) == 5.0
+    # 2-d: distances from the origin to (3, 4), (6, 8), (0, 1) = 5, 10, 1: median 5
+    x = np.zeros((1, 2))
+    assert median_heuristic(x, [[3.0, 4.0], [6.0, 8.0], [0.0, 1.0]], n_pairs=None) == 5.0
+
+
+def test_median_heuristic_random_pairs_matches_population_median():
+    # X, Y ~ N(0, 1) independent: |X - Y| is half-normal with scale sqrt(2).
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(20000, 1)), rng.normal(size=(20000, 1))
+    dist = stats.halfnorm(scale=math.sqrt(2.0))
+    m = dist.median()
+    # sd of the median of 500 draws: 1 / (2 f(m) sqrt(500)) (asymptotic)
+    sd = 1.0 / (2.0 * dist.pdf(m) * math.sqrt(500))
+    w = median_heuristic(x, y, n_pairs=500, rng=1)
+    assert abs(w - m) < 4 * sd
+
+
+def test_mmd_hand_example_and_estimators():
+    # one point each, width 1: biased MMD^2 = k(0,0) + k(1,1) - 2 k(0,1) = 2 - 2 e^{-1/2}
+    assert mmd([[0.0]], [[1.0]], width=1.0, biased=True) == pytest.approx(2 - 2 * math.exp(-0.5))
+    # two points each: unbiased drops the diagonal of kxx, kyy
+    x, y = np.array([[0.0], [1.0]]), np.array([[0.0], [2.0]])
+    k = lambda a, b: math.exp(-((a - b) ** 2) / 2)  # noqa: E731
+    kxx = k(0, 1)
+    kyy = k(0, 2)
+    kxy = (k(0, 0) + k(0, 2) + k(1, 0) + k(1, 2)) / 4
+    assert mmd(x, y, width=1.0) == pytest.approx(kxx + kyy - 2 * kxy)
+    with pytest.raises(ValueError, match="width"):
+        mmd(x, y, width=-1.0)
+    with pytest.raises(ValueError, match="dimension"):
+        mmd(x, np.zeros((3, 2)))
+
+
+def test_mmd_is_zero_in_expectation_and_detects_a_shift():
+    rng = np.random.default_rng(5)
+    cov = np.array([[1.0, 0.6], [0.6, 2.0]])
+    chol = np.linalg.cholesky(cov)
+
+    def draw(m, shift=0.0):
+        return rng.standard_normal((m, 2)) @ chol.T + shift
+
+    null = np.array([mmd(draw(200), draw(300), rng=rng) for _ in range(40)])
+    # unbiased estimator: mean 0 within 4 standard errors of the average
+    assert abs(null.mean()) < 4 * null.std(ddof=1) / math.sqrt(null.size)
+    biased = np.array([mmd(draw(200), draw(300), rng=rng, biased=True) for _ in range(10)])
+    assert np.all(biased > 0)
+    # a mean shift of one marginal sd is far outside the null spread
+    shifted = np.array([mmd(draw(200, [1.0, 0.0]), draw(300), rng=rng) for _ in range(5)])
+    assert shifted.min() > null.mean() + 6 * null.std(ddof=1)
+
+
+def test_mean_error_hand_example():
+    assert mean_error([[0.0, 0.0], [2.0, 0.0]], [[0.0, 3.0]]) == pytest.approx(math.sqrt(10.0))
+    with pytest.raises(ValueError, match="NaN"):
+        mean_error([[np.nan, 0.0]], [[0.0, 0.0]])
+
+
+# -- reference samplers ---------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_banana_reference_matches_numerical_integration_of_the_pymc_model():
+    """Thesis Theorem 5 (tempered): exact draws vs a grid integral of the PyMC model's density.
+
+    The tempered log posterior T * loglik + log prior is evaluated from the PyMC model itself
+    (so the model's prior parametrisation and likelihood are checked too) on a fine grid.
+    Posterior expectations of theta1, theta2, theta1^2, theta2^2 and theta1 theta2 from the
+    reference draws must agree with the grid within 4 Monte Carlo standard errors.
+    """
+    temper = 0.5
+    exp = banana(n=200, seed=3, a=1.0, sigma1_sq=20.0, sigma2_sq=2.5, tempering=temper)
+    model = exp.model
+    ll = model.compile_logp(vars=model.observed_RVs, sum=True)
+    lp = model.compile_logp(vars=model.free_RVs, sum=True)
+    ref = exp.reference(400_000, np.random.default_rng(0))
+    lo, hi = np.quantile(ref, 1e-5, axis=0), np.quantile(ref, 1 - 1e-5, axis=0)
+    span = hi - lo
+    g1 = np.linspace(lo[0] - 0.2 * span[0], hi[0] + 0.2 * span[0], 100)
+    g2 = np.linspace(lo[1] - 0.2 * span[1], hi[1] + 0.2 * span[1], 100)
+    logd = np.empty((g1.size, g2.size))
+    for i, t1 in enumerate(g1):
+        for j, t2 in enumerate(g2):
+            pt_ = {"theta1": t1, "theta2": t2}
+            logd[i, j] = temper * ll(pt_) + lp(pt_)
+    w = np.exp(logd - logd.max())
+    w /= w.sum()
+    t1, t2 = np.meshgrid(g1, g2, indexing="ij")
+    funcs = {
+        "theta1": (t1, ref[:, 0]),
+        "theta2": (t2, ref[:, 1]),
+        "theta1^2": (t1**2, ref[:, 0] ** 2),
+        "theta2^2": (t2**2, ref[:, 1] ** 2),
+        "theta1*theta2": (t1 * t2, ref[:, 0] * ref[:, 1]),
+    }
+    for name, (on_grid, on_draws) in funcs.items():
+        exact = float(np.sum(on_grid * w))
+        mcse = on_draws.std() / math.sqrt(on_draws.size)
+        err = on_draws.mean() - exact
+        assert abs(err) < 4 * mcse, f"{name}: {on_draws.mean():.5f} vs grid {exact:.5f}"
+
+
+def test_banana_reference_d_dimensional_shapes_and_transform():
+    exp = banana(n=500, seed=1, dim=4)
+    assert exp.var_names == ["theta1", "theta2", "theta_rest"]
+    assert exp.dim == 4
+    draws = exp.reference(1000, np.random.default_rng(0))
+    assert draws.shape == (1000, 4)
+    # theta2 + a theta1^2 is Gaussian (Definition 8): its skewness vanishes, theta2's does not
+    u = draws[:, 1] + 20.0 * draws[:, 0] ** 2
+    assert abs(stats.skew(u)) < 4 * math.sqrt(6 / draws.shape[0])
+
+
+def test_correlated_gaussian_model_density_is_the_closed_form_posterior():
+    """log p(theta | x) from the PyMC model minus the closed-form Gaussian log density is
+    constant in theta (both are normalised up to a constant; conjugate posterior)."""
+    exp = correlated_gaussian(n=300, dim=4, seed=2)
+    model = exp.model
+    logp = model.compile_logp(sum=True)
+    mean, cov = exp.info["posterior_mean"], exp.info["posterior_cov"]
+    rng = np.random.default_rng(0)
+    pts = mean + rng.standard_normal((6, 4)) @ np.linalg.cholesky(cov).T * 3
+    diffs = [logp({"theta": p}) - stats.multivariate_normal(mean, cov).logpdf(p) for p in pts]
+    assert np.ptp(diffs) < 1e-6 * max(1.0, abs(np.mean(diffs)))
+    draws = exp.reference(100_000, rng)
+    se = np.sqrt(np.diag(cov) / draws.shape[0])
+    assert np.all(np.abs(draws.mean(axis=0) - mean) < 4 * se)
+
+
+# -- the paper's accounting ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "method", "published"),
+    [
+        # iterations per chain at eps 2 / 4 / 12 / 15 (DP-HMC paper code; reference notes)
+        ("banana", "dphmc", [27, 94, 620, 892]),
+        ("banana", "penalty", [145, 507, 3337, 4795]),
+        ("gaussian", "dphmc", [16, 56, 374, 538]),
+        ("gaussian", "penalty", [12, 43, 288, 414]),
+    ],
+)
+def test_paper_iterations_match_the_papers_code(model, method, published):
+    class _Exp:  # only n and name are read by the settings
+        name = model
+        n = 100_000
+        info: dict = {}
+
+    setting = METHODS[method].setting(_Exp())
+    got = [paper_iterations_per_chain(setting.paper_mu, e, 1e-6, 4) for e in (2, 4, 12, 15)]
+    assert got == published
+
+
+def test_bad_input_is_refused_before_sampling():
+    exp = banana(n=200, seed=0)
+    with pytest.raises(ValueError, match="unknown method"):
+        run_one(exp, "nuts", 2.0)
+    with pytest.raises(ValueError, match="protocol"):
+        run_one(exp, "penalty", 2.0, protocol="fast")
+    with pytest.raises(ValueError, match="no settings for model"):
+        run_one(exp, "fastmh", 2.0)
+    # n = 200 at the paper's noise: epsilon 0.01 buys no iteration
+    with pytest.raises(ValueError, match="iteration"):
+        run_one(exp, "dphmc", 0.01)
+    with pytest.raises(SystemExit):
+        main(["experiment", "banana", "--epsilons", "2,-1", "--out", "x"])
+
+
+# -- the CLI end to end (tiny sizes) -------------------------------------------------------------
+
+
+def _check_outputs(out, model, methods, n_eps=1, repeats=1):
+    with open(out / "results.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == len(methods) * n_eps * repeats
+    assert sorted({r["method"] for r in rows}) == sorted(methods)
+    for r in rows:
+        for key in ("epsilon_reported", "mmd", "mean_error", "accept_rate", "seconds"):
+            assert math.isfinite(float(r[key])), (key, r)
+        assert float(r["epsilon_reported"]) <= float(r["epsilon_target"])
+        assert int(r["iterations_per_chain"]) >= 2
+        assert r["model"] == model
+    assert (out / f"{model}_metrics.png").stat().st_size > 0
+    assert (out / f"{model}_posterior_eps15.png").stat().st_size > 0
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("model", "methods"),
+    [("banana", "dphmc,penalty"), ("gaussian", "dphmc,penalty"), ("mixture", "fastmh")],
+)
+def test_cli_quick_run_writes_csv_and_figures(tmp_path, model, methods, capsys):
+    out = tmp_path / model
+    assert main(["experiment", model, "--quick", "--methods", methods, "--out", str(out)]) == 0
+    rows = _check_outputs(out, model, methods.split(","))
+    err = capsys.readouterr().err
+    assert err.count(f"{model} ") >= len(rows)  # one progress line per run
+    if model == "banana":
+        for r in rows:
+            assert r["protocol"] == "paper" and int(r["tune"]) == 0
+        # the plot subcommand re-makes the figures from the CSV
+        (out / "banana_metrics.png").unlink()
+        assert main(["plot", str(out / "results.csv"), "--out", str(out)]) == 0
+        assert (out / "banana_metrics.png").stat().st_size > 0
+
+
+def test_cli_runs_the_stochastic_gradient_baselines(tmp_path):
+    """DP-SGLD and DP-SGNHT (the paper's Figure 1 baselines) run through the same runner.
+
+    At the paper's step sizes they need the paper's n (their steps scale as 1/n)."""
+    out = tmp_path / "sg"
+    argv = ["experiment", "banana", "--quick", "--methods", "sgld,sgnht", "--n", "100000"]
+    argv += ["--draws", "60", "--tune", "20", "--out", str(out)]
+    assert main(argv) == 0
+    rows = _check_outputs(out, "banana", ["sgld", "sgnht"])
+    for r in rows:
+        assert r["protocol"] == "calibrated" and int(r["iterations_per_chain"]) == 80
+
+
+def test_cli_stop_at_in_the_past_runs_nothing(tmp_path):
+    out = tmp_path / "stopped"
+    argv = ["experiment", "banana", "--quick", "--out", str(out), "--stop-at", "00:00"]
+    assert main(argv) == 0
+    with open(out / "results.csv", newline="") as fh:
+        assert list(csv.DictReader(fh)) == []
+
+
+@pytest.mark.slow  # a NUTS reference run
+def test_cli_quick_logistic_calibrated(tmp_path, monkeypatch):
+    pytest.importorskip("statsmodels")
+    monkeypatch.setenv("PYMC_DP_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "logistic"
+    argv = ["experiment", "logistic", "--quick", "--methods", "penalty", "--out", str(out)]
+    assert main(argv) == 0
+    rows = _check_outputs(out, "logistic", ["penalty"])
+    assert rows[0]["protocol"] == "calibrated"
+    # the NUTS reference was cached
+    assert list((tmp_path / "cache").glob("logistic_reference_*.npy"))
