@@ -236,6 +236,54 @@ def test_cli_quick_run_writes_csv_and_figures(tmp_path, model, methods, capsys):
         assert (out / "banana_metrics.png").stat().st_size > 0
 
 
+def test_split_repeats_reproduce_one_run_and_merge(tmp_path, capsys):
+    """Repeats run in separate processes (--first-repeat) give the rows of one run; the
+    plot and table subcommands merge the CSVs; a conflicting duplicate run is refused."""
+    from pymc_dp.experiments import merge_results, summary_table
+    from pymc_dp.experiments.runner import read_results
+
+    base = ["experiment", "banana", "--quick", "--methods", "penalty", "--epsilons", "4,15"]
+    assert main([*base, "--repeats", "2", "--out", str(tmp_path / "all")]) == 0
+    assert main([*base, "--repeats", "1", "--out", str(tmp_path / "a")]) == 0
+    argv = [*base, "--repeats", "1", "--first-repeat", "1", "--out", str(tmp_path / "b")]
+    assert main(argv) == 0
+    one = read_results(tmp_path / "all" / "results.csv")
+    split = merge_results([tmp_path / "a" / "results.csv", tmp_path / "b" / "results.csv"])
+    assert len(one) == len(split) == 4
+    key = ("method", "epsilon_target", "repeat")
+    for r1, r2 in zip(sorted(one, key=lambda r: tuple(r[k] for k in key)), split, strict=True):
+        for k in ("repeat", "seed", "epsilon_reported", "mmd", "mean_error"):
+            assert r1[k] == r2[k], k
+    # the same file twice: each run kept once
+    assert len(merge_results([tmp_path / "all" / "results.csv"] * 2)) == 4
+    table = summary_table(split)
+    lines = table.strip().splitlines()
+    assert len(lines) == 2 + 2  # header, rule, one line per epsilon
+    mmd4 = np.array([r["mmd"] for r in split if r["epsilon_target"] == 4.0])
+    assert "| penalty | 4 | 2 |" in lines[2]
+    assert f"{mmd4.mean():.4f} ± {mmd4.std(ddof=1):.4f}" in lines[2]
+    capsys.readouterr()
+    csvs = [str(tmp_path / "a" / "results.csv"), str(tmp_path / "b" / "results.csv")]
+    assert main(["table", *csvs]) == 0
+    assert capsys.readouterr().out == table
+    assert main(["plot", *csvs, "--out", str(tmp_path / "fig")]) == 0
+    assert (tmp_path / "fig" / "banana_metrics.png").stat().st_size > 0
+    assert (tmp_path / "fig" / "banana_posterior_eps15.png").stat().st_size > 0
+    # a run recorded twice with different results is refused, naming both places
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    text = (tmp_path / "a" / "results.csv").read_text().splitlines()
+    head, row = text[0].split(","), text[1].split(",")
+    row[head.index("mmd")] = "0.123456"
+    (bad / "results.csv").write_text("\n".join([text[0], ",".join(row)]) + "\n")
+    with pytest.raises(ValueError, match="different results"):
+        merge_results([tmp_path / "a" / "results.csv", bad / "results.csv"])
+    with pytest.raises(ValueError, match="first_repeat"):
+        from pymc_dp.experiments import run_experiment
+
+        run_experiment("banana", ["penalty"], [4.0], first_repeat=-1, out=tmp_path / "x")
+
+
 def test_cli_runs_the_stochastic_gradient_baselines(tmp_path):
     """DP-SGLD and DP-SGNHT (the paper's Figure 1 baselines) run through the same runner.
 

@@ -20,10 +20,12 @@ from pymc_dp.experiments.runner import (
     METHODS,
     MethodSetting,
     MethodSpec,
+    merge_results,
     paper_iterations_per_chain,
     register_method,
     run_experiment,
     run_one,
+    summary_table,
 )
 
 __all__ = [
@@ -39,10 +41,12 @@ __all__ = [
     "logistic_regression",
     "mean_error",
     "median_heuristic",
+    "merge_results",
     "mmd",
     "paper_iterations_per_chain",
     "posterior_matrix",
     "register_method",
     "run_experiment",
     "run_one",
+    "summary_table",
 ]

@@ -11,9 +11,11 @@ A smoke test (seconds)::
 
     python -m pymc_dp.experiments.cli experiment banana --quick --out /tmp/smoke
 
-Figures again from a results CSV::
+Figures again from results CSVs (merged; e.g. repeats run in separate processes with
+``--first-repeat``), and the Markdown summary table of ``docs/results.md``::
 
     python -m pymc_dp.experiments.cli plot results/banana/results.csv --out results/banana
+    python -m pymc_dp.experiments.cli table results/banana*/results.csv
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from collections.abc import Sequence
 
 from pymc_dp.experiments.models import MODELS
 from pymc_dp.experiments.plots import make_figures
-from pymc_dp.experiments.runner import METHODS, read_results, run_experiment
+from pymc_dp.experiments.runner import (
+    METHODS,
+    merge_results,
+    read_results,
+    run_experiment,
+    summary_table,
+)
 
 __all__ = ["main", "QUICK", "DEFAULT_METHODS"]
 
@@ -99,6 +107,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--epsilons", type=_floats, default=None, help="default 2,4,6,8,10,12,15")
     e.add_argument("--repeats", type=int, default=None, help="default 10 (paper)")
+    e.add_argument(
+        "--first-repeat",
+        type=int,
+        default=0,
+        help="number of the first repeat (default 0); seeds depend on the repeat number, so "
+        "a reproduction can be split over processes and the CSVs merged",
+    )
     e.add_argument("--n", type=int, default=None, help="records (default: the paper's)")
     e.add_argument("--delta", type=float, default=1e-6, help="default 1e-6 = 0.1/n (paper)")
     e.add_argument("--chains", type=int, default=4, help="chains sharing the budget (paper: 4)")
@@ -126,10 +141,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="UTC wall-clock time HH:MM (today) after which no new run is started",
     )
-    pl = sub.add_parser("plot", help="re-make the figures from a results CSV")
-    pl.add_argument("csv")
+    pl = sub.add_parser("plot", help="re-make the figures from results CSVs of one model")
+    pl.add_argument("csv", nargs="+", help="results.csv files (merged)")
     pl.add_argument("--out", default=None, help="output directory (default: the CSV's)")
     pl.add_argument("--epsilon", type=float, default=None)
+    tb = sub.add_parser(
+        "table", help="print the Markdown summary table of results CSVs of one model"
+    )
+    tb.add_argument("csv", nargs="+", help="results.csv files (merged)")
     return p
 
 
@@ -139,9 +158,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "plot":
         from pathlib import Path
 
-        out = args.out if args.out is not None else Path(args.csv).parent
+        out = args.out if args.out is not None else Path(args.csv[0]).parent
         for f in make_figures(args.csv, out, args.epsilon):
             print(f)
+        return 0
+    if args.command == "table":
+        print(summary_table(merge_results(args.csv)), end="")
         return 0
     quick = QUICK[args.model] if args.quick else {}
     methods = (args.methods or DEFAULT_METHODS[args.model]).split(",")
@@ -155,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         methods,
         epsilons,
         repeats=repeats,
+        first_repeat=args.first_repeat,
         n=n,
         out=args.out,
         delta=args.delta,

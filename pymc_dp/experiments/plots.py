@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -75,9 +76,10 @@ def plot_posteriors(
 ) -> Path | None:
     """Median-MMD run of each method at ``epsilon`` against the reference (paper Figure 2).
 
-    Needs ``draws_dir/reference.npy`` and ``draws_dir/<method>_eps<e>_rep<r>.npy`` as
-    written by :func:`pymc_dp.experiments.runner.run_experiment`. Returns None when no run
-    has that epsilon.
+    Needs ``draws_dir/reference.npy`` and ``<dir>/<method>_eps<e>_rep<r>.npy`` as written by
+    :func:`pymc_dp.experiments.runner.run_experiment`, where ``<dir>`` is ``draws_dir`` or,
+    for rows from :func:`~pymc_dp.experiments.runner.merge_results`, the ``draws`` folder
+    next to the row's CSV. Returns None when no run has that epsilon.
     """
     draws_dir = Path(draws_dir)
     sel = [r for r in rows if float(r["epsilon_target"]) == float(epsilon)]
@@ -93,7 +95,8 @@ def plot_posteriors(
     for j, method in enumerate(methods):
         runs = sorted(by_method[method], key=lambda r: float(r["mmd"]))
         med = runs[(len(runs) - 1) // 2]
-        f = draws_dir / f"{method}_eps{float(epsilon):g}_rep{int(float(med['repeat']))}.npy"
+        where = Path(med["_dir"]) / "draws" if "_dir" in med else draws_dir
+        f = where / f"{method}_eps{float(epsilon):g}_rep{int(float(med['repeat']))}.npy"
         x = np.load(f)
         for i in range(2):
             ax = axes[i, j]
@@ -118,26 +121,31 @@ def plot_posteriors(
     return path
 
 
-def make_figures(csv_path: str | Path, out: str | Path, epsilon: float | None = None) -> list[Path]:
-    """Both figures from a results CSV (posteriors at ``epsilon``, default the largest).
+def make_figures(
+    csv_path: str | Path | Sequence[str | Path], out: str | Path, epsilon: float | None = None
+) -> list[Path]:
+    """Both figures from one or more results CSVs of one model (merged by
+    :func:`~pymc_dp.experiments.runner.merge_results`; posteriors at ``epsilon``, default the
+    largest). The reference draws are read from the first CSV's ``draws`` folder.
 
     Returns
     -------
     list of pathlib.Path
         The PNG files written.
     """
-    from pymc_dp.experiments.runner import read_results
+    from pymc_dp.experiments.runner import merge_results
 
-    rows = read_results(csv_path)
+    paths = [csv_path] if isinstance(csv_path, (str, Path)) else list(csv_path)
+    rows = merge_results(paths)
     if not rows:
-        raise ValueError(f"{csv_path} has no result rows")
+        raise ValueError(f"{', '.join(map(str, paths))}: no result rows")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model = rows[0]["model"]
     written = [plot_metrics(rows, out / f"{model}_metrics.png")]
     if epsilon is None:
         epsilon = max(float(r["epsilon_target"]) for r in rows)
-    draws_dir = Path(csv_path).parent / "draws"
+    draws_dir = Path(paths[0]).parent / "draws"
     if (draws_dir / "reference.npy").exists():
         p = plot_posteriors(rows, draws_dir, epsilon, out / f"{model}_posterior_eps{epsilon:g}.png")
         if p is not None:

@@ -46,10 +46,12 @@ __all__ = [
     "MethodSetting",
     "MethodSpec",
     "RunResult",
+    "merge_results",
     "paper_iterations_per_chain",
     "register_method",
     "run_experiment",
     "run_one",
+    "summary_table",
 ]
 
 #: Columns of the results CSV, in order.
@@ -529,6 +531,7 @@ def run_experiment(
     epsilons: Sequence[float],
     *,
     repeats: int = 10,
+    first_repeat: int = 0,
     n: int | None = None,
     out: str | Path,
     delta: float = 1e-6,
@@ -550,6 +553,9 @@ def run_experiment(
     A method without the paper's noise for this model runs with ``protocol="calibrated"``.
     Repeats are the outer loop; with ``stop_at`` (a ``time.time()`` value) no run is started
     after that time, so a time-limited reproduction still covers every (method, epsilon).
+    Runs are numbered ``first_repeat, ..., first_repeat + repeats - 1``; each run's seed
+    depends only on (``seed``, model, method, epsilon, repeat number), so a reproduction can
+    be split over processes or machines and its CSVs merged (:func:`merge_results`).
 
     Returns
     -------
@@ -563,6 +569,11 @@ def run_experiment(
             raise ValueError(f"unknown method {m!r}; choose from {sorted(METHODS)}")
     if int(repeats) != repeats or repeats < 1:
         raise ValueError(f"repeats must be a positive integer; got {repeats!r}")
+    if int(first_repeat) != first_repeat or first_repeat < 0:
+        raise ValueError(
+            f"first_repeat must be a non-negative integer (0 starts at the first run); "
+            f"got {first_repeat!r}"
+        )
     kwargs = dict(model_kwargs or {})
     if n is not None:
         kwargs["n"] = n
@@ -581,11 +592,13 @@ def run_experiment(
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
         writer.writeheader()
         # Repeats outermost: a run stopped early still covers every (method, epsilon).
-        for r in range(int(repeats)):
+        for r in range(int(first_repeat), int(first_repeat) + int(repeats)):
             for method in methods:
                 for eps in epsilons:
                     if stop_at is not None and time.time() >= stop_at:
-                        print(f"stop time reached: {r} full repeat(s) done", file=log, flush=True)
+                        done = r - int(first_repeat)
+                        msg = f"stop time reached: {done} full repeat(s) done"
+                        print(msg, file=log, flush=True)
                         return path
                     res = run_one(
                         exp,
@@ -641,3 +654,95 @@ def read_results(path: str | Path) -> list[dict]:
         for row in csv.DictReader(fh):
             rows.append({k: (float(v) if k in numeric else v) for k, v in row.items()})
     return rows
+
+
+def _run_key(row: dict) -> tuple:
+    """What identifies one run: the same key means the same seed and settings."""
+    return (
+        row["model"],
+        row["method"],
+        row["protocol"],
+        int(row["n"]),
+        float(row["epsilon_target"]),
+        float(row["delta"]),
+        int(row["chains"]),
+        int(row["repeat"]),
+    )
+
+
+def merge_results(paths: Sequence[str | Path]) -> list[dict]:
+    """Rows of several results CSVs of one model, each tagged with its file's directory.
+
+    For a reproduction split over processes or sessions (``first_repeat``). Each row gets the
+    key ``"_dir"``: the directory of its CSV, where its draws are. A run that appears twice
+    (same model, method, protocol, n, epsilon, delta, chains and repeat, hence the same seed)
+    must have the same seed and MMD in both files; it is kept once.
+
+    Raises
+    ------
+    ValueError
+        When no file is given, the files hold more than one model, or a run appears twice
+        with different results.
+    """
+    if not paths:
+        raise ValueError("paths is empty: give at least one results CSV")
+    rows: dict[tuple, dict] = {}
+    for p in paths:
+        for row in read_results(p):
+            row["_dir"] = str(Path(p).parent)
+            key = _run_key(row)
+            old = rows.get(key)
+            if old is None:
+                rows[key] = row
+            elif old["seed"] != row["seed"] or not np.isclose(
+                old["mmd"], row["mmd"], rtol=1e-9, equal_nan=True
+            ):
+                raise ValueError(
+                    f"run {key} appears in {old['_dir']} and {row['_dir']} with different "
+                    "results; merge CSVs made with the same code and base seed"
+                )
+    models = sorted({r["model"] for r in rows.values()})
+    if len(models) > 1:
+        raise ValueError(f"the CSVs hold several models {models}; merge one model at a time")
+    return sorted(
+        rows.values(),
+        key=lambda r: (r["method"], float(r["epsilon_target"]), int(r["repeat"])),
+    )
+
+
+def summary_table(rows: Sequence[dict]) -> str:
+    """The Markdown table of ``docs/results.md``: one line per (method, epsilon).
+
+    Columns: runs, iterations per chain (a range when runs differ), the largest epsilon any
+    run's privacy report gave, and mean +- sd over the runs of MMD^2_u and of the mean error
+    (NaN results, i.e. diverged runs, are counted in ``runs`` and reported as ``nan runs``).
+    """
+    if not rows:
+        raise ValueError("rows is empty: there is nothing to summarise")
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], float(r["epsilon_target"])), []).append(r)
+
+    def mean_sd(vals: list[float]) -> str:
+        v = np.asarray(vals, dtype=float)
+        ok = v[np.isfinite(v)]
+        if ok.size == 0:
+            return "nan"
+        sd = ok.std(ddof=1) if ok.size > 1 else float("nan")
+        text = f"{ok.mean():.4f} ± {sd:.4f}" if ok.size > 1 else f"{ok.mean():.4f}"
+        return text if ok.size == v.size else f"{text} ({v.size - ok.size} nan)"
+
+    lines = [
+        "| method | epsilon | runs | iterations / chain | max reported epsilon "
+        "| MMD^2_u (mean ± sd) | mean error (mean ± sd) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for (method, eps), rs in sorted(groups.items()):
+        its = sorted({int(r["iterations_per_chain"]) for r in rs})
+        it_text = str(its[0]) if len(its) == 1 else f"{its[0]}-{its[-1]}"
+        max_eps = max(float(r["epsilon_reported"]) for r in rs)
+        lines.append(
+            f"| {method} | {eps:g} | {len(rs)} | {it_text} | {max_eps:.4g} "
+            f"| {mean_sd([r['mmd'] for r in rs])} | {mean_sd([r['mean_error'] for r in rs])} |"
+        )
+    return "\n".join(lines) + "\n"
