@@ -316,3 +316,17 @@ def test_cli_quick_logistic_calibrated(tmp_path, monkeypatch):
     assert rows[0]["protocol"] == "calibrated"
     # the NUTS reference was cached
     assert list((tmp_path / "cache").glob("logistic_reference_*.npy"))
+
+
+def test_reproduce_script_refuses_bad_arguments():
+    """scripts/reproduce_results.sh prints its usage without arguments and names the parts
+    it knows for an unknown one (a real part runs the paper's n: too slow for CI)."""
+    import pathlib
+    import subprocess
+
+    script = pathlib.Path(__file__).parents[1] / "scripts" / "reproduce_results.sh"
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert r.returncode == 2 and "PART FIRST_REPEAT REPEATS" in r.stdout
+    r = subprocess.run(["bash", str(script), "nope", "0", "1"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown PART 'nope'" in r.stderr
+    assert "banana_dphmc" in r.stderr
