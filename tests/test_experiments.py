@@ -330,3 +330,22 @@ def test_reproduce_script_refuses_bad_arguments():
     r = subprocess.run(["bash", str(script), "nope", "0", "1"], capture_output=True, text=True)
     assert r.returncode == 2 and "unknown PART 'nope'" in r.stderr
     assert "banana_dphmc" in r.stderr
+
+
+@pytest.mark.parametrize("model", ["banana", "gaussian"])
+def test_results_page_tables_are_the_committed_csvs(model):
+    """docs/results.md's DP-HMC / DP penalty tables are summary_table of the CSVs committed
+    under docs/data/results (not typed in by hand)."""
+    import pathlib
+
+    from pymc_dp.experiments import merge_results, summary_table
+
+    root = pathlib.Path(__file__).parents[1] / "docs"
+    csvs = sorted((root / "data" / "results").glob(f"{model}_*.csv"))
+    assert csvs, "no committed results CSV"
+    rows = merge_results(csvs)
+    assert {r["method"] for r in rows} == {"dphmc", "penalty"}
+    page = (root / "results.md").read_text()
+    assert summary_table(rows).strip() in page
+    for r in rows:  # every committed run met its privacy target
+        assert r["epsilon_reported"] <= r["epsilon_target"]

@@ -62,8 +62,9 @@ def plot_metrics(rows: list[dict], path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     axes[0].legend()
     model = rows[0]["model"]
-    n_rep = max(len(v) for g in groups.values() for v in g.values())
-    fig.suptitle(f"{model}: mean $\\pm$ sd over {n_rep} repeat(s)")
+    counts = sorted({len(v) for g in groups.values() for v in g.values()})
+    reps = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
+    fig.suptitle(f"{model}: mean $\\pm$ sd over {reps} repeat(s)")
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
