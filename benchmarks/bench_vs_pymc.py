@@ -269,10 +269,7 @@ def pymc_proposals_per_iteration(step) -> int:
 
 def dphmc_route(step) -> str:
     """Which clipped-gradient route a DPHMC step took: "GLM fast" or "generic"."""
-    fns = step._fns._c.grad_clipped  # private: set on the first gradient evaluation
-    if fns is None:
-        return "not compiled"
-    return "GLM fast" if fns["fast"] is not None else "generic"
+    return step._fns.gradient_route
 
 
 # -- timing ----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pymc as pm
 import pytensor
+import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
 from pytensor.compile.builders import OpFromGraph
@@ -39,6 +40,7 @@ from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.basic import Alloc
+from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
 
 __all__ = [
@@ -55,8 +57,19 @@ class ModelNotSupportedError(ValueError):
 
 
 def _observed_data(model: pm.Model, rv) -> Any:
-    """The data node (constant or shared variable) an observed variable is bound to."""
-    return model.rvs_to_values[rv]
+    """The data node (constant or shared variable) an observed variable is bound to.
+
+    PyMC casts observed ``pm.Data`` to the variable's dtype (e.g. integer data of a
+    ``Bernoulli`` become ``Cast{int64}(y)``); the cast is looked through to the data node.
+    """
+    value = model.rvs_to_values[rv]
+    while (
+        value.owner is not None
+        and isinstance(value.owner.op, Elemwise)
+        and isinstance(value.owner.op.scalar_op, ps.Cast)
+    ):
+        value = value.owner.inputs[0]
+    return value
 
 
 def _static_leading_length(var) -> int | None:
@@ -113,7 +126,7 @@ def _reads_data(var, model: pm.Model, n: int) -> bool:
     """Whether a graph reads the data: an observed value, a pm.Data (shared) variable, or any
     constant array with one row per record (conservative: such a constant is treated as data).
     """
-    observed = {model.rvs_to_values[rv] for rv in model.observed_RVs}
+    observed = {_observed_data(model, rv) for rv in model.observed_RVs}
     for a in ancestors([var]):
         if a in observed:
             return True
@@ -301,6 +314,42 @@ class RecordFunctions:
             total += g
             count += int(k)
         return total, count
+
+    def clipped_grad_sum_subset(
+        self, q: np.ndarray, bound: float, idx: np.ndarray
+    ) -> tuple[np.ndarray, int]:
+        """``sum_{i in idx} clip_b(grad l_i(q))`` reading only the rows ``idx`` of the data.
+
+        The minibatch gradient of DP-SGLD / DP-SGNHT. Returns the sum (shape ``(d,)``) and the
+        number of clipped records (non-private, as in :meth:`clipped_grad_sum`). One
+        fancy-indexing read per data array, in chunks of ``chunk_size``, through the generic
+        clipped-gradient function (the fast route's cached row norms are per full chunk); an
+        empty subsample reads nothing and gives 0.
+        """
+        total = np.zeros(self.ndim)
+        count = 0
+        idx = np.asarray(idx)
+        if idx.size == 0:
+            return total, count
+        self._ensure_grad()
+        f = self._c.grad_clipped["generic"]
+        step = self.chunk_size or idx.size
+        for start in range(0, idx.size, step):
+            rows = [a[idx[start : start + step]] for a in self._data]
+            g, k = f(q, bound, *rows)
+            total += np.asarray(g)
+            count += int(k)
+        return total, count
+
+    @property
+    def gradient_route(self) -> str:
+        """Route of :meth:`clipped_grad_sum`: ``"GLM fast"``, ``"generic"`` or ``"not compiled"``
+        (the gradient functions are compiled on first use). Structural, not data-dependent:
+        the fast route is chosen on data-free stand-in records."""
+        fs = self._c.grad_clipped
+        if fs is None:
+            return "not compiled"
+        return "GLM fast" if fs["fast"] is not None else "generic"
 
     def check_start(self, q: np.ndarray) -> None:
         """Refuse a start point where some record's log-likelihood is NaN or -inf.
@@ -702,7 +751,7 @@ def build_record_functions(
     q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars]).astype(x.dtype)
     data = [_node_value(d) for d in data_nodes]
     _check_separable(f_ll, q0, data, n)
-    observed = {model.rvs_to_values[rv] for rv in model.observed_RVs}
+    observed = {_observed_data(model, rv) for rv in model.observed_RVs}
     for node, a in zip(data_nodes, data, strict=True):
         # Only arrays the user supplied (observed values, pm.Data): PyMC may also fold a
         # constant such as an all -inf bound into an array of n rows, which is not data.

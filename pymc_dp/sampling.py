@@ -100,7 +100,8 @@ def sample(
     draws, tune, chains : int
         As in :func:`pymc.sample`. Warmup iterations are charged.
     step_kwargs : dict, optional
-        Further arguments of the step class (e.g. ``clip_bound``).
+        Further arguments of the step class (e.g. ``clip_bound`` of DPPenaltyMetropolis,
+        ``llr_clip_bound`` and ``grad_clip_bound`` of DPHMC).
     keep_data : bool
         Keep the raw-data groups (``observed_data``, ``constant_data``) in the result. They
         are NOT private; off by default.

@@ -113,6 +113,28 @@ def test_pm_data_covariates():
     assert fns.per_record_grad(np.zeros(2)).shape == (25, 2)
 
 
+@pytest.mark.parametrize("y_dtype", ["int64", "int32", "bool", "float64"])
+def test_pm_data_observed_is_cast_by_pymc(y_dtype):
+    # PyMC casts observed pm.Data to the variable's dtype (Cast{int64}(y) for a Bernoulli):
+    # the record axis is found through the cast, and the values match PyMC's pointwise logp.
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(30, 2))
+    y = (rng.random(30) < 0.4).astype(y_dtype)
+    with pm.Model() as model:
+        Xd = pm.Data("X", X)
+        yd = pm.Data("y", y)
+        w = pm.Normal("w", 0, 1, shape=2)
+        pm.Bernoulli("obs", logit_p=Xd @ w, observed=yd)
+    assert count_records(model) == 30
+    fns = _fns(model)
+    q = np.array([0.4, -0.7])
+    np.testing.assert_allclose(fns.loglik(q), _reference_loglik(model, {"w": q}), rtol=1e-10)
+    p = 1.0 / (1.0 + np.exp(-X @ q))
+    by_hand = np.where(y.astype(bool), np.log(p), np.log1p(-p))
+    np.testing.assert_allclose(fns.loglik(q), by_hand, rtol=1e-10)
+    assert fns.per_record_grad(q).shape == (30, 2)
+
+
 def test_record_functions_pickle(logistic_model):
     model, *_ = logistic_model
     fns = _fns(model)

@@ -57,24 +57,10 @@ __all__ = ["DPSGLD", "DPSGNHT", "clipped_grad_sum_subset", "sgld_runner", "sgnht
 def clipped_grad_sum_subset(fns, q: np.ndarray, bound: float, idx: np.ndarray):
     """``sum_{i in idx} clip_b(grad l_i(q))`` reading only the rows ``idx`` of the data.
 
-    Returns the sum (shape ``(d,)``) and the number of clipped records (non-private). Uses the
-    generic clipped-gradient function of :class:`pymc_dp.model.RecordFunctions` on the sampled
-    rows (one fancy-indexing read per data array, in chunks of ``fns.chunk_size``); an empty
-    subsample reads nothing and gives 0.
+    Returns the sum (shape ``(d,)``) and the number of clipped records (non-private). Same as
+    :meth:`pymc_dp.model.RecordFunctions.clipped_grad_sum_subset`.
     """
-    total = np.zeros(fns.ndim)
-    count = 0
-    if idx.size == 0:
-        return total, count
-    fns._ensure_grad()
-    f = fns._c.grad_clipped["generic"]
-    step = fns.chunk_size or idx.size
-    for start in range(0, idx.size, step):
-        rows = [a[idx[start : start + step]] for a in fns._data]
-        g, k = f(q, bound, *rows)
-        total += np.asarray(g)
-        count += int(k)
-    return total, count
+    return fns.clipped_grad_sum_subset(q, bound, idx)
 
 
 def _check_rate(batch_size, sampling_rate, n: int) -> tuple[float, float]:
