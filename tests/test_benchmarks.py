@@ -1,0 +1,97 @@
+"""The benchmark scripts run end to end at a tiny size, so they cannot rot.
+
+Nothing here checks a time (timings are the scripts' output, not tests): each script runs as
+a user runs it (a fresh ``python benchmarks/<script>.py`` process, one BLAS thread) and must
+exit 0 and print every row of its table with finite, positive measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+STEPS = ("DPHMC", "DPPenaltyMetropolis", "DPFastMH")
+
+
+def _run(script: str, *args: str) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=BENCH,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _rows(out: str, first_word: str) -> list[list[str]]:
+    return [line.split() for line in out.splitlines() if line.split()[:1] == [first_word]]
+
+
+def _positive(text: str) -> float:
+    value = float(text.replace(",", ""))
+    assert math.isfinite(value) and value > 0, text
+    return value
+
+
+@pytest.mark.slow
+def test_bench_vs_pymc_tiny():
+    out = _run("bench_vs_pymc.py", "--n", "500", "--blocks", "1", "--block-seconds", "0.02")
+    for model in ("logistic", "banana"):
+        for step in STEPS:
+            row = next(r for r in _rows(out, step) if model in r)
+            # DP ms/iter, PyMC ms/iter and their ratio follow the "|" after n and d
+            bar = row.index("|")
+            dp, ref, ratio = (_positive(x) for x in row[bar + 1 : bar + 4])
+            assert ratio == pytest.approx(dp / ref, rel=0.02, abs=2e-3)
+    assert "route GLM fast" in out and "route generic" in out
+
+
+@pytest.mark.slow
+def test_bench_scaling_tiny():
+    out = _run(
+        "bench_scaling.py",
+        *("--sizes", "300", "600", "--dims", "2", "3", "--n-for-dims", "300"),
+        *("--blocks", "1", "--block-seconds", "0.02"),
+    )
+    assert "-- vs n (d = 10) --" in out and "-- vs d (n = 300) --" in out
+    for step in STEPS:
+        assert len(_rows(out, step)) == 4, out  # 2 sizes + 2 dims
+
+
+@pytest.mark.slow
+def test_bench_memory_tiny():
+    out = _run("bench_memory.py", "--quick", "--n", "2000", "--model", "banana")
+    rows = [r for s in STEPS + ("pm.HamiltonianMC", "pm.Metropolis") for r in _rows(out, s)]
+    assert len(rows) == 7, out  # DPHMC, DPPenaltyMetropolis chunked and not, DPFastMH, PyMC's 2
+    for r in rows:
+        assert float(r[r.index("|") + 1]) >= 0  # iteration peak MB (0.0 at this size is fine)
+        _positive(r[-2])  # ms/iter
+
+
+@pytest.mark.slow
+def test_bench_construct_tiny():
+    out = _run("bench_construct.py", "--quick", "--n", "500", "--models", "banana")
+    for step in STEPS:
+        (row,) = _rows(out, step)
+        for value in re.findall(r"\d+\.\d+", " ".join(row)):
+            float(value)  # parses; compile times can round to 0.00 with a warm cache
+
+
+@pytest.mark.slow
+def test_bench_fastmh_tiny():
+    out = _run("bench_fastmh.py", "--quick", "--sizes", "2000")
+    (row,) = [line for line in out.splitlines() if line.strip().startswith("2000 |")]
+    speedup = re.search(r"\|\s*([\d.]+)x\s*\|", row)
+    assert speedup is not None, row
+    _positive(speedup.group(1))
