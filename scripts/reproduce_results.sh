@@ -3,7 +3,8 @@
 #
 #   bash scripts/reproduce_results.sh PART FIRST_REPEAT REPEATS [STOP_AT_HH:MM_UTC]
 #
-# PART is one of: banana_dphmc banana_penalty gaussian_dphmc gaussian_penalty mixture_fastmh
+# PART is one of: banana_dphmc banana_penalty banana_sgmcmc gaussian_dphmc gaussian_penalty
+# gaussian_sgmcmc mixture_fastmh (*_sgmcmc: DP-SGLD and DP-SGNHT)
 # (the paper's epsilon grid 2,4,...,15, n and delta of the papers, 4 chains). Writes
 # results/PART_rFIRST/results.csv (+ draws and figures). Each run's seed depends only on
 # (model, method, epsilon, repeat number), so parts and repeat ranges can run in separate
@@ -16,7 +17,7 @@
 # process: several processes with multi-threaded BLAS on few cores are many times slower.
 set -euo pipefail
 if [ $# -lt 3 ]; then
-  sed -n 2,16p "$0"
+  sed -n 2,17p "$0"
   exit 2
 fi
 PART=$1
@@ -27,12 +28,14 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 case "$PART" in
   banana_dphmc) args=(banana --methods dphmc --n 100000) ;;
   banana_penalty) args=(banana --methods penalty --n 100000) ;;
+  banana_sgmcmc) args=(banana --methods sgld,sgnht --n 100000) ;;
   gaussian_dphmc) args=(gaussian --methods dphmc --n 100000) ;;
   gaussian_penalty) args=(gaussian --methods penalty --n 100000) ;;
+  gaussian_sgmcmc) args=(gaussian --methods sgld,sgnht --n 100000) ;;
   mixture_fastmh) args=(mixture --methods fastmh --n 50000) ;;
   *)
-    echo "unknown PART '$PART': choose banana_dphmc, banana_penalty, gaussian_dphmc," \
-      "gaussian_penalty or mixture_fastmh" >&2
+    echo "unknown PART '$PART': choose banana_dphmc, banana_penalty, banana_sgmcmc," \
+      "gaussian_dphmc, gaussian_penalty, gaussian_sgmcmc or mixture_fastmh" >&2
     exit 2
     ;;
 esac
