@@ -36,7 +36,6 @@ from pymc_dp.model import build_record_functions
 from pymc_dp.step_methods.sgmcmc import (
     DPSGLD,
     DPSGNHT,
-    clipped_grad_sum_subset,
     sgld_runner,
     sgnht_runner,
 )
@@ -165,14 +164,14 @@ def test_clipped_grad_sum_subset_reads_the_rows_and_clips_like_numpy():
     for b in (0.5, 1.0, 100.0):
         norms = np.linalg.norm(per[idx], axis=1)
         want = (per[idx] * np.minimum(1.0, b / norms)[:, None]).sum(axis=0)
-        got, k = clipped_grad_sum_subset(fns, q, b, idx)
+        got, k = fns.clipped_grad_sum_subset(q, b, idx)
         np.testing.assert_allclose(got, want, rtol=1e-10)
         assert k == int(np.sum(norms > b))
-    full = clipped_grad_sum_subset(fns, q, 1.0, np.arange(40))[0]
+    full = fns.clipped_grad_sum_subset(q, 1.0, np.arange(40))[0]
     np.testing.assert_allclose(full, fns.clipped_grad_sum(q, 1.0)[0], rtol=1e-10)
     fns.chunk_size = 2  # chunked reads give the same sum
-    np.testing.assert_allclose(clipped_grad_sum_subset(fns, q, 1.0, np.arange(40))[0], full)
-    got, k = clipped_grad_sum_subset(fns, q, 1.0, np.array([], dtype=int))
+    np.testing.assert_allclose(fns.clipped_grad_sum_subset(q, 1.0, np.arange(40))[0], full)
+    got, k = fns.clipped_grad_sum_subset(q, 1.0, np.array([], dtype=int))
     np.testing.assert_array_equal(got, 0.0)
     assert k == 0
 

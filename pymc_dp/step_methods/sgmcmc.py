@@ -51,16 +51,7 @@ from pymc_dp.step_methods.base import (
     make_plan,
 )
 
-__all__ = ["DPSGLD", "DPSGNHT", "clipped_grad_sum_subset", "sgld_runner", "sgnht_runner"]
-
-
-def clipped_grad_sum_subset(fns, q: np.ndarray, bound: float, idx: np.ndarray):
-    """``sum_{i in idx} clip_b(grad l_i(q))`` reading only the rows ``idx`` of the data.
-
-    Returns the sum (shape ``(d,)``) and the number of clipped records (non-private). Same as
-    :meth:`pymc_dp.model.RecordFunctions.clipped_grad_sum_subset`.
-    """
-    return fns.clipped_grad_sum_subset(q, bound, idx)
+__all__ = ["DPSGLD", "DPSGNHT", "sgld_runner", "sgnht_runner"]
 
 
 def _check_rate(batch_size, sampling_rate, n: int) -> tuple[float, float]:
@@ -174,7 +165,7 @@ class _SGMCMCStep(DPStep):
         """
         fns = self._fns
         idx = poisson_subsample(fns.n_records, self.sampling_rate, self.rng)
-        s, k = clipped_grad_sum_subset(fns, q, self.clip_bound, idx)
+        s, k = fns.clipped_grad_sum_subset(q, self.clip_bound, idx)
         _, g_prior = fns.prior_logp_and_grad(q)
         g = noisy_gradient(s, g_prior, self.sampling_rate, self.grad_noise_std, self.rng)
         frac = k / max(idx.size, 1) if self.nonprivate_diagnostics else math.nan
