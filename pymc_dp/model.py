@@ -122,25 +122,91 @@ def count_records(model: pm.Model) -> int:
     return n
 
 
-def _reads_data(var, model: pm.Model, n: int) -> bool:
-    """Whether a graph reads the data: an observed value, a pm.Data (shared) variable, or any
-    constant array with one row per record (conservative: such a constant is treated as data).
+def _value_ancestors(graphs) -> list:
+    """Ancestors of ``graphs`` whose *values* the graphs depend on.
+
+    Like :func:`pytensor.graph.traversal.ancestors`, but the inputs of ``Shape`` and
+    ``Shape_i`` nodes are not followed: a graph that reads only the shape of a data array
+    (e.g. ``shape=X.shape[1]``) reads no data value (shapes are public, like ``n``).
+    """
+    from pytensor.tensor.shape import Shape, Shape_i
+
+    seen: set = set()
+    out: list = []
+    stack = list(graphs)
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        out.append(v)
+        if v.owner is not None and not isinstance(v.owner.op, Shape | Shape_i):
+            stack.extend(v.owner.inputs)
+    return out
+
+
+def _record_data_read(graphs, model: pm.Model, n: int, exclude=frozenset()) -> list[str]:
+    """Names of the record data a graph reads values of (empty when it reads none).
+
+    Record data: the value of an observed variable, an observed variable itself (PyMC
+    replaces it by its data when it evaluates a graph, e.g. a Deterministic), and any array
+    (``pm.Data`` container or numpy constant) with one row per record (leading length ``n``).
+    Only graph structure and static shapes are inspected, never data values. Variables in
+    ``exclude`` (the shared stand-ins of parameters another step samples) are skipped.
     """
     observed = {_observed_data(model, rv) for rv in model.observed_RVs}
-    for a in ancestors([var]):
-        if a in observed:
-            return True
-        if isinstance(a, SharedVariable) and isinstance(a.type, pt.TensorType):
-            return True
-        if isinstance(a, pt.TensorConstant) and a.ndim >= 1 and a.data.shape[0] == n:
-            return True
-    return False
+    observed_rvs = set(model.observed_RVs)
+    names = []
+    for a in _value_ancestors(graphs):
+        if a in exclude:
+            continue
+        hit = a in observed or a in observed_rvs
+        if not hit and (
+            isinstance(a, pt.TensorConstant)
+            or (isinstance(a, SharedVariable) and isinstance(a.type, pt.TensorType))
+        ):
+            hit = a.ndim >= 1 and _static_leading_length(a) == n
+        if hit:
+            names.append(a.name or f"an unnamed array of {n} rows")
+    return sorted(set(names))
+
+
+def _reads_data(var, model: pm.Model, n: int) -> bool:
+    """Whether a graph reads data values: an observed value or variable, any ``pm.Data``
+    array (conservative: a shared array of any length is treated as data), or any constant
+    array with one row per record. Shape reads and scalar shared variables (e.g. the lengths
+    of mutable dims) are not data reads.
+    """
+    if _record_data_read([var], model, n):
+        return True
+    return any(
+        isinstance(a, SharedVariable) and isinstance(a.type, pt.TensorType) and a.ndim >= 1
+        for a in _value_ancestors([var])
+    )
 
 
 def deterministics_reading_data(model: pm.Model) -> list:
     """The model's Deterministics whose graph reads the data (stored without noise by PyMC)."""
     n = count_records(model)
     return [det for det in model.deterministics if _reads_data(det, model, n)]
+
+
+def imputed_variables(model: pm.Model) -> list[str]:
+    """Observed variables whose data has missing values that PyMC imputes.
+
+    For observed data with NaN (or a numpy masked array) PyMC creates ``{name}_observed``
+    (the observed entries), a free ``{name}_unobserved`` and a Deterministic ``{name}`` that
+    holds every observed value. Found from the variable names PyMC creates; no data value is
+    read (the outcome says only whether such variables exist).
+    """
+    named = model.named_vars
+    out = []
+    for rv in model.observed_RVs:
+        if rv.name and rv.name.endswith("_observed"):
+            base = rv.name[: -len("_observed")]
+            if f"{base}_unobserved" in named:
+                out.append(base)
+    return out
 
 
 def check_model_supported(
@@ -155,7 +221,16 @@ def check_model_supported(
     data_free_potentials : bool
         The user declares that every ``pm.Potential`` in the model is free of the data.
     """
-    count_records(model)
+    imputed = imputed_variables(model)
+    if imputed:
+        raise ModelNotSupportedError(
+            f"the observed data of {imputed} has missing values (NaN or masked entries): PyMC "
+            "would impute them, storing every observed value in a Deterministic and revealing "
+            "where the gaps are. pymc_dp needs complete data: drop or impute the incomplete "
+            "records before building the model, by a rule that does not look at the other "
+            "records (or model the missingness explicitly)"
+        )
+    n = count_records(model)
     if model.potentials and not data_free_potentials:
         names = ", ".join(repr(p.name) for p in model.potentials)
         raise ModelNotSupportedError(
@@ -163,6 +238,30 @@ def check_model_supported(
             "Potential reads the data, and one that does would bypass the privacy mechanism. "
             "If every Potential is a function of parameters only, pass data_free_potentials=True"
         )
+    # Everything outside the per-record likelihood enters the acceptance tests exactly (no
+    # noise): the prior and log-Jacobian of every free variable, data-free Potentials, and
+    # the initial values. None of them may read record data.
+    outside = [(f"the prior of {rv.name!r}", rv) for rv in model.free_RVs]
+    if data_free_potentials:
+        outside += [(f"pm.Potential declared data-free ({p.name!r})", p) for p in model.potentials]
+    for label, var in outside:
+        graph = model.logp(vars=[var], jacobian=True) if var in model.free_RVs else var
+        read = _record_data_read([graph], model, n)
+        if read:
+            raise ModelNotSupportedError(
+                f"{label} reads record data ({', '.join(read)}); it would enter every "
+                "acceptance test without noise and bypass the privacy mechanism. Priors and "
+                "Potentials must be functions of the parameters and of public constants only "
+                "(not of the observed data, a pm.Data array with one row per record, or an "
+                "aggregate of one such as its mean)"
+            )
+    for rv, init in model.rvs_to_initial_values.items():
+        if isinstance(init, pytensor.graph.basic.Variable) and _record_data_read([init], model, n):
+            raise ModelNotSupportedError(
+                f"the initial value of {rv.name!r} is computed from record data; the chains "
+                "would start at a data-dependent point outside the privacy mechanism. Use a "
+                "public initial value (initvals=..., or the default)"
+            )
     for v in vars:
         if v.dtype in pm.vartypes.discrete_types:
             raise ModelNotSupportedError(
@@ -622,15 +721,28 @@ def _node_value(node) -> np.ndarray:
 
 
 def _fake_rows(arrays: list[np.ndarray], m: int) -> list[np.ndarray]:
-    """Data-free stand-in records (same dtypes and trailing shapes) for structural checks."""
+    """Data-free stand-in records (same dtypes and trailing shapes) for structural checks.
+
+    The rows are distinct, unsorted and asymmetric, so that no row equals an aggregate of the
+    rows (their mean, median, maximum, ...) and no permutation of them is sorted: a likelihood
+    that reads such an aggregate, or a neighbouring record, gives a record a different value
+    within the group than alone. Float entries lie in (0.1, 0.95) (inside the support of the
+    common positive and unit-interval likelihoods); integer and boolean entries are 0 or 1 in
+    an asymmetric pattern (valid category and group indices for two or more levels).
+    """
+    # A fixed irrational-step (golden ratio) sequence: distinct, unsorted entries, none equal
+    # to the mean, median or extreme of the rows (tests check this); no data is used.
     fake = []
-    for a in arrays:
+    for j, a in enumerate(arrays):
         shape = (m, *a.shape[1:])
+        k = np.arange(int(np.prod(shape)), dtype=float).reshape(shape) + 7.0 * j
         if np.issubdtype(a.dtype, np.integer) or a.dtype == bool:
-            fake.append(np.zeros(shape, dtype=a.dtype))
+            pattern = np.array([1, 0, 0, 1, 0, 1, 1, 0, 0, 0, 1])
+            idx = (np.arange(int(np.prod(shape))) + 3 * j).reshape(shape) % pattern.size
+            fake.append(pattern[idx].astype(a.dtype))
         else:
-            base = 0.5 + 0.1 * np.arange(m).reshape((m,) + (1,) * (a.ndim - 1))
-            fake.append(np.broadcast_to(base, shape).astype(a.dtype))
+            frac = np.mod(0.3 + k * (np.sqrt(5.0) - 1.0) / 2.0 + 0.1 * np.sqrt(k + 2.0), 1.0)
+            fake.append((0.1 + 0.85 * frac).astype(a.dtype))
     return fake
 
 
@@ -707,11 +819,13 @@ def build_record_functions(
 
     exclude = set(shared.values())
     data_nodes = _data_nodes(ll_vec, n, exclude)
-    prior_data = _data_nodes(prior, n, exclude) if data_free_potentials else []
+    # Second line of defence after check_model_supported: the compiled prior (prior,
+    # log-Jacobian and declared data-free Potentials, joined) reads no record data.
+    prior_data = _record_data_read([prior], model, n, exclude)
     if prior_data:
         raise ModelNotSupportedError(
-            "a pm.Potential declared data-free reads an array with one row per record; "
-            "it would bypass the privacy mechanism"
+            "the prior (or a pm.Potential declared data-free) reads an array with one row per "
+            "record; it would bypass the privacy mechanism"
         )
     batch = [
         pt.tensor(dtype=d.dtype, shape=(None, *d.type.shape[1:]), name=f"data{i}")
@@ -779,32 +893,56 @@ def build_record_functions(
 
 
 def _check_separable(f_ll, q0: np.ndarray, data: list[np.ndarray], n: int) -> None:
-    """Check on data-free stand-in records that the likelihood separates by record."""
+    """Check on data-free stand-in records that the likelihood separates by record.
+
+    Record ``i``'s log-likelihood must depend on row ``i`` of the data only. On ``m = 8``
+    stand-in records (:func:`_fake_rows`) at three parameter points, the log-likelihoods of
+    all records evaluated together are compared with (a) each record evaluated alone and
+    (b) the records in reversed order. A likelihood reading an aggregate of the records (mean,
+    sum, standard deviation, maximum, a sort, a cumulative sum) or another record (a
+    difference of neighbours) fails (a) or (b). No data value is read.
+    """
     if not data:
         raise ModelNotSupportedError(
             "could not find the data arrays with one row per record in the likelihood graph"
         )
-    fake3 = _fake_rows(data, 3)
-    # Two data-free points: the start point and a fixed perturbation of it (at the start
+    m = 8  # even: the median of the rows is not one of them
+    fake = _fake_rows(data, m)
+    rev = [a[::-1] for a in fake]
+    # Three data-free points: the start point and two fixed perturbations of it (at the start
     # point a parameter may be zero and hide a dependence between records).
     offset = 0.05 * (1.0 + np.arange(q0.size)) / q0.size
+    points = (q0, q0 + offset, q0 - 0.7 * offset[::-1])
     try:
-        out3 = np.concatenate([np.asarray(f_ll(q, *fake3)) for q in (q0, q0 + offset)])
-        out1 = np.concatenate(
-            [np.asarray(f_ll(q, *[a[1:2] for a in fake3])) for q in (q0, q0 + offset)]
-        )
+        together = [np.asarray(f_ll(q.astype(q0.dtype), *fake)) for q in points]
+        reversed_ = [np.asarray(f_ll(q.astype(q0.dtype), *rev)) for q in points]
+        alone = [
+            np.concatenate(
+                [
+                    np.asarray(f_ll(q.astype(q0.dtype), *[a[i : i + 1] for a in fake]))
+                    for i in range(m)
+                ]
+            )
+            for q in points
+        ]
     except Exception as err:  # noqa: BLE001 - report as unsupported model structure
         raise ModelNotSupportedError(
             "the likelihood does not separate into one term per record (its graph failed on a "
             f"subset of records: {type(err).__name__}); pymc_dp needs i.i.d.-style models whose "
             "data arrays all have the record axis first"
         ) from None
-    if (
-        out3.shape != (6,)
-        or out1.shape != (2,)
-        or not np.allclose(out3[[1, 4]], out1, equal_nan=True)
-    ):
+    ok = all(
+        t.shape == (m,) and a.shape == (m,) and r.shape == (m,)
+        for t, a, r in zip(together, alone, reversed_, strict=True)
+    )
+    ok = ok and all(
+        np.allclose(t, a, rtol=1e-9, atol=1e-12, equal_nan=True)
+        and np.allclose(t[::-1], r, rtol=1e-9, atol=1e-12, equal_nan=True)
+        for t, a, r in zip(together, alone, reversed_, strict=True)
+    )
+    if not ok:
         raise ModelNotSupportedError(
             "the likelihood does not separate into one term per record; pymc_dp needs models "
-            "where record i's log-likelihood depends only on row i of the data"
+            "where record i's log-likelihood depends only on row i of the data (not on an "
+            "aggregate of the data such as its mean, nor on other records)"
         )

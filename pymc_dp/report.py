@@ -71,6 +71,11 @@ class PrivacyReport:
     neighbour_relation: str = NEIGHBOUR_RELATION
     nonprivate_diagnostics: bool = False
     raw_data_groups: tuple[str, ...] = ()
+    private: bool = True
+    not_private_reasons: tuple[str, ...] = ()
+    mechanism_epsilon: float = float("nan")
+    model_checked: bool = False
+    plan_exceeded: bool = False
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat ``dp_*`` attributes (str, int, float only)."""
@@ -79,19 +84,39 @@ class PrivacyReport:
             if isinstance(v, bool):
                 v = int(v)
             elif isinstance(v, tuple):
-                v = ",".join(v)
+                v = ("; " if k == "not_private_reasons" else ",").join(v)
             out[f"dp_{k}"] = v
         return out
 
     def __str__(self) -> str:
-        lines = [
-            f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP",
+        lines = []
+        if not self.private:
+            lines += [
+                "NOT DIFFERENTIALLY PRIVATE: this result holds values computed from the data "
+                "outside the privacy mechanism: " + "; ".join(self.not_private_reasons),
+                f"  (the pymc_dp mechanisms alone spent epsilon = {self.mechanism_epsilon:.4g} "
+                f"at delta = {self.delta:.3g}; that is NOT a guarantee for this result)",
+            ]
+        else:
+            lines.append(f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP")
+        lines += [
             f"  neighbours: {self.neighbour_relation}",
             f"  {self.chains} chains x {self.iterations // max(self.chains, 1)} iterations "
             f"({self.tuning_iterations} warmup + {self.draws} draws), {self.releases} releases, "
             f"mu = {self.mu:.6g}",
             f"  {self.mechanism}",
         ]
+        if self.plan_exceeded:
+            lines.append(
+                "  WARNING: the run made more chains than its steps were calibrated for; the "
+                "epsilon above counts every chain and exceeds the calibration target"
+            )
+        if not self.model_checked:
+            lines.append(
+                "  NOTE: no model was given: that every free variable was sampled by a pymc_dp "
+                "step and that no stored Deterministic reads the data was not checked "
+                "(pass model=... or call inside the model context)"
+            )
         if self.nonprivate_diagnostics:
             lines.append("  WARNING: non-private diagnostics were emitted: NOT DP as a whole")
         if self.raw_data_groups:
@@ -246,8 +271,47 @@ def _combined_epsilon(ledger: PrivacyLedger, families: list, delta: float) -> fl
     return eps
 
 
+def _known_stat_names() -> set[str]:
+    """Every sampler stat a pymc_dp step declares (from the step classes themselves)."""
+    from pymc_dp.step_methods.base import DPStep
+
+    names: set[str] = set()
+    todo = [DPStep]
+    while todo:
+        cls = todo.pop()
+        names.update(getattr(cls, "stats_dtypes_shapes", {}))
+        todo.extend(cls.__subclasses__())
+    return names
+
+
+def _model_reasons(idata, stats, model, posterior) -> list[str]:
+    """Why a result holds more than the DP mechanisms released, judged with its model."""
+    from pymc_dp.model import deterministics_reading_data
+
+    reasons = []
+    total = int(sum(np.size(v) for v in model.initial_point().values()))
+    ndim = _per_iteration(stats, "dp_ndim")
+    if ndim is not None:
+        covered = int(ndim.min()) if ndim.size else 0
+        if covered < total:
+            reasons.append(
+                f"pymc_dp steps sampled {covered} of the model's {total} free parameters; the "
+                "rest were sampled by a non-private step that reads the data without noise"
+            )
+    stored = set(posterior.data_vars)
+    leaky = [d.name for d in deterministics_reading_data(model) if d.name in stored]
+    if leaky:
+        reasons.append(f"Deterministics {leaky} are computed from the data and stored")
+    return reasons
+
+
 def privacy_report(
-    idata, delta: float | None = None, *, tuning_steps: int | None = None, attach: bool = True
+    idata,
+    delta: float | None = None,
+    *,
+    tuning_steps: int | None = None,
+    attach: bool = True,
+    model=None,
 ) -> PrivacyReport:
     """Compose the privacy spend of a pymc_dp run and attach it to the result.
 
@@ -263,6 +327,12 @@ def privacy_report(
         PyMC's ``tuning_steps`` attribute.
     attach : bool
         Write the flat ``dp_*`` attributes into ``idata.attrs`` and the posterior's attrs.
+    model : pm.Model, optional
+        The model that was sampled (default: the model of the enclosing ``with`` context,
+        if any). With it the report also checks that pymc_dp steps sampled every free
+        variable and that no stored Deterministic reads the data; a result that fails a
+        check is reported as NOT private (``report.private`` is False, ``epsilon`` is
+        infinite, and ``str(report)`` says why in its first line).
 
     Returns
     -------
@@ -361,8 +431,30 @@ def privacy_report(
         for name in stats.data_vars
     )
     raw = tuple(g for g in RAW_DATA_GROUPS if g in _groups(idata))
+    reasons = []
+    if nonprivate:
+        reasons.append("non-private diagnostics (stats ending in _NONPRIVATE) were emitted")
+    foreign = sorted(set(stats.data_vars) - _known_stat_names())
+    if foreign:
+        reasons.append(
+            f"sampler stats {foreign} come from a step that is not a pymc_dp step (it read "
+            "the data without a privacy mechanism)"
+        )
+    if model is None:
+        import pymc as pm
+
+        try:
+            model = pm.modelcontext(None)
+        except TypeError:
+            model = None
+    if model is not None:
+        reasons += _model_reasons(idata, stats, model, posterior)
+    planned = _per_iteration(stats, "dp_plan_chains")
+    plan_exceeded = bool(
+        planned is not None and np.any(planned > 0) and chains > int(planned[planned > 0].min())
+    )
     report = PrivacyReport(
-        epsilon=epsilon,
+        epsilon=epsilon if not reasons else float("inf"),
         delta=float(delta),
         mu=mu,
         mechanism=mechanism,
@@ -373,18 +465,29 @@ def privacy_report(
         draws=int(draws),
         nonprivate_diagnostics=bool(nonprivate),
         raw_data_groups=raw,
+        private=not reasons,
+        not_private_reasons=tuple(reasons),
+        mechanism_epsilon=epsilon,
+        model_checked=model is not None,
+        plan_exceeded=plan_exceeded,
     )
+    if reasons:
+        warnings.warn(
+            "this result is NOT differentially private: " + "; ".join(reasons),
+            UserWarning,
+            stacklevel=2,
+        )
+    if plan_exceeded:
+        warnings.warn(
+            f"the run made {chains} chains, more than its steps were calibrated for: the "
+            f"reported epsilon ({epsilon:.4g}) counts every chain and exceeds the target",
+            UserWarning,
+            stacklevel=2,
+        )
     if raw:
         warnings.warn(
             f"this result still carries raw data ({', '.join(raw)}); remove those groups before "
             "publishing it (pymc_dp.sample removes them unless keep_data=True)",
-            UserWarning,
-            stacklevel=2,
-        )
-    if nonprivate:
-        warnings.warn(
-            "this run emitted non-private diagnostics (stats ending in _NONPRIVATE): the result "
-            "is NOT differentially private as a whole",
             UserWarning,
             stacklevel=2,
         )

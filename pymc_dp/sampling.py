@@ -8,12 +8,17 @@ sampled, the run is refused if it would publish data outside the privacy mechani
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import pymc as pm
 
-from pymc_dp.model import ModelNotSupportedError, deterministics_reading_data
+from pymc_dp.model import (
+    ModelNotSupportedError,
+    check_model_supported,
+    deterministics_reading_data,
+)
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, check_positive, check_target
 
@@ -26,6 +31,24 @@ def _flatten_steps(step) -> list:
     if isinstance(step, list | tuple):
         return [s for m in step for s in _flatten_steps(m)]
     return [step]
+
+
+def _check_outputs_are_private(
+    model: pm.Model, var_names: Sequence[str] | None, idata_kwargs: dict | None
+) -> None:
+    """The data-free part of :func:`check_run_is_private`: what ``pm.sample`` would store."""
+    if idata_kwargs and idata_kwargs.get("log_likelihood"):
+        raise ModelNotSupportedError(
+            "idata_kwargs={'log_likelihood': True} stores per-record log-likelihoods computed "
+            "from the data without noise; remove it"
+        )
+    for det in deterministics_reading_data(model):
+        if var_names is None or det.name in var_names:
+            raise ModelNotSupportedError(
+                f"Deterministic {det.name!r} depends on the data and would be stored at every "
+                "draw without noise; exclude it with var_names=[...] (list the variables to "
+                "keep) or remove it from the model"
+            )
 
 
 def check_run_is_private(
@@ -42,7 +65,7 @@ def check_run_is_private(
     ModelNotSupportedError
         A step that is not a pymc_dp step; free variables no DP step covers (PyMC would give
         them a non-private sampler); a stored Deterministic that depends on the data;
-        ``idata_kwargs={"log_likelihood": True}``.
+        ``idata_kwargs={"log_likelihood": True}``; observed data with missing values.
     """
     steps = _flatten_steps(steps)
     for s in steps:
@@ -58,18 +81,8 @@ def check_run_is_private(
             f"free variables {missing} are not sampled by any pymc_dp step; PyMC would assign "
             "them a non-private sampler. Pass vars=... so the DP steps cover every free variable"
         )
-    if idata_kwargs and idata_kwargs.get("log_likelihood"):
-        raise ModelNotSupportedError(
-            "idata_kwargs={'log_likelihood': True} stores per-record log-likelihoods computed "
-            "from the data without noise; remove it"
-        )
-    for det in deterministics_reading_data(model):
-        if var_names is None or det.name in var_names:
-            raise ModelNotSupportedError(
-                f"Deterministic {det.name!r} depends on the data and would be stored at every "
-                "draw without noise; exclude it with var_names=[...] (list the variables to "
-                "keep) or remove it from the model"
-            )
+    check_model_supported(model, [])
+    _check_outputs_are_private(model, var_names, idata_kwargs)
 
 
 def sample(
@@ -124,16 +137,34 @@ def sample(
     if inspect.isclass(step):
         if not issubclass(step, DPStep):
             raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
+        if epsilon is None or delta is None:
+            missing = [k for k, v in (("epsilon", epsilon), ("delta", delta)) if v is None]
+            raise ValueError(
+                f"pymc_dp.sample needs epsilon= and delta= (the privacy budget of the whole "
+                f"run) to calibrate {step.__name__}; missing: {', '.join(missing)}. For "
+                "example epsilon=1.0, delta=0.1 / n"
+            )
         epsilon, delta = check_target(epsilon, delta)
-        step = step(
-            model=model,
-            epsilon=epsilon,
-            delta=delta,
-            draws=draws,
-            tune=tune,
-            chains=chains,
-            **(step_kwargs or {}),
+        # Everything that needs no data is checked before the step compiles: the model, and
+        # what pm.sample would store.
+        check_model_supported(
+            model,
+            [],
+            data_free_potentials=bool((step_kwargs or {}).get("data_free_potentials", False)),
         )
+        _check_outputs_are_private(model, var_names, idata_kwargs)
+        with warnings.catch_warnings():
+            # checked just above (refused, or excluded by var_names): do not warn again
+            warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
+            step = step(
+                model=model,
+                epsilon=epsilon,
+                delta=delta,
+                draws=draws,
+                tune=tune,
+                chains=chains,
+                **(step_kwargs or {}),
+            )
     elif epsilon is not None or step_kwargs:
         raise ValueError(
             "epsilon/delta/step_kwargs calibrate a step class; a step instance carries its own "
@@ -162,7 +193,7 @@ def sample(
     )
     if not keep_data:
         _drop_groups(idata, RAW_DATA_GROUPS)
-    privacy_report(idata, delta)
+    privacy_report(idata, delta, model=model)
     return idata
 
 

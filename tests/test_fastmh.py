@@ -582,6 +582,8 @@ _PUBLIC_STATS = {
     "dp_target_delta",
     "dp_iter_epsilon",
     "dp_iter_delta",
+    "dp_ndim",  # the step's dimension (data-free)
+    "dp_plan_chains",  # the calibrated number of chains (data-free)
 }
 
 

@@ -41,7 +41,13 @@ class BudgetExceededError(RuntimeError):
 
 
 def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False):
-    """Validate a positive finite number; the error names the parameter and the fix."""
+    """Validate a positive finite number; the error names the parameter and the fix.
+
+    Strings and booleans are refused even where ``float()`` would convert them
+    (``epsilon="1"`` is a mistake to report, not to guess).
+    """
+    if isinstance(value, str | bytes | bool | np.bool_):
+        raise ValueError(f"{name} must be a number, not {type(value).__name__}; got {value!r}")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -59,6 +65,10 @@ def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: 
 def check_target(epsilon: Any, delta: Any) -> tuple[float, float]:
     """Validate a privacy target (epsilon > 0 finite, 0 < delta < 1)."""
     eps = check_positive("epsilon", epsilon)
+    if isinstance(delta, str | bytes | bool | np.bool_):
+        raise ValueError(
+            f"delta must be a number in (0, 1), not {type(delta).__name__}; got {delta!r}"
+        )
     try:
         d = float(delta)
     except (TypeError, ValueError):
@@ -127,6 +137,11 @@ class DPStep(ArrayStepShared):
         "dp_mu": (np.float64, []),
         "dp_releases": (np.int64, []),
         "dp_target_delta": (np.float64, []),
+        # Data-free facts for the report: how many scalar parameters this step samples (the
+        # report checks that DP steps cover every free variable) and how many chains its noise
+        # was calibrated for (0: no plan), so that an overrun shows in the result.
+        "dp_ndim": (np.int64, []),
+        "dp_plan_chains": (np.int64, []),
     }
 
     def _setup(
@@ -205,6 +220,7 @@ class DPStep(ArrayStepShared):
         q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars])
         self._fns.check_start(q0)
         self._iteration = 0
+        self._chains_started = 0
         # Adapt during warmup; pm.sample switches this off (stop_tuning) when warmup ends.
         self.tune = True
         super().__init__(vars, shared, blocked=blocked, rng=rng)
@@ -222,6 +238,20 @@ class DPStep(ArrayStepShared):
 
     def _start_chain(self, iterations: int | None = None) -> None:
         self._iteration = 0
+        # One instance runs every chain in turn when pm.sample runs chains sequentially
+        # (cores=1, both PyMC lines): a chain beyond the plan is refused before it reads the
+        # data. Parallel workers hold copies and cannot see each other; there the report
+        # flags the overrun (dp_plan_chains against the chains in the result).
+        self._chains_started = getattr(self, "_chains_started", 0) + 1
+        if self.plan is not None and self._chains_started > self.plan.chains:
+            raise BudgetExceededError(
+                f"{type(self).__name__} was calibrated for {self.max_iterations} iterations "
+                f"per chain and {self.plan.chains} chain(s) ({self.plan}); this would be chain "
+                f"{self._chains_started}: every chain "
+                "reads the data and spends the budget again, so it stops before reading it. "
+                "Calibrate for the run you make (chains=...) and use a new step instance for "
+                "every run (or use pymc_dp.sample)"
+            )
         if (
             iterations is not None
             and self.max_iterations is not None
@@ -258,6 +288,8 @@ class DPStep(ArrayStepShared):
             "dp_mu": self._mu_per_iteration,
             "dp_releases": self._releases_per_iteration,
             "dp_target_delta": np.nan if self.target_delta is None else self.target_delta,
+            "dp_ndim": self._fns.ndim,
+            "dp_plan_chains": 0 if self.plan is None else self.plan.chains,
         }
 
     def astep(self, q0):

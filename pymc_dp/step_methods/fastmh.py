@@ -46,6 +46,10 @@ from pymc_dp.step_methods.base import (
 
 __all__ = ["DPFastMH"]
 
+#: Largest expected minibatch (record indices drawn per iteration) DPFastMH accepts: 1e8
+#: int64 indices are 800 MB. Checked before anything is allocated.
+_MAX_BATCH_INDICES = 10**8
+
 _BRANCHING = ("independent", "paper")
 
 
@@ -259,7 +263,8 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if lam is None:
             lam = max(10.0, (C * self.max_step) ** 2)
         self.lam = check_positive("lam", lam)
-        if max_batch is None:
+        default_k = max_batch is None
+        if default_k:
             max_batch = default_max_batch(self.lam + C * self.max_step)
         self.max_batch = check_positive("max_batch (K)", max_batch, integer=True)
         modes = (
@@ -301,13 +306,28 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if iter_epsilon is None and iter_delta is not None and "iter_delta" not in kw:
             raise ValueError("iter_delta goes with iter_epsilon or noise_multiplier")
         self.privacy_for_free = bool(privacy_for_free)
-        if self.lam + C * self.max_step > n:
+        rate = self.lam + C * self.max_step
+        if default_k and rate > n:
+            # The default K would let the minibatch read more rows than the full batch (and a
+            # Poisson draw of this mean may not even fit in memory): cap K at n, so that any
+            # B >= n takes the full-batch branch. Data-free; the accounting uses this K.
+            self.max_batch = min(self.max_batch, n)
+        expected = min(self.max_batch, rate + 6.0 * math.sqrt(rate))
+        if expected > _MAX_BATCH_INDICES:
+            raise ValueError(
+                f"DPFastMH: the minibatch would draw about {expected:.3g} record indices per "
+                f"iteration (lam + C * max_step = {rate:.4g} with C = {C:.4g}, max_batch K = "
+                f"{self.max_batch}), more than fit in memory; choose a smaller lam or max_step, "
+                f"or max_batch <= n = {n} (then the full batch is read instead)"
+            )
+        if rate > n:
             warnings.warn(
                 f"DPFastMH: the expected minibatch at M = max_step, lam + C * max_step = "
-                f"{self.lam + C * self.max_step:.4g}, exceeds the number of records n = {n}: "
-                "the minibatch branch reads more rows than the full batch would. Smaller "
-                "max_step / proposal steps, or smaller lam (at some loss of efficiency), make "
-                "it cheaper; DPPenaltyMetropolis may be faster here",
+                f"{rate:.4g}, exceeds the number of records n = {n}: the minibatch branch reads "
+                "more rows than the full batch would"
+                + (f" (the default max_batch K is capped at n = {n})" if default_k else "")
+                + ". Smaller max_step / proposal steps, or smaller lam (at some loss of "
+                "efficiency), make it cheaper; DPPenaltyMetropolis may be faster here",
                 UserWarning,
                 stacklevel=2,
             )
@@ -432,7 +452,13 @@ class DPFastMH(ScaleAdaptation, DPStep):
             return self._fns.clipped_loglik_ratio_sum(q1, q, c * M)
         r = self._fns.loglik_ratio(q1, q)
         b = c * M
-        return float(np.sum(np.clip(r, -b, b))), int(np.count_nonzero(np.abs(r) > b))
+        # As in the scalar path (RecordFunctions.clipped_loglik_ratio_sum): a record whose
+        # log-likelihood is -inf at both points gives NaN; it contributes 0 (within the
+        # bounds, so the sensitivity is unchanged) and counts as clipped, instead of a NaN
+        # that would decide the test without noise.
+        nan = np.isnan(r)
+        clipped = np.where(nan, 0.0, np.clip(r, -b, b))
+        return float(np.sum(clipped)), int(np.count_nonzero(nan | (np.abs(r) > b)))
 
     def _dp_astep(self, q0):
         q = q0.data

@@ -1,0 +1,92 @@
+"""Messages and ordering of ``pymc_dp.sample``'s checks (what a new user trips over)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+
+import pymc_dp
+import pymc_dp.step_methods.base as base
+
+SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
+X = np.linspace(-1, 1, 20)
+
+
+def _model(deterministic: bool = False):
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 1)
+        if deterministic:
+            pm.Deterministic("resid", X - t)
+        pm.Normal("x", t, 1, observed=X)
+    return model
+
+
+@pytest.mark.parametrize("missing", ["epsilon", "delta", "both"])
+def test_forgetting_the_budget_names_sample_and_both_arguments(missing):
+    kw = {"epsilon": 1.0, "delta": 1e-5}
+    for k in ("epsilon", "delta") if missing == "both" else (missing,):
+        del kw[k]
+    with _model(), pytest.raises(ValueError, match=r"pymc_dp.sample needs epsilon= and delta="):
+        pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, draws=5, tune=0, chains=1, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        ({"epsilon": "1", "delta": 1e-5}, "epsilon"),
+        ({"epsilon": 1.0, "delta": "1e-5"}, "delta"),
+        ({"epsilon": True, "delta": 1e-5}, "epsilon"),
+    ],
+)
+def test_budget_given_as_a_string_or_bool_is_refused(kw, name):
+    with _model(), pytest.raises(ValueError, match=rf"{name} must be a number"):
+        pymc_dp.sample(
+            pymc_dp.DPPenaltyMetropolis,
+            draws=5,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+            **kw,
+        )
+
+
+def test_data_deterministic_is_refused_before_compiling_and_without_a_warning(monkeypatch):
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the step compiled before the data-free refusal")
+
+    monkeypatch.setattr(base, "build_record_functions", no_compile)
+    with _model(deterministic=True), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(pymc_dp.ModelNotSupportedError, match="'resid' depends on the data"):
+            pymc_dp.sample(
+                pymc_dp.DPPenaltyMetropolis,
+                epsilon=1.0,
+                delta=1e-5,
+                draws=5,
+                tune=0,
+                chains=1,
+                step_kwargs={"clip_bound": 3.0},
+            )
+    assert not [w for w in caught if "Deterministic" in str(w.message)]
+
+
+def test_data_deterministic_excluded_by_var_names_is_not_warned_about():
+    with _model(deterministic=True), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        idata = pymc_dp.sample(
+            pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=5,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+            var_names=["t"],
+            random_seed=1,
+            **SAMPLE,
+        )
+    assert "resid" not in idata["posterior"]
+    assert not [w for w in caught if "Deterministic" in str(w.message)]
