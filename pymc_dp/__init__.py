@@ -5,7 +5,7 @@ Public API: the step methods, :func:`sample` and :func:`privacy_report`.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from pymc_dp.model import ModelNotSupportedError
+from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
 from pymc_dp.sampling import sample
 from pymc_dp.step_methods import (

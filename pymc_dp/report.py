@@ -286,7 +286,7 @@ def _known_stat_names() -> set[str]:
 
 def _model_reasons(idata, stats, model, posterior) -> list[str]:
     """Why a result holds more than the DP mechanisms released, judged with its model."""
-    from pymc_dp.model import deterministics_reading_data
+    from pymc_dp.records import deterministics_reading_data
 
     reasons = []
     total = int(sum(np.size(v) for v in model.initial_point().values()))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pymc as pm
 
-from pymc_dp.model import (
+from pymc_dp.records import (
     ModelNotSupportedError,
     check_model_supported,
     deterministics_reading_data,

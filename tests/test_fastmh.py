@@ -429,13 +429,13 @@ def test_minibatch_reads_only_the_sampled_rows(n):
         )
     sampler = _RecordingSampler(step._sampler)
     step._sampler = sampler
-    data = step._fns._data
+    data = step._fns._records._arrays  # the in-memory store of the records
     recorders = []
     for a in data:
         rec = a.view(_RecordingArray)
         rec.log = []
         recorders.append(rec)
-    step._fns._data = recorders
+    step._fns._records._arrays = recorders
     with model:
         idata = pm.sample(40, tune=0, chains=1, cores=1, step=step, random_seed=5, **SAMPLE)
     batches = [b for b in sampler.log if b.size > 0]

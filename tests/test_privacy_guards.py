@@ -18,7 +18,8 @@ import pytensor.tensor as pt
 import pytest
 
 import pymc_dp
-from pymc_dp.model import _fake_rows, build_record_functions
+from pymc_dp.records import build_record_functions
+from pymc_dp.records.fakes import fake_rows as _fake_rows
 from pymc_dp.step_methods.base import BudgetExceededError
 
 SAMPLE = dict(progressbar=False, compute_convergence_checks=False)

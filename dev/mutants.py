@@ -1,0 +1,163 @@
+"""Mutation check of the kernels: do the tests catch a wrong kernel?
+
+Each mutant is one small edit of the package that breaks exactness or privacy (drop the
+penalty correction, drop the log-Jacobian, flip the kinetic-energy sign, halve a noise std,
+skip a clip). For each, the script copies the working tree to a temporary directory,
+applies the edit (the original text must occur exactly once), runs the tests named for it,
+and reports the mutant as *killed* (some test failed) or *survived* (all passed).
+
+Run on demand, not in CI (it takes several minutes)::
+
+    bash dev/mutants.sh            # or: .venv-python3/bin/python dev/mutants.py [names...]
+
+Exit status 1 when a mutant survives (or an edit no longer applies).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    original: str
+    mutated: str
+    tests: tuple[str, ...]
+
+
+MUTANTS = (
+    Mutant(
+        "drop the penalty correction",
+        "pymc_dp/kernels/penalty.py",
+        "log_prior_ratio + log_proposal_ratio - 0.5 * sigma * sigma",
+        "log_prior_ratio + log_proposal_ratio",
+        (
+            "tests/test_penalty_power.py::test_penalty_acceptance_matches_closed_form",
+            "tests/test_penalty_power.py::test_penalty_metropolis_exact_at_large_noise",
+        ),
+    ),
+    Mutant(
+        "drop the penalty correction (subsampled penalty)",
+        "pymc_dp/step_methods/subsampled_penalty.py",
+        "xi + log_prior_ratio - 0.5 * sigma * sigma",
+        "xi + log_prior_ratio",
+        ("tests/test_penalty_power.py::test_subsampled_penalty_full_batch_exact_at_large_noise",),
+    ),
+    Mutant(
+        "drop the log-Jacobian",
+        "pymc_dp/records/graphs.py",
+        "prior = model.logp(vars=prior_terms, jacobian=True)",
+        "prior = model.logp(vars=prior_terms, jacobian=False)",
+        ("tests/test_model.py::test_prior_includes_log_jacobian",),
+    ),
+    Mutant(
+        "flip the kinetic-energy sign",
+        "pymc_dp/step_methods/hmc.py",
+        "d_kinetic = kinetic_energy(p, self._inv_mass) - kinetic_energy(p1, self._inv_mass)",
+        "d_kinetic = kinetic_energy(p1, self._inv_mass) - kinetic_energy(p, self._inv_mass)",
+        (
+            "tests/test_hmc.py::test_exact_normal_mean_1d",
+            "tests/test_penalty_power.py::test_dphmc_exact_at_large_noise",
+        ),
+    ),
+    Mutant(
+        "halve the penalty noise std",
+        "pymc_dp/kernels/penalty.py",
+        "return noise_multiplier * 2.0 * clip_bound * step_norm",
+        "return 0.5 * noise_multiplier * 2.0 * clip_bound * step_norm",
+        ("tests/test_penalty_power.py::test_penalty_noise_std_is_z_times_the_sensitivity",),
+    ),
+    Mutant(
+        "halve the gradient noise std",
+        "pymc_dp/kernels/hmc.py",
+        "return noise_multiplier * 2.0 * clip_bound",
+        "return 0.5 * noise_multiplier * 2.0 * clip_bound",
+        ("tests/test_hmc.py",),
+    ),
+    Mutant(
+        "skip the log-likelihood-ratio clip",
+        "pymc_dp/records/routes.py",
+        "llr_sum = pt.sum(pt.switch(nan, 0.0, pt.clip(r, -bound, bound)))",
+        "llr_sum = pt.sum(pt.switch(nan, 0.0, r))",
+        ("tests/test_model.py::test_clipped_sums_and_chunking",),
+    ),
+    Mutant(
+        "skip the gradient clip",
+        "pymc_dp/records/routes.py",
+        "inv_norm = pt.minimum(1.0, bound / pt.sqrt(pt.maximum(sq_norms, 1e-300)))",
+        "inv_norm = pt.ones_like(sq_norms)",
+        ("tests/test_model.py::test_clipped_sums_and_chunking",),
+    ),
+)
+
+
+def _copy_tree(dest: Path) -> None:
+    ignore = shutil.ignore_patterns(".git", ".venv*", "site", "__pycache__", "*.egg-info")
+    shutil.copytree(ROOT, dest, ignore=ignore, dirs_exist_ok=True)
+
+
+def run(mutant: Mutant | None, tests: tuple[str, ...] = ()) -> tuple[str, float, str]:
+    """Apply ``mutant`` in a copy of the tree, run its tests; ('killed' | 'survived' | error).
+
+    With ``mutant=None`` (the control) the unmutated copy runs ``tests``: they must pass, or
+    a "kill" would mean nothing.
+    """
+    with tempfile.TemporaryDirectory(prefix="pymc_dp_mutant_") as tmp:
+        tree = Path(tmp)
+        _copy_tree(tree)
+        if mutant is not None:
+            tests = mutant.tests
+            target = tree / mutant.path
+            text = target.read_text()
+            hits = text.count(mutant.original)
+            if hits != 1:
+                return f"NOT APPLIED (original text found {hits} times)", 0.0, ""
+            target.write_text(text.replace(mutant.original, mutant.mutated))
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+            cwd=tree,
+            env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+        )
+        elapsed = time.perf_counter() - start
+        last = (proc.stdout.strip().splitlines() or [""])[-1]
+        if proc.returncode == 1:
+            return "killed", elapsed, last
+        if proc.returncode == 0:
+            return "SURVIVED", elapsed, last
+        return f"ERROR (pytest exit {proc.returncode})", elapsed, last
+
+
+def main(argv: list[str]) -> int:
+    chosen = [m for m in MUTANTS if not argv or any(a in m.name for a in argv)]
+    bad = 0
+    print(f"{'mutant':<50} {'result':<10} {'seconds':>8}  tests' last line")
+    every_test = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+    result, seconds, last = run(None, every_test)
+    shown = "passed" if result == "SURVIVED" else result
+    print(f"{'(control: no mutation, all these tests)':<50} {shown:<10} {seconds:8.1f}  {last}")
+    if result != "SURVIVED":  # the unmutated tree must pass every test used below
+        print("the control failed: fix the tests before reading the mutants")
+        return 1
+    for m in chosen:
+        result, seconds, last = run(m)
+        bad += result != "killed"
+        print(f"{m.name:<50} {result:<10} {seconds:8.1f}  {last}", flush=True)
+    print(f"{len(chosen) - bad} of {len(chosen)} mutants killed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,64 @@
+"""The per-record glue between a PyMC model and the DP steps.
+
+A *record* is index ``i`` along the leading axis of every observed variable (and of every
+covariate array of the same leading length that the likelihood reads). The step methods
+need three things from a model, all in the transformed (unconstrained) space PyMC's step
+methods work in, as functions of one flat parameter vector ``q``:
+
+1. per-record log-likelihoods ``l_i(q)`` (length ``n``), from which the clipped
+   log-likelihood ratios of the penalty test are formed;
+2. the prior plus log-Jacobian ``log p(q)``, exact and un-noised (it reads no record data:
+   checked), and its gradient;
+3. per-record gradients ``grad l_i(q)`` and, on the hot path of DP-HMC, the sum of their
+   clipped versions.
+
+The modules follow the data flow, and raw data values enter only in the store:
+
+==================  ========================================================================
+``errors``          :class:`ModelNotSupportedError`
+``graph_facts``     graph facts from structure and static shapes (data nodes, ``n``, reads)
+``guards``          what is refused and why (model support, privacy policy)
+``rewrite``         graph -> graph (``OpFromGraph`` inlining, shape pins, canonicalize)
+``graphs``          the per-record graphs as frozen data (:class:`RecordGraphs`)
+``fakes``           data-free stand-in records and the separability check
+``backend``         the one compile call (C / Numba / JAX via ``compile_kwargs["mode"]``)
+``routes``          graphs -> compiled functions: generic and GLM routes
+``store``           where records live (:class:`InMemoryRecords`: chunks, take, map-reduce)
+``runtime``         :class:`RecordFunctions` (routes mapped over a store), :class:`RecordSource`
+``build``           orchestration: :func:`build_record_functions`
+==================  ========================================================================
+
+Per-record gradients are built without ``pytensor.gradient.jacobian`` (which needs ``n x n``
+memory or a scan over records): the likelihood graph is rewritten to the graph of a single
+record, differentiated, and vectorised over the data rows with ``vectorize_graph``.
+Models that cannot be mapped to records are refused with :class:`ModelNotSupportedError`
+before any data value is read.
+"""
+
+from __future__ import annotations
+
+from pymc_dp.records.build import build_record_functions
+from pymc_dp.records.errors import ModelNotSupportedError
+from pymc_dp.records.graph_facts import (
+    count_records,
+    deterministics_reading_data,
+    imputed_variables,
+)
+from pymc_dp.records.graphs import RecordGraphs, per_record_graphs
+from pymc_dp.records.guards import check_model_supported
+from pymc_dp.records.runtime import RecordFunctions, RecordSource
+from pymc_dp.records.store import InMemoryRecords
+
+__all__ = [
+    "InMemoryRecords",
+    "ModelNotSupportedError",
+    "RecordFunctions",
+    "RecordGraphs",
+    "RecordSource",
+    "build_record_functions",
+    "check_model_supported",
+    "count_records",
+    "deterministics_reading_data",
+    "imputed_variables",
+    "per_record_graphs",
+]

@@ -1,0 +1,116 @@
+"""Orchestration: model -> checks -> per-record graphs -> compiled routes -> runtime functions.
+
+The data flows one way: the model is checked (:mod:`~pymc_dp.records.guards`), its
+per-record graphs are built (:mod:`~pymc_dp.records.graphs`) and compiled
+(:mod:`~pymc_dp.records.routes` through :mod:`~pymc_dp.records.backend`), the separability
+of the likelihood is checked on stand-in records (:mod:`~pymc_dp.records.fakes`), and only
+then are the data values read, once, into a store (:mod:`~pymc_dp.records.store`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pymc as pm
+from pytensor.compile.sharedvalue import SharedVariable
+
+from pymc_dp.records.fakes import check_separable
+from pymc_dp.records.graph_facts import observed_data
+from pymc_dp.records.graphs import per_record_graphs
+from pymc_dp.records.guards import check_model_supported
+from pymc_dp.records.routes import compile_likelihood, compile_prior
+from pymc_dp.records.runtime import RecordFunctions, _Compiled
+from pymc_dp.records.store import InMemoryRecords
+
+__all__ = ["build_record_functions"]
+
+
+def build_record_functions(
+    model: pm.Model,
+    vars: Sequence,
+    initial_point: dict[str, np.ndarray],
+    *,
+    tempering: float = 1.0,
+    chunk_size: int | None = None,
+    data_free_potentials: bool = False,
+    compile_kwargs: dict | None = None,
+) -> tuple[RecordFunctions, dict]:
+    """Compile the per-record functions of ``model`` for the value variables ``vars``.
+
+    Parameters
+    ----------
+    model : pm.Model
+        The model.
+    vars : sequence
+        Value variables (transformed space) the step samples.
+    initial_point : dict
+        A point of the model (used for shapes and for the shared replacements of the free
+        variables this step does not sample; never for data).
+    tempering : float
+        Likelihood temperature ``T > 0`` (thesis Sec. 3.1); the per-record log-likelihoods are
+        ``T * log p(x_i | theta)``.
+    chunk_size : int, optional
+        Records per call; bounds the memory of per-record gradients to ``chunk_size x d``.
+    data_free_potentials : bool
+        Declare that every ``pm.Potential`` is a function of the parameters only.
+    compile_kwargs : dict, optional
+        Passed to :func:`pymc.pytensorf.compile` (e.g. ``{"mode": "NUMBA"}``).
+
+    Returns
+    -------
+    (RecordFunctions, dict)
+        The functions and the shared replacements (for ``ArrayStepShared``).
+
+    Raises
+    ------
+    ModelNotSupportedError
+        For models that cannot be mapped to records (checked before any data value is read).
+    """
+    if not (np.isfinite(tempering) and tempering > 0):
+        raise ValueError(f"tempering must be a finite number > 0; got {tempering!r}")
+    if chunk_size is not None and (int(chunk_size) != chunk_size or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None; got {chunk_size!r}")
+    check_model_supported(model, vars, data_free_potentials=data_free_potentials)
+    compile_kwargs = dict(compile_kwargs or {})
+    graphs = per_record_graphs(
+        model,
+        vars,
+        initial_point,
+        tempering=tempering,
+        data_free_potentials=data_free_potentials,
+    )
+    f_prior = compile_prior(graphs, compile_kwargs)
+    f_ll, f_llr = compile_likelihood(graphs, compile_kwargs)
+
+    x = graphs.x
+    q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars]).astype(x.dtype)
+    records = InMemoryRecords.from_nodes(graphs.data_nodes, chunk_size)
+    # The separability check runs on stand-in records with only the data's dtypes and
+    # trailing shapes (public); no data value enters it.
+    templates = [np.zeros((1, *shape[1:]), dtype=dt) for dt, shape in records.dtypes_and_shapes]
+    check_separable(f_ll, q0, templates, graphs.n_records)
+    observed = {observed_data(model, rv) for rv in model.observed_RVs}
+    # Only arrays the user supplied (observed values, pm.Data): PyMC may also fold a
+    # constant such as an all -inf bound into an array of n rows, which is not data.
+    # The outcome of this check is one bit about the data, shown to the analyst who runs
+    # the sampler (the trusted curator); no value, count or position is reported.
+    user_data = [node in observed or isinstance(node, SharedVariable) for node in graphs.data_nodes]
+    if not records.all_finite(user_data):
+        raise ValueError(
+            "the observed data (or a covariate array with one row per record) contains NaN "
+            "or infinite values; pymc_dp needs complete, finite data: drop or impute those "
+            "records before sampling"
+        )
+
+    fns = RecordFunctions(
+        compiled=_Compiled(prior_and_grad=f_prior, ll_chunk=f_ll, llr_clipped=f_llr),
+        records=records,
+        n_records=graphs.n_records,
+        ndim=int(q0.size),
+        chunk_size=int(chunk_size) if chunk_size else None,
+        tempering=float(tempering),
+        graphs=graphs,
+        compile_kwargs=compile_kwargs,
+    )
+    return fns, graphs.shared

@@ -1,0 +1,85 @@
+"""Graph -> graph rewrites that turn the model's likelihood into per-record graphs.
+
+PyMC pins shapes to the ``n`` records of the dataset and PyTensor 3 freezes static shapes
+inside ``OpFromGraph`` nodes; both would fail (or silently broadcast) once the data arrays
+are replaced by chunks or single rows.
+"""
+
+from __future__ import annotations
+
+from pytensor.compile.builders import OpFromGraph
+from pytensor.graph.replace import clone_replace
+from pytensor.graph.rewriting.utils import rewrite_graph
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.basic import Alloc
+from pytensor.tensor.shape import SpecifyShape
+
+__all__ = ["canonicalize", "drop_shape_pins", "inline_op_from_graph"]
+
+
+def canonicalize(graph):
+    """PyTensor's ``canonicalize`` rewrites, without constant folding (no data is folded)."""
+    return rewrite_graph(graph, include=("canonicalize",), exclude=("constant_folding",))
+
+
+def _inline_op_from_graph(graph):
+    """Expand ``OpFromGraph`` nodes (e.g. ``LogSumExp`` of PyTensor 3): their inner graphs are
+    frozen with the static shapes of the full dataset and would pin them to ``n`` records."""
+    for _ in range(10):  # nested OpFromGraphs: expand level by level
+        nodes = [
+            v.owner
+            for v in ancestors([graph])
+            if v.owner is not None and isinstance(v.owner.op, OpFromGraph)
+        ]
+        if not nodes:
+            return graph
+        replacements = {}
+        for node in set(nodes):
+            replacements.update(zip(node.outputs, _expand(node), strict=True))
+        graph = clone_replace(graph, replace=replacements, rebuild_strict=False)
+    return graph
+
+
+def _expand(node) -> list:
+    """The inner graph of an ``OpFromGraph`` node, bound to the node's inputs."""
+    try:  # PyTensor >= 3: frozen inner graphs
+        from pytensor.compile.rewriting import inline_ofg_node
+
+        return list(inline_ofg_node(node))
+    except ImportError:  # PyTensor 2.x
+        return clone_replace(
+            node.op.inner_outputs,
+            replace=dict(zip(node.op.inner_inputs, node.inputs, strict=True)),
+        )
+
+
+def _drop_shape_pins(graph):
+    """Remove the nodes that pin shapes to ``n`` records.
+
+    PyMC fixes the observed variable's shape to ``n`` (``SpecifyShape``, and ``Alloc`` to the
+    observed shape); once the data arrays are replaced by chunks or single rows those pins
+    would fail, or silently broadcast one record to ``n``. ``SpecifyShape`` is dropped; an
+    ``Alloc`` is dropped only when its input already has the output's static shape (it is a
+    no-op). Any other broadcast stays, and the separability checks refuse the model.
+    """
+    replacements = {}
+    for v in ancestors([graph]):
+        if v.owner is None:
+            continue
+        op, inp = v.owner.op, v.owner.inputs[0]
+        if isinstance(op, SpecifyShape):
+            replacements[v] = inp
+        elif (
+            isinstance(op, Alloc)
+            and inp.type.ndim == v.type.ndim
+            and None not in v.type.shape
+            and tuple(inp.type.shape) == tuple(v.type.shape)
+        ):
+            replacements[v] = inp
+    if not replacements:
+        return graph
+    return clone_replace(graph, replace=replacements, rebuild_strict=False)
+
+
+inline_op_from_graph = _inline_op_from_graph
+drop_shape_pins = _drop_shape_pins

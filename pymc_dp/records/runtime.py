@@ -1,0 +1,247 @@
+"""The per-record functions the steps call at run time.
+
+:class:`RecordFunctions` maps the compiled routes over a record store, chunk by chunk, and
+adds the chunk results. The steps depend only on the methods listed in
+:class:`RecordSource` (a Protocol), not on how the functions were built or where the records
+live. The methods that read the data must only be called from inside a privacy mechanism.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from pymc_dp.records.graphs import RecordGraphs
+from pymc_dp.records.routes import compile_gradients
+from pymc_dp.records.store import InMemoryRecords
+
+__all__ = ["RecordFunctions", "RecordSource"]
+
+
+@runtime_checkable
+class RecordSource(Protocol):
+    """What a DP step needs from the model and its records (flat parameter vectors ``q``)."""
+
+    n_records: int
+    ndim: int
+
+    def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]: ...
+
+    def prior_logp(self, q: np.ndarray) -> float: ...
+
+    def loglik_ratio(self, q_new: np.ndarray, q_old: np.ndarray) -> np.ndarray: ...
+
+    def loglik_ratio_subset(
+        self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
+    ) -> np.ndarray: ...
+
+    def clipped_loglik_ratio_sum(
+        self, q_new: np.ndarray, q_old: np.ndarray, bound: float
+    ) -> tuple[float, int]: ...
+
+    def clipped_grad_sum(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]: ...
+
+    def clipped_grad_sum_subset(
+        self, q: np.ndarray, bound: float, idx: np.ndarray
+    ) -> tuple[np.ndarray, int]: ...
+
+    def check_start(self, q: np.ndarray) -> None: ...
+
+
+@dataclass
+class _Compiled:
+    """Compiled functions of one step (picklable)."""
+
+    prior_and_grad: Any
+    ll_chunk: Any
+    llr_clipped: Any
+    grad_chunk: Any | None = None
+    grad_clipped: Any | None = None
+
+
+class RecordFunctions:
+    """Per-record functions of a PyMC model for the value variables one step samples.
+
+    Built by :func:`pymc_dp.records.build.build_record_functions`; the records live in a
+    store (:class:`pymc_dp.records.store.InMemoryRecords`). All methods take flat parameter
+    vectors in the order PyMC's :class:`~pymc.step_methods.arraystep.ArrayStepShared` uses.
+
+    Attributes
+    ----------
+    n_records : int
+        Number of records ``n`` (public under the replace-one neighbour relation).
+    ndim : int
+        Dimension ``d`` of the flat parameter vector.
+    chunk_size : int or None
+        Records per call of a compiled function (bounded memory); ``None`` for all at once.
+    tempering : float
+        Likelihood temperature ``T``: every per-record log-likelihood is multiplied by ``T``.
+    """
+
+    def __init__(
+        self,
+        *,
+        compiled: _Compiled,
+        records: InMemoryRecords,
+        n_records: int,
+        ndim: int,
+        chunk_size: int | None,
+        tempering: float,
+        graphs: RecordGraphs,
+        compile_kwargs: dict | None = None,
+    ) -> None:
+        self._c = compiled
+        self._records = records
+        self.n_records = n_records
+        self.ndim = ndim
+        self.chunk_size = chunk_size
+        self.tempering = tempering
+        self._graphs = graphs
+        self._compile_kwargs = dict(compile_kwargs or {})
+
+    # -- chunking -------------------------------------------------------------------------
+    def _chunks(self):
+        return self._records.chunks()
+
+    # -- data-free parts --------------------------------------------------------------------
+    def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]:
+        """Log prior plus log-Jacobian at ``q`` and its gradient; never reads the data."""
+        lp, g = self._c.prior_and_grad(q)
+        return float(lp), np.asarray(g)
+
+    def prior_logp(self, q: np.ndarray) -> float:
+        """Log prior plus log-Jacobian at ``q``; never reads the data."""
+        return self.prior_logp_and_grad(q)[0]
+
+    # -- data reads (only call these from inside a privacy mechanism) ----------------------
+    def loglik(self, q: np.ndarray) -> np.ndarray:
+        """Per-record (tempered) log-likelihoods ``T * l_i(q)``, shape ``(n,)``."""
+        return np.concatenate([self._c.ll_chunk(q, *c) for c in self._chunks()])
+
+    def loglik_ratio(self, q_new: np.ndarray, q_old: np.ndarray) -> np.ndarray:
+        """Per-record log-likelihood differences ``T * (l_i(q_new) - l_i(q_old))``."""
+        return self.loglik(q_new) - self.loglik(q_old)
+
+    def loglik_ratio_subset(
+        self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
+    ) -> np.ndarray:
+        """``T * (l_i(q_new) - l_i(q_old))`` for the records ``idx`` only (repeats allowed).
+
+        Reads only the rows ``idx`` of every data array (one fancy-indexing read per array), so
+        the cost is ``O(len(idx))``, independent of ``n``: the minibatch of DP-Fast MH.
+        """
+        rows = self._records.take(idx)
+        return np.asarray(self._c.ll_chunk(q_new, *rows)) - np.asarray(
+            self._c.ll_chunk(q_old, *rows)
+        )
+
+    def clipped_loglik_ratio_sum(
+        self, q_new: np.ndarray, q_old: np.ndarray, bound: float
+    ) -> tuple[float, int]:
+        """Sum of per-record log-likelihood ratios clipped to ``[-bound, bound]``.
+
+        Returns the clipped sum and the number of clipped records. The count is computed from
+        the data without noise: it must never be published except behind an explicit,
+        loudly labelled non-private option.
+        """
+        total, count = 0.0, 0
+        for c in self._chunks():
+            s, k = self._c.llr_clipped(q_new, q_old, bound, *c)
+            total += float(s)
+            count += int(k)
+        return total, count
+
+    def _ensure_grad(self) -> None:
+        if self._c.grad_chunk is None:
+            self._c.grad_chunk, self._c.grad_clipped = compile_gradients(
+                self._graphs, self._compile_kwargs
+            )
+
+    def per_record_grad(self, q: np.ndarray) -> np.ndarray:
+        """Per-record gradients ``T * grad l_i(q)``, shape ``(n, d)``."""
+        self._ensure_grad()
+        return np.concatenate([self._c.grad_chunk(q, *c) for c in self._chunks()], axis=0)
+
+    def clipped_grad_sum(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
+        """``sum_i clip_b(grad l_i(q))`` with each record's gradient clipped to L2 norm ``b``.
+
+        Returns the sum (shape ``(d,)``) and the number of clipped records (non-private: see
+        :meth:`clipped_loglik_ratio_sum`). A record whose gradient is not finite contributes
+        0 (and counts as clipped). Models whose per-record gradient factorises as
+        ``v_i(q) x_i`` per parameter block (GLMs) take a faster route with the same result
+        (see :func:`pymc_dp.records.routes.compile_gradients`); its per-chunk row norms of the
+        data are computed on first use and cached.
+        """
+        self._ensure_grad()
+        fs = self._c.grad_clipped
+        step = self.chunk_size or self.n_records
+        cache = self.__dict__.setdefault("_grad_row_sq", {})
+        total = np.zeros(self.ndim)
+        count = 0
+        for start, c in zip(range(0, self.n_records, step), self._chunks(), strict=True):
+            row_sq = None
+            if fs["fast"] is not None:
+                key = (step, start)
+                if key not in cache:
+                    r = [np.asarray(a) for a in fs["row_sq"](*c)]
+                    # a non-finite data row: the generic route zeroes that record's gradient
+                    cache[key] = r if all(np.all(np.isfinite(a)) for a in r) else None
+                row_sq = cache[key]
+            if row_sq is None:
+                g, k = fs["generic"](q, bound, *c)
+            else:
+                g, k = fs["fast"](q, bound, *row_sq, *c)
+            total += g
+            count += int(k)
+        return total, count
+
+    def clipped_grad_sum_subset(
+        self, q: np.ndarray, bound: float, idx: np.ndarray
+    ) -> tuple[np.ndarray, int]:
+        """``sum_{i in idx} clip_b(grad l_i(q))`` reading only the rows ``idx`` of the data.
+
+        The minibatch gradient of DP-SGLD / DP-SGNHT. Returns the sum (shape ``(d,)``) and the
+        number of clipped records (non-private, as in :meth:`clipped_grad_sum`). One
+        fancy-indexing read per data array, in chunks of ``chunk_size``, through the generic
+        clipped-gradient function (the fast route's cached row norms are per full chunk); an
+        empty subsample reads nothing and gives 0.
+        """
+        total = np.zeros(self.ndim)
+        count = 0
+        idx = np.asarray(idx)
+        if idx.size == 0:
+            return total, count
+        self._ensure_grad()
+        f = self._c.grad_clipped["generic"]
+        step = self.chunk_size or idx.size
+        for start in range(0, idx.size, step):
+            rows = self._records.take(idx[start : start + step])
+            g, k = f(q, bound, *rows)
+            total += np.asarray(g)
+            count += int(k)
+        return total, count
+
+    @property
+    def gradient_route(self) -> str:
+        """Route of :meth:`clipped_grad_sum`: ``"GLM fast"``, ``"generic"`` or ``"not compiled"``
+        (the gradient functions are compiled on first use). Structural, not data-dependent:
+        the fast route is chosen on data-free stand-in records."""
+        fs = self._c.grad_clipped
+        if fs is None:
+            return "not compiled"
+        return "GLM fast" if fs["fast"] is not None else "generic"
+
+    def check_start(self, q: np.ndarray) -> None:
+        """Refuse a start point where some record's log-likelihood is NaN or -inf.
+
+        Reads the data once; the error names no record and no value.
+        """
+        for c in self._chunks():
+            if not np.all(np.isfinite(self._c.ll_chunk(q, *c))):
+                raise ValueError(
+                    "the log-likelihood is NaN or infinite for at least one record at the start "
+                    "point; choose initvals inside the support of every record's likelihood "
+                    "(or check the data against the model)"
+                )

@@ -1,0 +1,86 @@
+"""Where the records live: the only place raw data values enter pymc_dp.
+
+:class:`InMemoryRecords` holds the data arrays (one row per record) in this process and
+hands them out as chunks (bounded memory), as the rows of a minibatch, or mapped and
+reduced over chunks. Everything above it (graphs, routes, compiled functions) is data-free;
+a store of another kind (records on a cluster) offers the same three operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from pytensor.compile.sharedvalue import SharedVariable
+
+__all__ = ["InMemoryRecords", "node_shape", "node_value"]
+
+
+def node_shape(node) -> tuple[int, ...]:
+    """The shape of a data node's value (public, like ``n``); no value is read."""
+    if isinstance(node, SharedVariable):
+        return tuple(np.shape(node.get_value(borrow=True)))
+    return tuple(node.data.shape)
+
+
+def node_value(node) -> np.ndarray:
+    """The value of a data node (a constant or a shared variable): reads the data."""
+    if isinstance(node, SharedVariable):
+        return np.asarray(node.get_value())
+    return np.asarray(node.data)
+
+
+class InMemoryRecords:
+    """The data arrays of a model, in memory, with the record axis first.
+
+    Parameters
+    ----------
+    arrays : list of numpy arrays
+        The data arrays the likelihood reads, each with ``n_records`` rows.
+    chunk_size : int or None
+        Records per chunk; ``None`` for all at once.
+    """
+
+    def __init__(self, arrays: list[np.ndarray], chunk_size: int | None = None) -> None:
+        self._arrays = list(arrays)
+        self.n_records = int(self._arrays[0].shape[0]) if self._arrays else 0
+        self.chunk_size = int(chunk_size) if chunk_size else None
+
+    @classmethod
+    def from_nodes(cls, nodes: list, chunk_size: int | None = None) -> InMemoryRecords:
+        """Read the values of the model's data nodes (the one read of the raw data)."""
+        return cls([node_value(d) for d in nodes], chunk_size)
+
+    @property
+    def dtypes_and_shapes(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        """Dtype and shape of every array (public: the model structure and ``n``)."""
+        return [(a.dtype, a.shape) for a in self._arrays]
+
+    def chunk_starts(self) -> range:
+        """Start index of every chunk."""
+        return range(0, self.n_records, self.chunk_size or max(self.n_records, 1))
+
+    def chunks(self) -> Iterator[list[np.ndarray]]:
+        """The records in chunks of ``chunk_size`` rows (one list of arrays per chunk)."""
+        step = self.chunk_size or max(self.n_records, 1)
+        for start in self.chunk_starts():
+            yield [a[start : start + step] for a in self._arrays]
+
+    def take(self, idx: np.ndarray) -> list[np.ndarray]:
+        """The rows ``idx`` of every array (one fancy-indexing read per array)."""
+        return [a[idx] for a in self._arrays]
+
+    def map_reduce(self, fn: Callable[..., Any], reduce: Callable[[Any, Any], Any], init: Any):
+        """``reduce(...reduce(init, fn(*chunk_1))..., fn(*chunk_k))`` over the chunks, in order."""
+        acc = init
+        for c in self.chunks():
+            acc = reduce(acc, fn(*c))
+        return acc
+
+    def all_finite(self, which: list[bool]) -> bool:
+        """Whether every float array flagged in ``which`` is finite (one bit about the data)."""
+        for a, check in zip(self._arrays, which, strict=True):
+            if check and np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
+                return False
+        return True

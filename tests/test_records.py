@@ -1,0 +1,78 @@
+"""The records package: store, runtime Protocol, routes (the layers of the per-record glue)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import numpy as np
+import pymc as pm
+
+import pymc_dp
+from pymc_dp.records import InMemoryRecords, RecordSource, build_record_functions
+
+PKG = Path(pymc_dp.__file__).parent
+
+
+def test_store_chunks_take_and_map_reduce():
+    a = np.arange(10.0)
+    b = np.arange(20).reshape(10, 2)
+    store = InMemoryRecords([a, b], chunk_size=4)
+    chunks = list(store.chunks())
+    assert [len(c[0]) for c in chunks] == [4, 4, 2]
+    np.testing.assert_array_equal(np.concatenate([c[1] for c in chunks]), b)
+    rows = store.take(np.array([9, 0, 9]))
+    np.testing.assert_array_equal(rows[0], [9.0, 0.0, 9.0])
+    total = store.map_reduce(lambda x, y: x.sum() + y.sum(), lambda s, v: s + v, 0.0)
+    assert total == a.sum() + b.sum()
+    assert store.all_finite([True, True])
+    assert not InMemoryRecords([np.array([1.0, np.nan])]).all_finite([True])
+    assert InMemoryRecords([np.array([1.0, np.nan])]).all_finite([False])
+
+
+def test_record_functions_satisfy_the_protocol_the_steps_use(logistic_model):
+    model, *_ = logistic_model
+    with model:
+        fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    assert isinstance(fns, RecordSource)
+    steps_use = set()
+    for path in (PKG / "step_methods").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "_fns"
+            ):
+                steps_use.add(node.attr)
+    protocol = {n for n in dir(RecordSource) if not n.startswith("_")} | {"n_records", "ndim"}
+    assert steps_use <= protocol, steps_use - protocol
+
+
+def test_raw_data_enters_only_in_the_store():
+    """Only records/store.py reads values of data nodes (get_value / .data of a constant)."""
+    readers = []
+    for path in (PKG / "records").glob("*.py"):
+        text = path.read_text()
+        if ".get_value(" in text and path.name != "store.py":
+            readers.append(path.name)
+    assert readers == []
+
+
+def test_glm_route_matches_generic_on_a_glm_and_generic_elsewhere(logistic_model):
+    model, X, y = logistic_model
+    with model:
+        fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    q = np.array([0.2, -0.4, 0.3])
+    g_fast, k_fast = fns.clipped_grad_sum(q, 0.5)
+    assert fns.gradient_route == "GLM fast"
+    g = fns.per_record_grad(q)
+    norms = np.linalg.norm(g, axis=1)
+    ref = (g * np.minimum(1.0, 0.5 / norms)[:, None]).sum(axis=0)
+    np.testing.assert_allclose(g_fast, ref, rtol=1e-9)
+    assert k_fast == int(np.sum(norms > 0.5))
+    with pm.Model() as banana:
+        t = pm.Normal("t", 0, 1, shape=2)
+        pm.Normal("x", t[0] + t[1] ** 2, 1, observed=np.linspace(-1, 1, 30))
+        fb, _ = build_record_functions(banana, banana.value_vars, banana.initial_point())
+    fb.clipped_grad_sum(np.array([0.1, 0.2]), 1.0)
+    assert fb.gradient_route == "generic"
