@@ -3,7 +3,7 @@
 The DP-HMC paper (Sec. 4) scores samplers by the maximum mean discrepancy (MMD; Gretton et
 al. 2012) with a Gaussian kernel whose width is chosen by the median heuristic over random
 (sample, reference) pairs, and by the distance between the means. The thesis (Räisä 2021,
-Sec. 7.1) gives the kernel :math:`k(x, y) = \\exp(-\\|x - y\\|^2 / (2\\sigma^2))`.
+Sec. 7.1) gives the kernel $k(x, y) = \\exp(-\\|x - y\\|^2 / (2\\sigma^2))$.
 
 References
 ----------
@@ -90,25 +90,27 @@ def mmd(
 ) -> float:
     r"""Squared maximum mean discrepancy with a Gaussian kernel.
 
-    :math:`k(u, v) = \exp(-\|u - v\|^2 / (2 w^2))` (thesis Sec. 7.1). By default the
+    $k(u, v) = \exp(-\|u - v\|^2 / (2 w^2))$ (thesis Sec. 7.1). By default the
     unbiased estimator (Gretton et al. 2012, Lemma 6)
 
-    .. math:: \mathrm{MMD}^2_u = \frac{1}{m(m-1)}\sum_{i \ne j} k(x_i, x_j)
-              + \frac{1}{n(n-1)}\sum_{i \ne j} k(y_i, y_j)
-              - \frac{2}{mn}\sum_{i, j} k(x_i, y_j),
+    $$
+    \mathrm{MMD}^2_u = \frac{1}{m(m-1)}\sum_{i \ne j} k(x_i, x_j)
+    + \frac{1}{n(n-1)}\sum_{i \ne j} k(y_i, y_j)
+    - \frac{2}{mn}\sum_{i, j} k(x_i, y_j),
+    $$
 
     whose expectation is exactly 0 when ``x`` and ``y`` come from the same distribution (it
     can be slightly negative); ``biased=True`` gives the V-statistic
-    :math:`\mathrm{MMD}^2_b` (diagonal terms included, always >= 0). The papers' text does
+    $\mathrm{MMD}^2_b$ (diagonal terms included, always >= 0). The papers' text does
     not say which estimator their code uses; tables from this package report
-    :math:`\mathrm{MMD}^2_u`.
+    $\mathrm{MMD}^2_u$.
 
     Parameters
     ----------
     x, y : array of shape (m, d) and (n, d)
         Sampler draws and reference draws.
     width : float, optional
-        Kernel width ``w``; default :func:`median_heuristic` over ``n_pairs`` random pairs.
+        Kernel width ``w``; default `median_heuristic` over ``n_pairs`` random pairs.
     rng : numpy Generator or seed
         For the subsampling and the median heuristic.
     n_pairs : int

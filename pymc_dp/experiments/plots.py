@@ -1,8 +1,8 @@
 """Figures of the experiments (matplotlib, Agg backend).
 
-- :func:`plot_metrics`: MMD and mean error against epsilon, one line per method, mean +- sd
+- `plot_metrics`: MMD and mean error against epsilon, one line per method, mean +- sd
   over repeats (DP-HMC paper, Figure 1).
-- :func:`plot_posteriors`: for one epsilon, the run with the median MMD of each method:
+- `plot_posteriors`: for one epsilon, the run with the median MMD of each method:
   marginal densities of the first two coordinates and a 2-D scatter, each against the
   reference draws (DP-HMC paper, Figure 2).
 """
@@ -36,7 +36,7 @@ def plot_metrics(rows: list[dict], path: str | Path) -> Path:
     Parameters
     ----------
     rows : list of dict
-        Rows of a results CSV (:func:`pymc_dp.experiments.runner.read_results`).
+        Rows of a results CSV (`pymc_dp.experiments.runner.read_results`).
     path : path
         Output PNG.
 
@@ -84,8 +84,8 @@ def plot_posteriors(
     """Median-MMD run of each method at ``epsilon`` against the reference (paper Figure 2).
 
     Needs ``draws_dir/reference.npy`` and ``<dir>/<method>_eps<e>_rep<r>.npy`` as written by
-    :func:`pymc_dp.experiments.runner.run_experiment`, where ``<dir>`` is ``draws_dir`` or,
-    for rows from :func:`~pymc_dp.experiments.runner.merge_results`, the ``draws`` folder
+    `pymc_dp.experiments.runner.run_experiment`, where ``<dir>`` is ``draws_dir`` or,
+    for rows from `merge_results`, the ``draws`` folder
     next to the row's CSV. Returns None when no run has that epsilon.
     """
     draws_dir = Path(draws_dir)
@@ -132,7 +132,7 @@ def make_figures(
     csv_path: str | Path | Sequence[str | Path], out: str | Path, epsilon: float | None = None
 ) -> list[Path]:
     """Both figures from one or more results CSVs of one model (merged by
-    :func:`~pymc_dp.experiments.runner.merge_results`; posteriors at ``epsilon``, default the
+    `merge_results`; posteriors at ``epsilon``, default the
     largest). The reference draws are read from the first CSV's ``draws`` folder.
 
     Returns

@@ -13,11 +13,11 @@ Two ways of spending the budget:
   loss ``mu = 1 / (2 tau^2 n)`` per release) and the chains run as many iterations as the
   budget allows: ``k = floor(mu*(epsilon, delta) / (chains * mu_iteration))`` per chain, where
   ``mu*`` is the largest total ``mu`` with tight Gaussian epsilon <= target
-  (:func:`pymc_dp.accounting.gaussian_mu_for_epsilon`). No warmup, no adaptation.
+  (`pymc_dp.accounting.gaussian_mu_for_epsilon`). No warmup, no adaptation.
 - ``protocol="calibrated"`` (pymc_dp's): the run length is fixed (``draws``, ``tune``) and
-  :func:`pymc_dp.sample` calibrates the noise for it; warmup adaptation is on.
+  `pymc_dp.sample` calibrates the noise for it; warmup adaptation is on.
 
-Either way the privacy report of the finished run (:func:`pymc_dp.privacy_report`) gives the
+Either way the privacy report of the finished run (`pymc_dp.privacy_report`) gives the
 epsilon that is recorded, and the runner checks it is at most the target.
 """
 
@@ -119,7 +119,7 @@ class MethodSpec:
     ----------
     name : str
     step_class : type
-        A :class:`pymc_dp.DPStep` subclass (or any callable building a step from
+        A `pymc_dp.DPStep` subclass (or any callable building a step from
         ``model=``, the settings' kwargs and ``delta``, ``draws``, ``tune``, ``chains``).
     settings : dict
         Model name -> callable ``(ExperimentModel) -> MethodSetting``.
@@ -234,7 +234,7 @@ def _logistic_fastmh(exp: ExperimentModel) -> MethodSetting:
 
 
 #: Method registry: name -> MethodSpec. Register further samplers with
-#: :func:`register_method` (e.g. ``sgld``, ``sgnht``).
+#: `register_method` (e.g. ``sgld``, ``sgnht``).
 METHODS: dict[str, MethodSpec] = {
     "dphmc": MethodSpec(
         "dphmc",
@@ -395,9 +395,11 @@ def run_one(
     ----------
     exp : ExperimentModel
     method : str
-        A key of :data:`METHODS`.
-    epsilon, delta : float
-        Target of the whole run (all chains).
+        A key of `METHODS`.
+    epsilon : float
+        Target epsilon of the whole run (all chains).
+    delta : float
+        Target delta of the whole run.
     chains : int
         Chains sharing the budget (paper: 4).
     repeat : int
@@ -561,7 +563,7 @@ def run_experiment(
     after that time, so a time-limited reproduction still covers every (method, epsilon).
     Runs are numbered ``first_repeat, ..., first_repeat + repeats - 1``; each run's seed
     depends only on (``seed``, model, method, epsilon, repeat number), so a reproduction can
-    be split over processes or machines and its CSVs merged (:func:`merge_results`).
+    be split over processes or machines and its CSVs merged (`merge_results`).
 
     Returns
     -------
