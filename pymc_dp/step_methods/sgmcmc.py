@@ -24,13 +24,18 @@ References
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pymc as pm
 
-from pymc_dp.accounting import calibrate_poisson_subsampled_noise
+from pymc_dp.accounting import (
+    PoissonSubsampledGaussian,
+    calibrate_poisson_subsampled_noise,
+    poisson_subsampled_gaussian_epsilon,
+)
 from pymc_dp.kernels.sgmcmc import (
     SGNHTState,
     added_noise_multiplier,
@@ -129,6 +134,8 @@ class _SGMCMCStep(DPStep):
                 epsilon, delta, self.sampling_rate, plan.iterations
             )
             sigma = added_noise_multiplier(z_target, z_int)
+            if z_int > z_target:
+                self._warn_underspent(epsilon, delta, z_target, z_int, plan)
         else:
             z_target = None
             sigma = check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
@@ -150,6 +157,38 @@ class _SGMCMCStep(DPStep):
 
     def _intrinsic_noise_multiplier(self) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _min_step_size(self, z_target: float) -> float:  # pragma: no cover - abstract
+        """Smallest step size whose own noise multiplier is at most ``z_target``."""
+        raise NotImplementedError
+
+    def _warn_underspent(
+        self, epsilon: float, delta: float, z_target: float, z_int: float, plan
+    ) -> None:
+        """Warn that the step's own noise makes the planned run spend less than the target.
+
+        The sampler's diffusion noise alone is a noise multiplier ``z_int`` larger than the
+        ``z_target`` the budget calls for, so no noise is added and the run is more private
+        than asked: the budget buys nothing. Says what it spends and what would use it.
+        """
+        spent = poisson_subsampled_gaussian_epsilon(
+            [PoissonSubsampledGaussian(z_int, self.sampling_rate, plan.iterations)], delta
+        )
+        name = type(self).__name__
+        warnings.warn(
+            f"{name}: the target epsilon={epsilon:g} (delta={delta:g}) is under-spent: the "
+            f"sampler's own diffusion noise alone (noise multiplier {z_int:.4g}, more than "
+            f"the {z_target:.4g} the target calls for) makes the planned {plan.iterations} "
+            f"iterations spend epsilon={spent:.4g}, so no DP noise is added and the rest of "
+            "the budget buys nothing. To use the budget: run more iterations (draws, tune "
+            f"or chains; the spend grows with them), or take a larger step size (at "
+            f"step_size >= {self._min_step_size(z_target):.4g}, instead of "
+            f"{self.step_size:.4g}, the own noise is below the target's and noise is added "
+            "to meet the target exactly; a larger step also means more bias), or lower the "
+            "target to what is spent.",
+            UserWarning,
+            stacklevel=4,
+        )
 
     def _privacy_stats(self) -> dict[str, Any]:
         out = super()._privacy_stats()
@@ -332,6 +371,10 @@ class DPSGLD(_SGMCMCStep):
     def _intrinsic_noise_multiplier(self) -> float:
         return sgld_intrinsic_noise_multiplier(self.step_size, self.sampling_rate, self.clip_bound)
 
+    def _min_step_size(self, z_target: float) -> float:
+        # z_int = 2 q / (C sqrt(eta)) <= z  <=>  eta >= (2 q / (C z))^2
+        return (2.0 * self.sampling_rate / (self.clip_bound * z_target)) ** 2
+
     def _dp_astep(self, q0):
         q = q0.data
         with np.errstate(over="ignore", invalid="ignore"):
@@ -495,6 +538,10 @@ class DPSGNHT(_SGMCMCStep):
         return sgnht_intrinsic_noise_multiplier(
             self.step_size, self.sampling_rate, self.clip_bound, self.diffusion
         )
+
+    def _min_step_size(self, z_target: float) -> float:
+        # z_int = q sqrt(2 A / eta) / C <= z  <=>  eta >= 2 A (q / (C z))^2
+        return 2.0 * self.diffusion * (self.sampling_rate / (self.clip_bound * z_target)) ** 2
 
     def _reset_chain_state(self) -> None:
         # Called at the start of every chain after its rng is set (data-free draw), so the
