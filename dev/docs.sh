@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Build the documentation site strictly (any warning fails): bash dev/docs.sh [PYTHON]
+# MathJax is bundled into the site by dev/mkdocs_hooks.py (fetched once with `npm pack` from
+# the npm registry and cached, or from $PYMC_DP_MATHJAX); the build fails on remote scripts.
 set -euo pipefail
 PY=${1:-python3}
 cd "$(dirname "$0")/.."

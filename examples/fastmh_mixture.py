@@ -110,7 +110,7 @@ def main(argv=None) -> None:
             random_seed=args.seed,
             progressbar=False,
         )
-    print(az.summary(idata, var_names=["theta"]))
+    print(az.summary(idata, var_names=["theta"]).to_string())
     st = idata["sample_stats"]
     print(
         f"\nmean batch size {float(st['batch_size'].mean()):.0f} of n = {N} records, "

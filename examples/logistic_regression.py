@@ -66,7 +66,8 @@ def main(argv=None) -> None:
             progressbar=False,
         )
     print(f"Affairs survey (Fair 1978): logistic regression, n = {len(y)} respondents")
-    print(az.summary(idata))
+    # to_string: the whole table, whatever the terminal width (print(df) would cut columns)
+    print(az.summary(idata).to_string())
     acc = float(np.mean(idata["sample_stats"]["accepted"].values))
     print(f"acceptance rate (a DP output): {acc:.3f}")
     print()
@@ -79,7 +80,7 @@ def main(argv=None) -> None:
         print("NON-PRIVATE reference (NUTS on the raw data; never publish this):")
         with logistic_model(X, y):
             ref = pm.sample(1000, tune=1000, chains=2, progressbar=False, random_seed=1)
-        print(az.summary(ref, kind="stats"))
+        print(az.summary(ref, kind="stats").to_string())
 
 
 if __name__ == "__main__":

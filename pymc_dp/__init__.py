@@ -1,6 +1,6 @@
 """pymc_dp: differentially private MCMC step methods for PyMC.
 
-Public API: the step methods, :func:`sample` and :func:`privacy_report`.
+Public API: the step methods, `sample` and `privacy_report`.
 """
 
 from importlib.metadata import PackageNotFoundError, version

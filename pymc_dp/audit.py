@@ -5,7 +5,9 @@ neighbouring datasets D and D' that differ in one adversarially chosen record. F
 event the published output reveals (accept/reject; threshold events on a published
 continuous value), Clopper-Pearson bounds on the event's probabilities give a lower bound
 
-.. math:: \\hat\\epsilon = \\ln \\frac{\\underline{p}_D - \\delta}{\\overline{p}_{D'}}
+$$
+\\hat\\epsilon = \\ln \\frac{\\underline{p}_D - \\delta}{\\overline{p}_{D'}}
+$$
 
 that holds with the stated confidence; it is maximised over events and both directions
 (Jagielski, Ullman & Oprea 2020; Nasr et al. 2021). Confidence is Bonferroni-corrected over
@@ -186,7 +188,7 @@ def penalty_runner(
     """One DPPenaltyMetropolis iteration (fixed state and proposal) on D and D'.
 
     The clipped log-likelihood ratios are computed by the real per-record model functions of
-    the two datasets (:class:`pymc_dp.model.RecordFunctions`); the noise and the decision by
+    the two datasets (`pymc_dp.model.RecordFunctions`); the noise and the decision by
     the step's kernel. Published outputs: the accept bit and the ``accept`` stat (the noisy
     acceptance probability). ``noise_scale`` and ``clip`` exist to build deliberately broken
     variants (noise smaller than claimed; clipping removed) that the audit must catch.
@@ -226,7 +228,7 @@ def hmc_runner(
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """One DPHMC iteration (fixed position and momentum, unit mass) on D and D'.
 
-    Runs the step's own kernels (:func:`pymc_dp.kernels.hmc.noisy_leapfrog`, the penalty
+    Runs the step's own kernels (`pymc_dp.kernels.hmc.noisy_leapfrog`, the penalty
     test) with the real clipped per-record gradient and ratio sums of the two datasets, once
     per trial (the trajectory depends on each trial's noise, so trials are a loop; keep
     ``n_leapfrog`` small). Published outputs: the next position (coordinate 0), the proposal's
@@ -271,9 +273,9 @@ def fastmh_runner(
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """One DPFastMH iteration (fixed state and proposal) on D and D'.
 
-    ``step_d`` and ``step_d2`` are :class:`pymc_dp.DPFastMH` steps with identical settings
+    ``step_d`` and ``step_d2`` are `pymc_dp.DPFastMH` steps with identical settings
     built on the two neighbouring datasets; the runner calls the step's own transition kernel
-    (:func:`pymc_dp.kernels.fastmh.fastmh_transition`) with each step's data access, once per
+    (`pymc_dp.kernels.fastmh.fastmh_transition`) with each step's data access, once per
     trial. Published outputs: the accept bit and the ``accept`` stat (NaN in noise-free
     iterations, where it is not published).
     """

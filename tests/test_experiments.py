@@ -65,6 +65,43 @@ def test_mmd_hand_example_and_estimators():
         mmd(x, np.zeros((3, 2)))
 
 
+def test_mmd_paper_scale_is_the_square_root_of_the_absolute_value():
+    """The DP-HMC paper's code reports sqrt(|MMD^2_u|): 0.0025 -> 0.05, -0.0004 -> 0.02."""
+    from pymc_dp.experiments import mmd_paper_scale
+
+    assert mmd_paper_scale(0.0025) == pytest.approx(0.05)
+    assert mmd_paper_scale(-0.0004) == pytest.approx(0.02)
+    assert math.isnan(mmd_paper_scale(float("nan")))
+
+
+def test_read_results_reads_the_earlier_csv_layout(tmp_path):
+    """A CSV with the earlier single ``mmd`` column (the committed ones) loads with both
+    ``mmd2_u`` (its values) and ``mmd_paper`` (derived), and tables the same as the new
+    layout with the same numbers."""
+    from pymc_dp.experiments import summary_table
+    from pymc_dp.experiments.runner import CSV_FIELDS, read_results
+
+    assert "mmd" not in CSV_FIELDS and {"mmd2_u", "mmd_paper"} <= set(CSV_FIELDS)
+    base = {f: "1" for f in CSV_FIELDS} | {"model": "m", "method": "a", "protocol": "paper"}
+    new = [
+        base | {"repeat": str(i), "mmd2_u": str(v), "mmd_paper": str(math.sqrt(abs(v)))}
+        for i, v in enumerate([0.04, -0.0009])
+    ]
+    old = [
+        {("mmd" if k == "mmd2_u" else k): v for k, v in r.items() if k != "mmd_paper"} for r in new
+    ]
+    for name, rows in (("new", new), ("old", old)):
+        with open(tmp_path / f"{name}.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    got_old, got_new = read_results(tmp_path / "old.csv"), read_results(tmp_path / "new.csv")
+    assert [r["mmd2_u"] for r in got_old] == [0.04, -0.0009]
+    assert [r["mmd_paper"] for r in got_old] == pytest.approx([0.2, 0.03])
+    assert "mmd" not in got_old[0]
+    assert summary_table(got_old) == summary_table(got_new)
+
+
 def test_mmd_is_zero_in_expectation_and_detects_a_shift():
     rng = np.random.default_rng(5)
     cov = np.array([[1.0, 0.6], [0.6, 2.0]])
@@ -208,8 +245,10 @@ def _check_outputs(out, model, methods, n_eps=1, repeats=1):
     assert len(rows) == len(methods) * n_eps * repeats
     assert sorted({r["method"] for r in rows}) == sorted(methods)
     for r in rows:
-        for key in ("epsilon_reported", "mmd", "mean_error", "accept_rate", "seconds"):
+        for key in ("epsilon_reported", "mmd2_u", "mmd_paper", "mean_error", "accept_rate"):
             assert math.isfinite(float(r[key])), (key, r)
+        # the paper's scale of the same run: sqrt(|MMD^2_u|)
+        assert float(r["mmd_paper"]) == pytest.approx(math.sqrt(abs(float(r["mmd2_u"]))))
         assert float(r["epsilon_reported"]) <= float(r["epsilon_target"])
         assert int(r["iterations_per_chain"]) >= 2
         assert r["model"] == model
@@ -253,16 +292,19 @@ def test_split_repeats_reproduce_one_run_and_merge(tmp_path, capsys):
     assert len(one) == len(split) == 4
     key = ("method", "epsilon_target", "repeat")
     for r1, r2 in zip(sorted(one, key=lambda r: tuple(r[k] for k in key)), split, strict=True):
-        for k in ("repeat", "seed", "epsilon_reported", "mmd", "mean_error"):
+        for k in ("repeat", "seed", "epsilon_reported", "mmd2_u", "mmd_paper", "mean_error"):
             assert r1[k] == r2[k], k
     # the same file twice: each run kept once
     assert len(merge_results([tmp_path / "all" / "results.csv"] * 2)) == 4
     table = summary_table(split)
     lines = table.strip().splitlines()
     assert len(lines) == 2 + 2  # header, rule, one line per epsilon
-    mmd4 = np.array([r["mmd"] for r in split if r["epsilon_target"] == 4.0])
+    mmd4 = np.array([r["mmd2_u"] for r in split if r["epsilon_target"] == 4.0])
+    paper4 = np.sqrt(np.abs(mmd4))
     assert "| penalty | 4 | 2 |" in lines[2]
     assert f"{mmd4.mean():.4f} ± {mmd4.std(ddof=1):.4f}" in lines[2]
+    assert f"{paper4.mean():.4f} ± {paper4.std(ddof=1):.4f}" in lines[2]
+    assert "`mmd2_u`" in lines[0] and "`mmd_paper` = sqrt(\\|MMD^2_u\\|)" in lines[0]
     capsys.readouterr()
     csvs = [str(tmp_path / "a" / "results.csv"), str(tmp_path / "b" / "results.csv")]
     assert main(["table", *csvs]) == 0
@@ -275,7 +317,7 @@ def test_split_repeats_reproduce_one_run_and_merge(tmp_path, capsys):
     bad.mkdir()
     text = (tmp_path / "a" / "results.csv").read_text().splitlines()
     head, row = text[0].split(","), text[1].split(",")
-    row[head.index("mmd")] = "0.123456"
+    row[head.index("mmd2_u")] = "0.123456"
     (bad / "results.csv").write_text("\n".join([text[0], ",".join(row)]) + "\n")
     with pytest.raises(ValueError, match="different results"):
         merge_results([tmp_path / "a" / "results.csv", bad / "results.csv"])
@@ -356,6 +398,12 @@ def test_results_page_tables_are_the_committed_csvs(model, methods):
     per_cell = Counter((r["method"], r["epsilon_target"]) for r in rows)
     assert set(per_cell.values()) == {10}, per_cell  # the papers' 10 repeats, every cell
     page = (root / "results.md").read_text()
-    assert summary_table(rows).strip() in page
+    table = summary_table(rows).strip()
+    assert table in page
+    # both scales, the paper's one being sqrt(|MMD^2_u|) per run, then mean over the runs
+    assert "`mmd_paper` = sqrt(\\|MMD^2_u\\|)" in table.splitlines()[0]
+    r0 = [r for r in rows if (r["method"], r["epsilon_target"]) == (sorted(methods)[0], 15.0)]
+    paper = np.sqrt(np.abs([r["mmd2_u"] for r in r0]))
+    assert f"{paper.mean():.4f} ± {paper.std(ddof=1):.4f}" in table
     for r in rows:  # every committed run met its privacy target
         assert r["epsilon_reported"] <= r["epsilon_target"]

@@ -74,8 +74,24 @@ def test_report_survives_netcdf_round_trip(tmp_path):
     assert attrs["dp_epsilon"] == pytest.approx(idata.attrs["dp_epsilon"])
     assert attrs["dp_epsilon"] <= 1.0
     assert attrs["dp_iterations"] == 60
+    assert attrs["dp_delta"] == pytest.approx(idata.attrs["dp_delta"])
     rep = pymc_dp.privacy_report(back)
     assert rep.epsilon == pytest.approx(idata.attrs["dp_epsilon"])
+    assert rep.iterations == 60 and rep.chains == 2
+
+
+def test_netcdf_backend_is_a_runtime_dependency():
+    """Saving a result works on a plain ``pip install pymc_dp`` on both lines: arviz 1.x
+    (PyMC 6.x) and xarray declare no netCDF backend, and h5netcdf >= 1.8 declares h5py only
+    as an extra, so both must be runtime dependencies, not test extras."""
+    import pathlib
+    import re
+    import tomllib
+
+    root = pathlib.Path(__file__).parents[1]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    names = {re.split(r"[\s\[<>=!~;]", d, maxsplit=1)[0].lower() for d in project["dependencies"]}
+    assert {"h5netcdf", "h5py"} <= names, sorted(names)
 
 
 def test_sample_calibrates_removes_data_and_meets_target():

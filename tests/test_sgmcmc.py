@@ -323,7 +323,7 @@ def test_diffusion_noise_alone_can_meet_the_target():
     """With a small step size and clip bound SGLD's own noise exceeds the calibrated
     multiplier: nothing is added (the run then spends less than the target)."""
     model, *_ = normal_mean_model(n=40, d=1)
-    with model:
+    with model, pytest.warns(UserWarning, match="under-spent"):
         step = DPSGLD(
             clip_bound=0.5, step_size=1e-4, batch_size=10, epsilon=1.0, delta=1e-3, draws=10,
             tune=0, chains=1,
@@ -334,6 +334,42 @@ def test_diffusion_noise_alone_can_meet_the_target():
     z = step.calibrated_noise_multiplier
     assert z < step.total_noise_multiplier
     assert poisson_subsampled_gaussian_epsilon([PoissonSubsampledGaussian(z, 0.25, 10)], 1e-3) <= 1
+
+
+@pytest.mark.parametrize("cls", [DPSGLD, DPSGNHT])
+def test_an_underspent_target_is_said_at_construction_with_the_numbers(cls):
+    """A target the step's own noise under-spends (issue 18: target 10, spent 0.72) is
+    warned about when the step is built, with the spend and what would use the budget; the
+    step size the warning names makes the step add noise and meet the target."""
+    import re
+    import warnings
+
+    model, *_ = normal_mean_model(n=200, d=1)
+    kw = dict(clip_bound=1.0, batch_size=20, epsilon=10.0, delta=1e-5, draws=50, tune=0,
+              chains=2)  # fmt: skip
+    with model, pytest.warns(UserWarning) as rec:
+        step = cls(step_size=1e-5, **kw)
+    msgs = [str(w.message) for w in rec if "under-spent" in str(w.message)]
+    assert len(msgs) == 1, [str(w.message) for w in rec]
+    msg = msgs[0]
+    spent = poisson_subsampled_gaussian_epsilon(
+        [PoissonSubsampledGaussian(step.intrinsic_noise_multiplier, 0.1, 100)], 1e-5
+    )
+    assert spent < 10.0 and step.noise_multiplier == 0.0
+    assert "epsilon=10" in msg and f"spend epsilon={spent:.4g}" in msg
+    assert "more iterations" in msg and "larger step size" in msg
+    eta_min = float(re.search(r"step_size >= ([0-9.e+-]+)", msg).group(1))
+    assert eta_min > 1e-5
+    # at that step size (a hair above, for the printed rounding) noise is added: no warning
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.filterwarnings("ignore", message="(?!.*under-spent)")
+        step2 = cls(step_size=eta_min * 1.01, **kw)
+    assert step2.noise_multiplier > 0.0
+    assert step2.intrinsic_noise_multiplier <= step2.calibrated_noise_multiplier
+    # just below it, the own noise still exceeds the target's: warned
+    with model, pytest.warns(UserWarning, match="under-spent"):
+        cls(step_size=eta_min * 0.95, **kw)
 
 
 def _run(cls, cores: int):

@@ -5,7 +5,7 @@ al., Theorem 2.4), the optimal homogeneous composition of (epsilon, delta)-DP me
 (Kairouz, Oh & Viswanath 2017, Theorem 3.3), a ledger composing both, noise calibration
 (including the analytic Gaussian mechanism of Balle & Wang 2018) and, for comparison, the
 looser zCDP and RDP conversions. Subsampled Gaussian mechanisms (minibatch samplers) are
-accounted with Google's dp-accounting (imported lazily, :mod:`.subsampled`).
+accounted with Google's dp-accounting (imported lazily, `.subsampled`).
 
 Every number here refers to the neighbouring relation under which the sensitivities of
 the events were computed: for replace-one ("substitute") neighbours a per-record value

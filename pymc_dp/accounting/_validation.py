@@ -1,7 +1,7 @@
 """Input validation shared by the accounting modules.
 
-Every public function of :mod:`pymc_dp.accounting` checks its inputs with these helpers
-before doing any work, and raises :class:`ValueError` naming the offending parameter
+Every public function of `pymc_dp.accounting` checks its inputs with these helpers
+before doing any work, and raises `ValueError` naming the offending parameter
 and saying what a valid value looks like.
 """
 

@@ -124,7 +124,7 @@ class KOVCurve:
         """Smallest ``eps' >= 0`` with ``delta_total(eps') <= target_delta`` (inf if none).
 
         Solves exactly on the piece of the piecewise-affine-in-``e^{eps'}`` curve where the
-        crossing happens, then verifies the answer against :meth:`delta_total` and nudges
+        crossing happens, then verifies the answer against `delta_total` and nudges
         it up if rounding made it unsafe. Returns ``min(result, k * epsilon)``.
         """
         t = float(target_delta)

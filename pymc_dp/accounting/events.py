@@ -1,12 +1,12 @@
-"""Privacy events: the mechanisms a :class:`~pymc_dp.accounting.PrivacyLedger` composes.
+"""Privacy events: the mechanisms a `PrivacyLedger` composes.
 
 Two kinds of event are supported:
 
-* :class:`GaussianEvent` -- ``count`` releases of a Gaussian mechanism whose noise
+* `GaussianEvent` -- ``count`` releases of a Gaussian mechanism whose noise
   standard deviation is ``noise_multiplier`` times the L2 sensitivity of the released
   quantity. Gaussian events compose exactly through their privacy-loss parameter
-  :attr:`GaussianEvent.mu`.
-* :class:`ApproxDPEvent` -- ``count`` releases of a generic mechanism that is only known
+  `GaussianEvent.mu`.
+* `ApproxDPEvent` -- ``count`` releases of a generic mechanism that is only known
   to be (epsilon, delta)-DP. These compose by the optimal homogeneous composition theorem
   of Kairouz, Oh and Viswanath.
 

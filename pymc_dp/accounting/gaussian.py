@@ -53,7 +53,7 @@ _MAX_NUDGES = 200
 
 
 def _delta_scalar(mu: float, eps: float) -> float:
-    """delta(eps) for mu > 0, eps >= 0, without overflow (see :func:`gaussian_delta`)."""
+    """delta(eps) for mu > 0, eps >= 0, without overflow (see `gaussian_delta`)."""
     s = 2.0 * math.sqrt(mu)
     a = (eps - mu) / s
     b = (eps + mu) / s
@@ -165,7 +165,7 @@ def gaussian_epsilon(mu: float, delta: float) -> float:
     Parameters
     ----------
     mu : float
-        Total privacy-loss parameter (see :func:`gaussian_delta`); finite, >= 0.
+        Total privacy-loss parameter (see `gaussian_delta`); finite, >= 0.
     delta : float
         Target delta in (0, 1).
 
@@ -322,7 +322,7 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, releases: int) -> f
     Notes
     -----
     ``z = sqrt(releases / (2 mu*))`` with ``mu* = gaussian_mu_for_epsilon(epsilon,
-    delta)``; the result is verified with :func:`gaussian_epsilon` on
+    delta)``; the result is verified with `gaussian_epsilon` on
     ``GaussianEvent(z, releases).mu`` and nudged up if rounding made it overshoot.
 
     References
@@ -383,7 +383,7 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     ``Phi(Delta/(2 sigma) - eps sigma/Delta) - e^eps Phi(-Delta/(2 sigma) - eps sigma/Delta)
     <= delta``, which with ``mu = Delta^2 / (2 sigma^2)`` is exactly
     ``gaussian_delta(mu, eps) <= delta``; Algorithm 1 solves it for ``sigma``. Inverting
-    :func:`gaussian_delta` in ``mu`` is therefore the same computation.
+    `gaussian_delta` in ``mu`` is therefore the same computation.
 
     References
     ----------
@@ -445,7 +445,7 @@ def zcdp_epsilon(rho: float, delta: float, *, conversion: Conversion = "cks2020"
     A Gaussian mechanism with sensitivity ``Delta`` and noise std ``sigma`` is
     ``Delta^2 / (2 sigma^2)``-zCDP (Bun & Steinke 2016, Prop. 1.6), so a Gaussian
     composition with total privacy-loss parameter ``mu`` is ``rho = mu``-zCDP. For
-    Gaussian compositions :func:`gaussian_epsilon` is tight and always smaller.
+    Gaussian compositions `gaussian_epsilon` is tight and always smaller.
 
     Parameters
     ----------
@@ -519,7 +519,7 @@ def rdp_epsilon(
     A Gaussian composition with total privacy-loss parameter ``mu`` is
     ``(alpha, alpha mu)``-RDP for every order ``alpha > 1`` (Mironov 2017, Cor. 3 and
     Prop. 1). The RDP guarantee is converted to (epsilon, delta)-DP at each order and the
-    smallest epsilon is returned. Looser than :func:`gaussian_epsilon`; provided for
+    smallest epsilon is returned. Looser than `gaussian_epsilon`; provided for
     comparison with RDP-based accountants.
 
     Parameters

@@ -86,7 +86,7 @@ def _minimize_over_simplex(fn: Callable[[np.ndarray], float], m: int) -> float:
 
 
 class PrivacyLedger:
-    """Composes a heterogeneous list of :class:`GaussianEvent` and :class:`ApproxDPEvent`.
+    """Composes a heterogeneous list of `GaussianEvent` and `ApproxDPEvent`.
 
     Parameters
     ----------
@@ -100,8 +100,8 @@ class PrivacyLedger:
 
     Notes
     -----
-    For a ledger of Gaussian events only, :meth:`epsilon` and :meth:`delta` are exact
-    (tight) and :meth:`delta` is the inverse of :meth:`epsilon`. With approximate-DP
+    For a ledger of Gaussian events only, `epsilon` and `delta` are exact
+    (tight) and `delta` is the inverse of `epsilon`. With approximate-DP
     events the result is a valid, optimised but not necessarily tight bound: the Gaussian
     part and each group of identical approximate-DP events are combined by sequential
     composition, which ignores that the privacy-loss distributions could be convolved.
@@ -150,7 +150,7 @@ class PrivacyLedger:
 
     @property
     def mu(self) -> float:
-        """Total Gaussian privacy-loss parameter (sum of :attr:`GaussianEvent.mu`)."""
+        """Total Gaussian privacy-loss parameter (sum of `GaussianEvent.mu`)."""
         return math.fsum(e.mu for e in self._events if isinstance(e, GaussianEvent))
 
     def _curves(self) -> list[KOVCurve]:
@@ -182,7 +182,7 @@ class PrivacyLedger:
 
         Notes
         -----
-        Gaussian part: :func:`~pymc_dp.accounting.gaussian_epsilon` on the total ``mu``
+        Gaussian part: `gaussian_epsilon` on the total ``mu``
         (exact). Each group of approximate-DP events with the same (epsilon, delta) needs
         at least ``1 - (1 - delta_i)^k_i``; the remaining delta is split between the
         Gaussian part and the groups, and the split minimising the summed epsilon is
@@ -236,10 +236,10 @@ class PrivacyLedger:
         Notes
         -----
         With approximate-DP events the total ``epsilon`` is split between the Gaussian
-        part (delta from :func:`~pymc_dp.accounting.gaussian_delta`) and each group of
+        part (delta from `gaussian_delta`) and each group of
         identical approximate-DP events (delta from the Kairouz-Oh-Viswanath curve), and
         the split minimising the summed delta is searched numerically. This optimises the
-        same sequential-composition bound as :meth:`epsilon`, from the other side.
+        same sequential-composition bound as `epsilon`, from the other side.
         """
         e = check_nonnegative(epsilon, "epsilon")
         mu = self.mu

@@ -226,7 +226,7 @@ def calibrate_poisson_subsampled_noise(
     """Noise multiplier so that ``count`` Poisson-subsampled Gaussians are (epsilon, delta)-DP.
 
     Never overshoots: the returned multiplier's epsilon (by
-    :func:`poisson_subsampled_gaussian_epsilon`) is at most ``epsilon``.
+    `poisson_subsampled_gaussian_epsilon`) is at most ``epsilon``.
     """
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_delta(delta)

@@ -6,7 +6,13 @@ step methods; see ``docs/results.md``. Needs matplotlib (figures) and, for the
 logistic-regression model, statsmodels.
 """
 
-from pymc_dp.experiments.metrics import convergence, mean_error, median_heuristic, mmd
+from pymc_dp.experiments.metrics import (
+    convergence,
+    mean_error,
+    median_heuristic,
+    mmd,
+    mmd_paper_scale,
+)
 from pymc_dp.experiments.models import (
     MODELS,
     ExperimentModel,
@@ -43,6 +49,7 @@ __all__ = [
     "median_heuristic",
     "merge_results",
     "mmd",
+    "mmd_paper_scale",
     "paper_iterations_per_chain",
     "posterior_matrix",
     "register_method",

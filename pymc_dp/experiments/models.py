@@ -1,6 +1,6 @@
 """The source papers' experiment models, each with an exact (or cached) reference sampler.
 
-Every constructor returns an :class:`ExperimentModel`: the PyMC model (data in ``pm.Data``,
+Every constructor returns an `ExperimentModel`: the PyMC model (data in ``pm.Data``,
 one row per record), the true parameter, the data, and a function drawing reference
 posterior samples. The reference samplers read the data WITHOUT privacy: they exist only to
 score the private samplers and must never be published as a result.
@@ -126,11 +126,11 @@ def banana_reference(
 ) -> Callable[[int, np.random.Generator], np.ndarray]:
     r"""Exact sampler of the tempered banana posterior (thesis Theorem 5, with b = m = 0).
 
-    The posterior is :math:`\mathrm{Ban}(\mu, \Sigma, a)`: :math:`\theta = g(Y)`,
-    :math:`Y \sim N(\mu, \Sigma)`, :math:`g(y) = (y_1, y_2 - a y_1^2, y_3, \dots, y_d)`, with
-    :math:`\mu_i = T n \tau_i \bar x_i / (T n \tau_i + \tau_0)` and
-    :math:`\Sigma = \mathrm{diag}(1 / (T n \tau_i + \tau_0))`, :math:`\tau_i = 1/\sigma_i^2`,
-    :math:`\tau_0 = 1/\sigma_0^2`.
+    The posterior is $\mathrm{Ban}(\mu, \Sigma, a)$: $\theta = g(Y)$,
+    $Y \sim N(\mu, \Sigma)$, $g(y) = (y_1, y_2 - a y_1^2, y_3, \dots, y_d)$, with
+    $\mu_i = T n \tau_i \bar x_i / (T n \tau_i + \tau_0)$ and
+    $\Sigma = \mathrm{diag}(1 / (T n \tau_i + \tau_0))$, $\tau_i = 1/\sigma_i^2$,
+    $\tau_0 = 1/\sigma_0^2$.
 
     Parameters
     ----------
@@ -138,8 +138,14 @@ def banana_reference(
         Column means of the data, length d.
     n : int
         Number of records.
-    a, sigma_sq, prior_var, tempering
-        The model's constants (``sigma_sq`` of length d).
+    a : float
+        Curvature of the banana.
+    sigma_sq : numpy.ndarray
+        Per-coordinate record variances, length d.
+    prior_var : float
+        Prior variance of every coordinate.
+    tempering : float
+        Likelihood temperature.
 
     Returns
     -------
@@ -174,17 +180,19 @@ def banana(
 ) -> ExperimentModel:
     r"""The banana model of the DP-HMC paper (Sec. 4), d-dimensional and tempered (thesis Thm 5).
 
-    .. math:: \theta \sim \mathrm{Ban}(0, \sigma_0^2 I, a), \quad
-              x_{i1} \sim N(\theta_1, \sigma_1^2), \quad
-              x_{i2} \sim N(\theta_2 + a\theta_1^2, \sigma_2^2), \quad
-              x_{ij} \sim N(\theta_j, \sigma_j^2)\ (j \ge 3).
+    $$
+    \theta \sim \mathrm{Ban}(0, \sigma_0^2 I, a), \quad
+    x_{i1} \sim N(\theta_1, \sigma_1^2), \quad
+    x_{i2} \sim N(\theta_2 + a\theta_1^2, \sigma_2^2), \quad
+    x_{ij} \sim N(\theta_j, \sigma_j^2)\ (j \ge 3).
+    $$
 
-    The prior :math:`\mathrm{Ban}(0, \sigma_0^2 I, a)` is the law of
-    :math:`(y_1, y_2 - a y_1^2, y_3, \dots)` with :math:`y \sim N(0, \sigma_0^2 I)`; the map
+    The prior $\mathrm{Ban}(0, \sigma_0^2 I, a)$ is the law of
+    $(y_1, y_2 - a y_1^2, y_3, \dots)$ with $y \sim N(0, \sigma_0^2 I)$; the map
     has unit Jacobian, so it is written as the plain densities
-    :math:`\theta_1 \sim N(0, \sigma_0^2)`, :math:`\theta_2 \mid \theta_1 \sim
-    N(-a\theta_1^2, \sigma_0^2)` on the paper's parameters (the samplers move in the
-    paper's :math:`\theta` space). The likelihood is tempered by ``tempering`` (the DP
+    $\theta_1 \sim N(0, \sigma_0^2)$, $\theta_2 \mid \theta_1 \sim
+    N(-a\theta_1^2, \sigma_0^2)$ on the paper's parameters (the samplers move in the
+    paper's $\theta$ space). The likelihood is tempered by ``tempering`` (the DP
     steps' ``tempering`` option must be given the same value; the reference uses it).
 
     Parameters
@@ -193,8 +201,14 @@ def banana(
         Records (paper: 100 000).
     seed : int
         Seed of the simulated data.
-    a, sigma1_sq, sigma2_sq, prior_var : float
-        Paper: 20, 2000, 2500, 1000.
+    a : float
+        Curvature of the banana (paper: 20).
+    sigma1_sq : float
+        Record variance of the first coordinate (paper: 2000).
+    sigma2_sq : float
+        Record variance of the second coordinate (paper: 2500).
+    prior_var : float
+        Prior variance (paper: 1000).
     theta : tuple of float
         True parameter of the first two coordinates (paper: (0, 3)); further coordinates 0.
     dim : int
@@ -202,7 +216,7 @@ def banana(
     tempering : float
         ``T`` of the reference posterior.
     sigma_rest_sq : float
-        :math:`\sigma_j^2` of the coordinates ``j >= 3``.
+        $\sigma_j^2$ of the coordinates ``j >= 3``.
 
     Returns
     -------
@@ -264,19 +278,19 @@ def banana(
 def correlated_gaussian(n: int = 100_000, dim: int = 10, seed: int = 0) -> ExperimentModel:
     r"""The correlated Gaussian model of the DP-HMC paper (Sec. 4).
 
-    :math:`\theta \sim N(0, 100^2 I)`, :math:`x_i \sim N(\theta, \Sigma)`,
-    :math:`\Sigma = Q\,\mathrm{diag}(\lambda)\,Q^T`, :math:`\lambda_j \sim \mathrm{Gamma}(0.5,
-    1)`, ``Q`` from the QR decomposition of a matrix of Uniform(0, 1) entries; true mean
-    :math:`(0, 3, 0, \dots, 0)`. ``Sigma`` is part of the (public) model.
+    $\theta \sim N(0, 100^2 I)$, $x_i \sim N(\theta, \Sigma)$,
+    $\Sigma = Q\,\mathrm{diag}(\lambda)\,Q^T$, $\lambda_j \sim \mathrm{Gamma}(0.5,
+    1)$, ``Q`` from the QR decomposition of a matrix of Uniform(0, 1) entries; true mean
+    $(0, 3, 0, \dots, 0)$. ``Sigma`` is part of the (public) model.
 
-    The likelihood is written on whitened records :math:`z_i = L^{-1} x_i`
-    (:math:`\Sigma = L L^T`, a fixed public linear map of each record):
-    :math:`z_i \sim N(L^{-1}\theta, I)`. Each record's log-likelihood differs from
-    :math:`\log N(x_i | \theta, \Sigma)` by a constant, so ratios, gradients and the posterior
+    The likelihood is written on whitened records $z_i = L^{-1} x_i$
+    ($\Sigma = L L^T$, a fixed public linear map of each record):
+    $z_i \sim N(L^{-1}\theta, I)$. Each record's log-likelihood differs from
+    $\log N(x_i | \theta, \Sigma)$ by a constant, so ratios, gradients and the posterior
     are the same, while the per-record functions avoid a Cholesky factorisation per record.
 
-    The posterior is Gaussian (conjugate): precision :math:`P = 10^{-4} I + n\Sigma^{-1}`,
-    mean :math:`P^{-1} n \Sigma^{-1} \bar x`.
+    The posterior is Gaussian (conjugate): precision $P = 10^{-4} I + n\Sigma^{-1}$,
+    mean $P^{-1} n \Sigma^{-1} \bar x$.
 
     Parameters
     ----------
@@ -407,11 +421,11 @@ def gaussian_mixture(
 ) -> ExperimentModel:
     r"""The truncated two-component Gaussian mixture of the DP-Fast MH paper (Sec. 6.1).
 
-    :math:`x_i \sim \tfrac12 N(\theta_1, 2) + \tfrac12 N(\theta_1 + \theta_2, 2)` truncated
-    to ``[-3, 3]``, :math:`\theta = (0, 1)`, likelihood tempered by ``1 / temperature``
+    $x_i \sim \tfrac12 N(\theta_1, 2) + \tfrac12 N(\theta_1 + \theta_2, 2)$ truncated
+    to ``[-3, 3]``, $\theta = (0, 1)$, likelihood tempered by ``1 / temperature``
     (paper: 500; the steps must be given ``tempering = 1 / temperature``, see ``info``);
-    prior :math:`N(0, 5^2)` per coordinate (the paper's flat prior gives an improper
-    posterior). Reference: exact posterior on a grid (:func:`mixture_grid_posterior`),
+    prior $N(0, 5^2)$ per coordinate (the paper's flat prior gives an improper
+    posterior). Reference: exact posterior on a grid (`mixture_grid_posterior`),
     sampled cell by mass with a uniform position within the cell (as
     ``examples/fastmh_mixture.py`` and ``tests/test_fastmh.py``).
 
@@ -519,7 +533,7 @@ def logistic_regression(
 ) -> ExperimentModel:
     """Bayesian logistic regression on Fair's affairs survey (6366 records, 5 features).
 
-    Priors :math:`N(0, 2.5^2)` on the intercept and coefficients. Reference: PyMC NUTS
+    Priors $N(0, 2.5^2)$ on the intercept and coefficients. Reference: PyMC NUTS
     (4 chains of ``reference_draws / 4`` draws after ``reference_tune`` tuning steps,
     NON-PRIVATE), cached
     as ``.npy`` under ``cache_dir`` keyed by a hash of the data and settings. ``true_theta``
@@ -531,10 +545,12 @@ def logistic_regression(
         Use the first ``n`` records (default: all 6366).
     seed : int
         Seed of the reference NUTS run.
-    reference_draws, reference_tune : int
-        Total reference draws; NUTS warmup per chain.
+    reference_draws : int
+        Total reference draws.
+    reference_tune : int
+        NUTS warmup per chain of the reference.
     cache_dir : path, optional
-        Default :func:`default_cache_dir`.
+        Default `default_cache_dir`.
 
     Returns
     -------

@@ -1,8 +1,8 @@
 """Figures of the experiments (matplotlib, Agg backend).
 
-- :func:`plot_metrics`: MMD and mean error against epsilon, one line per method, mean +- sd
+- `plot_metrics`: MMD and mean error against epsilon, one line per method, mean +- sd
   over repeats (DP-HMC paper, Figure 1).
-- :func:`plot_posteriors`: for one epsilon, the run with the median MMD of each method:
+- `plot_posteriors`: for one epsilon, the run with the median MMD of each method:
   marginal densities of the first two coordinates and a 2-D scatter, each against the
   reference draws (DP-HMC paper, Figure 2).
 """
@@ -28,12 +28,15 @@ def _pyplot():
 
 
 def plot_metrics(rows: list[dict], path: str | Path) -> Path:
-    """MMD and mean error vs epsilon per method (mean +- sd over repeats); writes a PNG.
+    """MMD (both scales) and mean error vs epsilon per method (mean +- sd); writes a PNG.
+
+    Three panels: the unbiased squared MMD (``mmd2_u``), the same on the DP-HMC paper's scale
+    (``mmd_paper = sqrt(|mmd2_u|)``, as its Figure 1) and the mean error.
 
     Parameters
     ----------
     rows : list of dict
-        Rows of a results CSV (:func:`pymc_dp.experiments.runner.read_results`).
+        Rows of a results CSV (`pymc_dp.experiments.runner.read_results`).
     path : path
         Output PNG.
 
@@ -44,12 +47,15 @@ def plot_metrics(rows: list[dict], path: str | Path) -> Path:
     if not rows:
         raise ValueError("rows is empty: there is nothing to plot")
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     groups: dict[str, dict[float, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         groups[r["method"]][float(r["epsilon_target"])].append(r)
     for ax, key, label in zip(
-        axes, ("mmd", "mean_error"), ("MMD$^2_u$", "mean error"), strict=True
+        axes,
+        ("mmd2_u", "mmd_paper", "mean_error"),
+        (r"MMD$^2_u$", r"$\sqrt{|\mathrm{MMD}^2_u|}$ (paper's scale)", "mean error"),
+        strict=True,
     ):
         for method, by_eps in sorted(groups.items()):
             eps = sorted(by_eps)
@@ -78,8 +84,8 @@ def plot_posteriors(
     """Median-MMD run of each method at ``epsilon`` against the reference (paper Figure 2).
 
     Needs ``draws_dir/reference.npy`` and ``<dir>/<method>_eps<e>_rep<r>.npy`` as written by
-    :func:`pymc_dp.experiments.runner.run_experiment`, where ``<dir>`` is ``draws_dir`` or,
-    for rows from :func:`~pymc_dp.experiments.runner.merge_results`, the ``draws`` folder
+    `pymc_dp.experiments.runner.run_experiment`, where ``<dir>`` is ``draws_dir`` or,
+    for rows from `merge_results`, the ``draws`` folder
     next to the row's CSV. Returns None when no run has that epsilon.
     """
     draws_dir = Path(draws_dir)
@@ -94,7 +100,7 @@ def plot_posteriors(
     methods = sorted(by_method)
     fig, axes = plt.subplots(3, len(methods), figsize=(4 * len(methods), 10), squeeze=False)
     for j, method in enumerate(methods):
-        runs = sorted(by_method[method], key=lambda r: float(r["mmd"]))
+        runs = sorted(by_method[method], key=lambda r: float(r["mmd2_u"]))
         med = runs[(len(runs) - 1) // 2]
         where = Path(med["_dir"]) / "draws" if "_dir" in med else draws_dir
         f = where / f"{method}_eps{float(epsilon):g}_rep{int(float(med['repeat']))}.npy"
@@ -107,7 +113,7 @@ def plot_posteriors(
             ax.hist(ref[:, i], bins=bins, density=True, alpha=0.5, label="reference")
             ax.hist(x[:, i], bins=bins, density=True, histtype="step", lw=2, label=method)
             ax.set_xlabel(f"$\\theta_{i + 1}$")
-        axes[0, j].set_title(f"{method}, median MMD run (MMD$^2_u$ {float(med['mmd']):.3g})")
+        axes[0, j].set_title(f"{method}, median MMD run (MMD$^2_u$ {float(med['mmd2_u']):.3g})")
         axes[0, j].legend()
         ax = axes[2, j]
         ax.scatter(ref[:, 0], ref[:, 1], s=2, alpha=0.3, label="reference")
@@ -126,7 +132,7 @@ def make_figures(
     csv_path: str | Path | Sequence[str | Path], out: str | Path, epsilon: float | None = None
 ) -> list[Path]:
     """Both figures from one or more results CSVs of one model (merged by
-    :func:`~pymc_dp.experiments.runner.merge_results`; posteriors at ``epsilon``, default the
+    `merge_results`; posteriors at ``epsilon``, default the
     largest). The reference draws are read from the first CSV's ``draws`` folder.
 
     Returns

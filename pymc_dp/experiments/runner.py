@@ -13,11 +13,11 @@ Two ways of spending the budget:
   loss ``mu = 1 / (2 tau^2 n)`` per release) and the chains run as many iterations as the
   budget allows: ``k = floor(mu*(epsilon, delta) / (chains * mu_iteration))`` per chain, where
   ``mu*`` is the largest total ``mu`` with tight Gaussian epsilon <= target
-  (:func:`pymc_dp.accounting.gaussian_mu_for_epsilon`). No warmup, no adaptation.
+  (`pymc_dp.accounting.gaussian_mu_for_epsilon`). No warmup, no adaptation.
 - ``protocol="calibrated"`` (pymc_dp's): the run length is fixed (``draws``, ``tune``) and
-  :func:`pymc_dp.sample` calibrates the noise for it; warmup adaptation is on.
+  `pymc_dp.sample` calibrates the noise for it; warmup adaptation is on.
 
-Either way the privacy report of the finished run (:func:`pymc_dp.privacy_report`) gives the
+Either way the privacy report of the finished run (`pymc_dp.privacy_report`) gives the
 epsilon that is recorded, and the runner checks it is at most the target.
 """
 
@@ -37,7 +37,7 @@ import numpy as np
 
 import pymc_dp
 from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
-from pymc_dp.experiments.metrics import convergence, mean_error, mmd
+from pymc_dp.experiments.metrics import convergence, mean_error, mmd, mmd_paper_scale
 from pymc_dp.experiments.models import MODELS, ExperimentModel, posterior_matrix
 
 __all__ = [
@@ -54,7 +54,10 @@ __all__ = [
     "summary_table",
 ]
 
-#: Columns of the results CSV, in order.
+#: Columns of the results CSV, in order. ``mmd2_u`` is the unbiased squared MMD (what
+#: `pymc_dp.experiments.mmd` returns); ``mmd_paper`` is ``sqrt(|mmd2_u|)``, the number the
+#: DP-HMC paper's code reports and its Figure 1 plots. CSVs written before these two columns
+#: existed have one column ``mmd`` (= ``mmd2_u``); `read_results` reads both layouts.
 CSV_FIELDS = [
     "model",
     "method",
@@ -68,7 +71,8 @@ CSV_FIELDS = [
     "tune",
     "repeat",
     "seed",
-    "mmd",
+    "mmd2_u",
+    "mmd_paper",
     "mean_error",
     "rhat",
     "ess",
@@ -115,7 +119,7 @@ class MethodSpec:
     ----------
     name : str
     step_class : type
-        A :class:`pymc_dp.DPStep` subclass (or any callable building a step from
+        A `pymc_dp.DPStep` subclass (or any callable building a step from
         ``model=``, the settings' kwargs and ``delta``, ``draws``, ``tune``, ``chains``).
     settings : dict
         Model name -> callable ``(ExperimentModel) -> MethodSetting``.
@@ -230,7 +234,7 @@ def _logistic_fastmh(exp: ExperimentModel) -> MethodSetting:
 
 
 #: Method registry: name -> MethodSpec. Register further samplers with
-#: :func:`register_method` (e.g. ``sgld``, ``sgnht``).
+#: `register_method` (e.g. ``sgld``, ``sgnht``).
 METHODS: dict[str, MethodSpec] = {
     "dphmc": MethodSpec(
         "dphmc",
@@ -391,9 +395,11 @@ def run_one(
     ----------
     exp : ExperimentModel
     method : str
-        A key of :data:`METHODS`.
-    epsilon, delta : float
-        Target of the whole run (all chains).
+        A key of `METHODS`.
+    epsilon : float
+        Target epsilon of the whole run (all chains).
+    delta : float
+        Target delta of the whole run.
     chains : int
         Chains sharing the budget (paper: 4).
     repeat : int
@@ -489,6 +495,7 @@ def run_one(
     finite = bool(np.all(np.isfinite(pooled)))
     ok = finite and half.shape[1] >= 4
     rhat, ess = convergence(half) if ok else (math.nan, math.nan)
+    mmd2_u = mmd(pooled, ref, rng=rng) if finite else math.nan
     acc = float(np.asarray(idata["sample_stats"]["accepted"].values).mean())
     noise = setting.paper_noise if protocol == "paper" else {}
     row = {
@@ -505,7 +512,8 @@ def run_one(
         "repeat": int(repeat),
         "seed": seed,
         # A diverged chain (e.g. DP-SGLD with too large a step) is a result, recorded as NaN.
-        "mmd": mmd(pooled, ref, rng=rng) if finite else math.nan,
+        "mmd2_u": mmd2_u,
+        "mmd_paper": mmd_paper_scale(mmd2_u),
         "mean_error": mean_error(pooled, ref) if finite else math.nan,
         "rhat": rhat,
         "ess": ess,
@@ -555,7 +563,7 @@ def run_experiment(
     after that time, so a time-limited reproduction still covers every (method, epsilon).
     Runs are numbered ``first_repeat, ..., first_repeat + repeats - 1``; each run's seed
     depends only on (``seed``, model, method, epsilon, repeat number), so a reproduction can
-    be split over processes or machines and its CSVs merged (:func:`merge_results`).
+    be split over processes or machines and its CSVs merged (`merge_results`).
 
     Returns
     -------
@@ -621,7 +629,7 @@ def run_experiment(
                     print(
                         f"[{time.strftime('%H:%M:%S')}] {model} {method} eps={eps:g} "
                         f"rep={r}: eps_reported={row['epsilon_reported']:.4g} "
-                        f"iters/chain={row['iterations_per_chain']} mmd={row['mmd']:.4g} "
+                        f"iters/chain={row['iterations_per_chain']} mmd2_u={row['mmd2_u']:.4g} "
                         f"mean_error={row['mean_error']:.4g} accept={row['accept_rate']:.2f} "
                         f"({row['seconds']:.1f} s)",
                         file=log,
@@ -631,7 +639,23 @@ def run_experiment(
 
 
 def read_results(path: str | Path) -> list[dict]:
-    """Rows of a results CSV with numeric columns converted."""
+    """Rows of a results CSV with numeric columns converted.
+
+    Both layouts are read: the current one (columns ``mmd2_u`` and ``mmd_paper``) and the
+    earlier one, whose single column ``mmd`` held the unbiased squared MMD. For the latter
+    ``mmd`` is renamed ``mmd2_u`` and ``mmd_paper = sqrt(|mmd2_u|)`` is derived, so every row
+    returned has both keys.
+
+    Parameters
+    ----------
+    path : str or pathlib.Path
+        A ``results.csv`` written by `run_experiment`.
+
+    Returns
+    -------
+    list of dict
+        One dict per run, keyed by the `CSV_FIELDS` names.
+    """
     numeric = {
         "n",
         "epsilon_target",
@@ -643,6 +667,8 @@ def read_results(path: str | Path) -> list[dict]:
         "repeat",
         "seed",
         "mmd",
+        "mmd2_u",
+        "mmd_paper",
         "mean_error",
         "rhat",
         "ess",
@@ -652,7 +678,12 @@ def read_results(path: str | Path) -> list[dict]:
     rows = []
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
-            rows.append({k: (float(v) if k in numeric else v) for k, v in row.items()})
+            r = {k: (float(v) if k in numeric else v) for k, v in row.items()}
+            if "mmd2_u" not in r and "mmd" in r:  # the earlier layout
+                r["mmd2_u"] = r.pop("mmd")
+            if "mmd_paper" not in r and "mmd2_u" in r:
+                r["mmd_paper"] = mmd_paper_scale(r["mmd2_u"])
+            rows.append(r)
     return rows
 
 
@@ -695,7 +726,7 @@ def merge_results(paths: Sequence[str | Path]) -> list[dict]:
             if old is None:
                 rows[key] = row
             elif old["seed"] != row["seed"] or not np.isclose(
-                old["mmd"], row["mmd"], rtol=1e-9, equal_nan=True
+                old["mmd2_u"], row["mmd2_u"], rtol=1e-9, equal_nan=True
             ):
                 raise ValueError(
                     f"run {key} appears in {old['_dir']} and {row['_dir']} with different "
@@ -714,14 +745,30 @@ def summary_table(rows: Sequence[dict]) -> str:
     """The Markdown table of ``docs/results.md``: one line per (method, epsilon).
 
     Columns: runs, iterations per chain (a range when runs differ), the largest epsilon any
-    run's privacy report gave, and mean +- sd over the runs of MMD^2_u and of the mean error
-    (NaN results, i.e. diverged runs, are counted in ``runs`` and reported as ``nan runs``).
+    run's privacy report gave, and mean +- sd over the runs of the unbiased squared MMD
+    (``mmd2_u``), of the same on the DP-HMC paper's scale (``mmd_paper``:
+    ``sqrt(|mmd2_u|)`` of each run, then mean +- sd, as the paper's Figure 1) and of the
+    mean error (NaN results, i.e. diverged runs, are counted in ``runs`` and reported as
+    ``nan runs``).
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Rows of `read_results` or `merge_results` (either CSV layout).
+
+    Returns
+    -------
+    str
+        The Markdown table, one line per (method, epsilon), ending with a newline.
     """
     if not rows:
         raise ValueError("rows is empty: there is nothing to summarise")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["method"], float(r["epsilon_target"])), []).append(r)
+
+    def _paper(r: dict) -> float:
+        return r["mmd_paper"] if "mmd_paper" in r else mmd_paper_scale(r["mmd2_u"])
 
     def mean_sd(vals: list[float]) -> str:
         v = np.asarray(vals, dtype=float)
@@ -734,8 +781,9 @@ def summary_table(rows: Sequence[dict]) -> str:
 
     lines = [
         "| method | epsilon | runs | iterations / chain | max reported epsilon "
-        "| MMD^2_u (mean ± sd) | mean error (mean ± sd) |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| `mmd2_u` = MMD^2_u (mean ± sd) | `mmd_paper` = sqrt(\\|MMD^2_u\\|) (mean ± sd) "
+        "| mean error (mean ± sd) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for (method, eps), rs in sorted(groups.items()):
         its = sorted({int(r["iterations_per_chain"]) for r in rs})
@@ -743,6 +791,8 @@ def summary_table(rows: Sequence[dict]) -> str:
         max_eps = max(float(r["epsilon_reported"]) for r in rs)
         lines.append(
             f"| {method} | {eps:g} | {len(rs)} | {it_text} | {max_eps:.4g} "
-            f"| {mean_sd([r['mmd'] for r in rs])} | {mean_sd([r['mean_error'] for r in rs])} |"
+            f"| {mean_sd([r['mmd2_u'] for r in rs])} "
+            f"| {mean_sd([_paper(r) for r in rs])} "
+            f"| {mean_sd([r['mean_error'] for r in rs])} |"
         )
     return "\n".join(lines) + "\n"

@@ -3,14 +3,14 @@ r"""The DP Barker test and its subsampled RDP accounting (pure numpy; dp-account
 Heikkilä, Jälkö, Dikmen, Honkela (2019), *Differentially private Markov chain Monte Carlo*,
 NeurIPS; Räisä (2021), MSc thesis, Sec. 3.2, Algorithm 2, Theorem 8 (shared/papers/001).
 
-The Barker test accepts when :math:`\lambda + V_{log} > 0`, :math:`V_{log} \sim` Logistic(0, 1),
-i.e. with probability :math:`\mathrm{sigmoid}(\lambda)` (Barker 1965). DP Barker replaces
-:math:`\lambda` by a minibatch estimate, adds Gaussian noise so that estimate plus noise has
-total variance 2, and a correction :math:`V_{corr}` such that :math:`N(0, 2) + V_{corr}` is
-logistic (Seita et al. 2017). :math:`V_{corr}` has no closed form: it is approximated by a
+The Barker test accepts when $\lambda + V_{log} > 0$, $V_{log} \sim$ Logistic(0, 1),
+i.e. with probability $\mathrm{sigmoid}(\lambda)$ (Barker 1965). DP Barker replaces
+$\lambda$ by a minibatch estimate, adds Gaussian noise so that estimate plus noise has
+total variance 2, and a correction $V_{corr}$ such that $N(0, 2) + V_{corr}$ is
+logistic (Seita et al. 2017). $V_{corr}$ has no closed form: it is approximated by a
 Gaussian mixture fitted once by ``scripts/fit_barker_correction.py`` and shipped as
 ``pymc_dp/data/barker_correction.npz``, with the measured error
-:math:`\sup_x |P(N(0,2) + \hat V_{corr} < x) - \mathrm{sigmoid}(x)|`, which bounds the error
+$\sup_x |P(N(0,2) + \hat V_{corr} < x) - \mathrm{sigmoid}(x)|$, which bounds the error
 of every acceptance probability.
 """
 
@@ -58,7 +58,7 @@ def barker_correction() -> dict[str, np.ndarray | float]:
 
 
 def sample_correction(rng: np.random.Generator, size=None):
-    """Draws of the approximate correction variable :math:`\\hat V_{corr}` (mixture)."""
+    """Draws of the approximate correction variable $\\hat V_{corr}$ (mixture)."""
     c = barker_correction()
     k = rng.choice(c["weights"].size, size=size, p=c["weights"])
     z = rng.normal(size=size)
@@ -66,15 +66,15 @@ def sample_correction(rng: np.random.Generator, size=None):
 
 
 def barker_clip_bound(n: int, batch_size: int) -> float:
-    r"""Per-record bound :math:`|T r_j| \le \sqrt{b}/n` of thesis Theorem 8 (tempered ratios)."""
+    r"""Per-record bound $|T r_j| \le \sqrt{b}/n$ of thesis Theorem 8 (tempered ratios)."""
     return math.sqrt(batch_size) / n
 
 
 def barker_log_test(lam, batch_var, log_prior_ratio: float, rng: np.random.Generator):
-    r"""Algorithm 2's decision: :math:`\hat\lambda + \log\frac{p(\theta')}{p(\theta)} + s + c > 0`.
+    r"""Algorithm 2's decision: $\hat\lambda + \log\frac{p(\theta')}{p(\theta)} + s + c > 0$.
 
-    :math:`s \sim N(0, 2 - \sigma_b^2)` and :math:`c \sim \hat V_{corr}`. Clipping to
-    :func:`barker_clip_bound` guarantees :math:`\sigma_b^2 \le 1` (so the variance is at least 1
+    $s \sim N(0, 2 - \sigma_b^2)$ and $c \sim \hat V_{corr}$. Clipping to
+    `barker_clip_bound` guarantees $\sigma_b^2 \le 1$ (so the variance is at least 1
     whatever the data: no data-dependent failure). Returns the accept decision(s);
     elementwise on arrays.
     """
@@ -90,15 +90,17 @@ def barker_log_test(lam, batch_var, log_prior_ratio: float, rng: np.random.Gener
 
 
 def barker_base_rdp(alpha: int, batch_size: int) -> float:
-    r"""RDP :math:`\epsilon'(\alpha)` of one DP Barker test on its minibatch (thesis Theorem 8).
+    r"""RDP $\epsilon'(\alpha)$ of one DP Barker test on its minibatch (thesis Theorem 8).
 
-    .. math:: \epsilon'(\alpha) = \frac{5}{2b} + \frac{1}{2(\alpha-1)}\ln\frac{2b}{b-5\alpha}
-              + \frac{2\alpha}{b-5\alpha}, \qquad \alpha < b/5.
+    $$
+    \epsilon'(\alpha) = \frac{5}{2b} + \frac{1}{2(\alpha-1)}\ln\frac{2b}{b-5\alpha}
+    + \frac{2\alpha}{b-5\alpha}, \qquad \alpha < b/5.
+    $$
 
-    The released value is :math:`\hat\lambda + N(0, 2 - \sigma_b^2)`: a Gaussian whose mean and
-    variance both depend on the batch; with tempered ratios clipped to :math:`\sqrt b/n` the
-    mean moves by at most :math:`2/\sqrt b`, the variance lies in [1, 2] and moves by at most
-    :math:`5/b` (Heikkilä et al. 2019), and the Rényi divergence of two such Gaussians is the
+    The released value is $\hat\lambda + N(0, 2 - \sigma_b^2)$: a Gaussian whose mean and
+    variance both depend on the batch; with tempered ratios clipped to $\sqrt b/n$ the
+    mean moves by at most $2/\sqrt b$, the variance lies in [1, 2] and moves by at most
+    $5/b$ (Heikkilä et al. 2019), and the Rényi divergence of two such Gaussians is the
     bound above. It is *not* a Gaussian mechanism with a fixed noise multiplier, which is why
     it is accounted here and not by dp-accounting's subsampled-Gaussian event.
     """
@@ -117,9 +119,11 @@ def wbk_subsampled_rdp(base_rdp, q: float, alpha: int) -> float:
 
     Wang, Balle, Kasiviswanathan (2019), Theorem 9 (as stated in the thesis, Theorem 8/9):
 
-    .. math:: \frac{1}{\alpha-1}\ln\Bigl(1 + q^2\binom{\alpha}{2}\min\{4(e^{\epsilon'(2)}-1),
-              2e^{\epsilon'(2)}\} + \sum_{j=3}^{\alpha} q^j\binom{\alpha}{j}
-              2e^{(j-1)\epsilon'(j)}\Bigr)
+    $$
+    \frac{1}{\alpha-1}\ln\Bigl(1 + q^2\binom{\alpha}{2}\min\{4(e^{\epsilon'(2)}-1),
+    2e^{\epsilon'(2)}\} + \sum_{j=3}^{\alpha} q^j\binom{\alpha}{j}
+    2e^{(j-1)\epsilon'(j)}\Bigr)
+    $$
 
     for replace-one neighbours and a batch of fixed size drawn without replacement
     (``q = b / n``). ``base_rdp(j)`` is the RDP of the mechanism on the batch.

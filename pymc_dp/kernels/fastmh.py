@@ -2,92 +2,94 @@ r"""DP-Fast MH: the TunaMH minibatch test with Gaussian noise, and its privacy (
 
 This module implements the pieces of Zhang & Zhang's DP-Fast MH (shared/papers/004,
 Algorithm 2) that do not know about PyMC: Poisson batch sizes, index sampling with
-probabilities :math:`c_i/C`, the TunaMH thinning and the artanh estimator (Algorithm 1), the
+probabilities $c_i/C$, the TunaMH thinning and the artanh estimator (Algorithm 1), the
 noisy penalty-corrected acceptance test, and the data-free privacy bounds of one iteration.
-Randomness is always an explicit :class:`numpy.random.Generator`.
+Randomness is always an explicit `numpy.random.Generator`.
 
 Notation (paper Sec. 3-4; ``r_i`` below is a log-likelihood *difference*, so
-:math:`U_i(\theta) - U_i(\theta') = r_i`):
+$U_i(\theta) - U_i(\theta') = r_i$):
 
-- :math:`r_i = \log p(x_i|\theta') - \log p(x_i|\theta)`, clipped to
-  :math:`[-c_i M, c_i M]` so that Assumption 1 holds by construction;
-- :math:`M = \|\theta' - \theta\|_2 \le A` (Assumption 2; the proposal is truncated);
-- :math:`C = \sum_i c_i`; the :math:`c_i` are public, data-free constants;
-- :math:`\Lambda = \lambda + C M`, the Poisson rate of the batch size.
+- $r_i = \log p(x_i|\theta') - \log p(x_i|\theta)$, clipped to
+  $[-c_i M, c_i M]$ so that Assumption 1 holds by construction;
+- $M = \|\theta' - \theta\|_2 \le A$ (Assumption 2; the proposal is truncated);
+- $C = \sum_i c_i$; the $c_i$ are public, data-free constants;
+- $\Lambda = \lambda + C M$, the Poisson rate of the batch size.
 
 Exactness (Theorem 3, corrected)
 --------------------------------
-Draw :math:`B \sim \mathrm{Poisson}(\Lambda)` indices with probabilities :math:`c_i/C` and
-keep index :math:`i` with probability
-:math:`p_i = (\lambda c_i + \tfrac{C}{2}(c_i M - r_i)) / (c_i \Lambda)` (Algorithm 1). By
-Poisson thinning the kept counts :math:`s_i` are independent
-:math:`\mathrm{Poisson}(\phi_i)`, :math:`\phi_i = \lambda c_i/C + c_i M/2 - r_i/2`, and the
-TunaMH ratio :math:`2\sum_{\text{kept}}\operatorname{artanh}(C r_i / (c_i(2\lambda + CM)))`
-is exactly :math:`\log \prod_i (\phi_i(\theta',\theta)/\phi_i(\theta,\theta'))^{s_i}`, which
+Draw $B \sim \mathrm{Poisson}(\Lambda)$ indices with probabilities $c_i/C$ and
+keep index $i$ with probability
+$p_i = (\lambda c_i + \tfrac{C}{2}(c_i M - r_i)) / (c_i \Lambda)$ (Algorithm 1). By
+Poisson thinning the kept counts $s_i$ are independent
+$\mathrm{Poisson}(\phi_i)$, $\phi_i = \lambda c_i/C + c_i M/2 - r_i/2$, and the
+TunaMH ratio $2\sum_{\text{kept}}\operatorname{artanh}(C r_i / (c_i(2\lambda + CM)))$
+is exactly $\log \prod_i (\phi_i(\theta',\theta)/\phi_i(\theta,\theta'))^{s_i}$, which
 makes the test reversible for every kept multiset (Zhang, Cooper & De Sa 2020). The dropped
-counts, however, are :math:`\mathrm{Poisson}(c_i M/2 + r_i/2)`: *not* symmetric in
-:math:`(\theta, \theta')`. Algorithm 2 switches to the full batch when the *same* :math:`B`
-reaches :math:`K`, so the switch depends on the dropped draws, hence on the data given the
+counts, however, are $\mathrm{Poisson}(c_i M/2 + r_i/2)$: *not* symmetric in
+$(\theta, \theta')$. Algorithm 2 switches to the full batch when the *same* $B$
+reaches $K$, so the switch depends on the dropped draws, hence on the data given the
 kept ones, and the chain is reversible only up to a defect of order
-:math:`P(\mathrm{Poisson}(\Lambda) \ge K)` in the acceptance probability (the paper's proof
-of Theorem 3 uses only the marginal symmetry of :math:`P(B < K)`, which is not enough).
+$P(\mathrm{Poisson}(\Lambda) \ge K)$ in the acceptance probability (the paper's proof
+of Theorem 3 uses only the marginal symmetry of $P(B < K)$, which is not enough).
 ``branching="independent"`` (the default) removes the defect: the branch is chosen by an
-*independent* draw :math:`B_0 \sim \mathrm{Poisson}(\Lambda)` (:math:`B_0 \ge K`: full batch),
+*independent* draw $B_0 \sim \mathrm{Poisson}(\Lambda)$ ($B_0 \ge K$: full batch),
 which has the same marginal probability and is symmetric, and the minibatch branch draws its
-own untruncated :math:`B`; each branch is then reversible on its own. ``branching="paper"``
-reproduces Algorithm 2 verbatim (one :math:`B` for both), with the defect above.
+own untruncated $B$; each branch is then reversible on its own. ``branching="paper"``
+reproduces Algorithm 2 verbatim (one $B$ for both), with the defect above.
 
-The Gaussian noise :math:`\xi \sim N(0, \sigma^2)` enters as
-:math:`\log a = \ell + \xi - \sigma^2/2 + \log\frac{p(\theta')}{p(\theta)} +
-\log\frac{q(\theta|\theta')}{q(\theta'|\theta)}` (the penalty method, Ceperley & Dewing 1999),
-which keeps reversibility because :math:`\sigma` depends on :math:`M` only (symmetric).
+The Gaussian noise $\xi \sim N(0, \sigma^2)$ enters as
+$\log a = \ell + \xi - \sigma^2/2 + \log\frac{p(\theta')}{p(\theta)} +
+\log\frac{q(\theta|\theta')}{q(\theta'|\theta)}$ (the penalty method, Ceperley & Dewing 1999),
+which keeps reversibility because $\sigma$ depends on $M$ only (symmetric).
 
 Privacy of one iteration (Lemma 1, Theorem 2, corrected)
 --------------------------------------------------------
-Replace-one neighbours :math:`D, D'` differ in record :math:`j`; everything that is not the
-data (proposal, :math:`M`, :math:`B`, :math:`B_0`, the branch, the sampled indices and the
+Replace-one neighbours $D, D'$ differ in record $j$; everything that is not the
+data (proposal, $M$, $B$, $B_0$, the branch, the sampled indices and the
 thinning uniforms) has the same law under both and is *coupled* (the same draws are used).
 
-*Full batch.* :math:`\ell_2 = \sum_i \mathrm{clip}(r_i)` changes by at most
-:math:`2 c_j M \le \Delta(\ell_2) = 2 \max_i c_i M` (Lemma 1, eq. 2). Noise of std
-:math:`z_2 \Delta(\ell_2)` makes it a Gaussian mechanism with privacy-loss parameter
-:math:`\mu_2 = 1/(2 z_2^2)`, independent of :math:`M`.
+*Full batch.* $\ell_2 = \sum_i \mathrm{clip}(r_i)$ changes by at most
+$2 c_j M \le \Delta(\ell_2) = 2 \max_i c_i M$ (Lemma 1, eq. 2). Noise of std
+$z_2 \Delta(\ell_2)$ makes it a Gaussian mechanism with privacy-loss parameter
+$\mu_2 = 1/(2 z_2^2)$, independent of $M$.
 
 *Minibatch, one draw.* Each drawn copy contributes
-:math:`X_b = 1[u_b < p_{i_b}]\, 2\operatorname{artanh}(\cdot) \in [-L, L]`,
-:math:`L = \log(1 + CM/\lambda)`, kept or not: 0 lies in the interval and the artanh term
-is bounded by :math:`L` because :math:`|r_i| \le c_i M` (Lemma 1's proof). With the uniform
-:math:`u_b` coupled, a copy of :math:`j` can be kept under :math:`D` and dropped under
-:math:`D'` (or the reverse), and still :math:`|X_b - X'_b| \le 2L = \Delta(\ell_1)` (Lemma 1,
-eq. 1). A sampled multiset that contains :math:`j` exactly :math:`k` times therefore moves
-:math:`\ell_1` by at most :math:`k \Delta(\ell_1)`: conditionally on it, noise of std
-:math:`z_1 \Delta(\ell_1)` is a Gaussian mechanism with :math:`\mu = k^2 \mu_1`,
-:math:`\mu_1 = 1/(2 z_1^2)`.
+$X_b = 1[u_b < p_{i_b}]\, 2\operatorname{artanh}(\cdot) \in [-L, L]$,
+$L = \log(1 + CM/\lambda)$, kept or not: 0 lies in the interval and the artanh term
+is bounded by $L$ because $|r_i| \le c_i M$ (Lemma 1's proof). With the uniform
+$u_b$ coupled, a copy of $j$ can be kept under $D$ and dropped under
+$D'$ (or the reverse), and still $|X_b - X'_b| \le 2L = \Delta(\ell_1)$ (Lemma 1,
+eq. 1). A sampled multiset that contains $j$ exactly $k$ times therefore moves
+$\ell_1$ by at most $k \Delta(\ell_1)$: conditionally on it, noise of std
+$z_1 \Delta(\ell_1)$ is a Gaussian mechanism with $\mu = k^2 \mu_1$,
+$\mu_1 = 1/(2 z_1^2)$.
 
-*Minibatch, amplification.* The multiplicity :math:`k` of record :math:`j` is data-free:
-:math:`\mathrm{Poisson}(\Lambda c_j / C)` for an untruncated Poisson batch
-(``branching="independent"``), :math:`\mathrm{Binomial}(B, c_j/C)` for a given :math:`B < K`
-(``branching="paper"``). Both are stochastically largest at :math:`M = A`, :math:`B = K-1`,
-:math:`c_j = \max_i c_i`; these worst cases make the bound a data-free constant. Writing the
-output law as :math:`P = (1-\eta) P_0 + \eta P_1` under :math:`D` and
-:math:`Q = (1-\eta) P_0 + \eta Q_1` under :math:`D'` (:math:`\eta = P(k \ge 1)`,
-:math:`P_0` the common law given :math:`k = 0`), the advanced joint convexity of the
+*Minibatch, amplification.* The multiplicity $k$ of record $j$ is data-free:
+$\mathrm{Poisson}(\Lambda c_j / C)$ for an untruncated Poisson batch
+(``branching="independent"``), $\mathrm{Binomial}(B, c_j/C)$ for a given $B < K$
+(``branching="paper"``). Both are stochastically largest at $M = A$, $B = K-1$,
+$c_j = \max_i c_i$; these worst cases make the bound a data-free constant. Writing the
+output law as $P = (1-\eta) P_0 + \eta P_1$ under $D$ and
+$Q = (1-\eta) P_0 + \eta Q_1$ under $D'$ ($\eta = P(k \ge 1)$,
+$P_0$ the common law given $k = 0$), the advanced joint convexity of the
 hockey-stick divergence (Balle, Barthe & Gaboardi 2018, Theorem 2) gives, for every
-:math:`\varepsilon_0 \ge 0`, that the branch is :math:`(\varepsilon', \delta')`-DP with
+$\varepsilon_0 \ge 0$, that the branch is $(\varepsilon', \delta')$-DP with
 
-.. math:: \varepsilon' = \log(1 + \eta(e^{\varepsilon_0} - 1)), \qquad
-          \delta' = \sum_{k \ge 1} P(k)\, \delta_{\mathcal N}(k^2 \mu_1; \varepsilon_0),
+$$
+\varepsilon' = \log(1 + \eta(e^{\varepsilon_0} - 1)), \qquad
+\delta' = \sum_{k \ge 1} P(k)\, \delta_{\mathcal N}(k^2 \mu_1; \varepsilon_0),
+$$
 
-where :math:`\delta_{\mathcal N}(\mu; \varepsilon)` is the exact (epsilon, delta) curve of a
-Gaussian mechanism (Balle & Wang 2018, Theorem 8): both :math:`P_1` vs :math:`P_0` (replace
-the copies of :math:`j` by fresh draws of other records) and :math:`P_1` vs :math:`Q_1` are
-couplings at distance :math:`k`. This replaces the paper's factor-:math:`6K\max c_i/C`
+where $\delta_{\mathcal N}(\mu; \varepsilon)$ is the exact (epsilon, delta) curve of a
+Gaussian mechanism (Balle & Wang 2018, Theorem 8): both $P_1$ vs $P_0$ (replace
+the copies of $j$ by fresh draws of other records) and $P_1$ vs $Q_1$ are
+couplings at distance $k$. This replaces the paper's factor-$6K\max c_i/C$
 argument and its classical noise formula (only valid for epsilon < 1). The Poisson tail beyond
-the largest :math:`k` summed is added to :math:`\delta'` (rigorous).
+the largest $k$ summed is added to $\delta'$ (rigorous).
 
 *One iteration.* The branch is chosen from data-free draws, so the iteration is a data-free
-mixture of the two branches and satisfies :math:`(\varepsilon, \max(\delta'_{\rm mini},
-\delta_{\mathcal N}(\mu_2; \varepsilon)))`-DP (joint convexity). Iterations compose
+mixture of the two branches and satisfies $(\varepsilon, \max(\delta'_{\rm mini},
+\delta_{\mathcal N}(\mu_2; \varepsilon)))$-DP (joint convexity). Iterations compose
 adaptively with the optimal homogeneous composition theorem for (epsilon, delta)-DP
 mechanisms (Kairouz, Oh & Viswanath 2017, Theorem 3.3). Charging a constant
 (epsilon, delta) per iteration keeps that theorem applicable (its parameters must not be
@@ -95,10 +97,10 @@ chosen adaptively); the minibatch branch is not a Gaussian mechanism, so a tight
 (mu) composition would not apply to it.
 
 *"Privacy for free".* Without noise, the accept/reject bit has
-:math:`P(\text{reject}|D) - P(\text{reject}|D') \le 1 - e^{-s}` when the log-ratio moves by
-:math:`s` (shared/notes/pitfalls.md): the bit is only :math:`(\varepsilon, 1 - e^{-s})`-DP
-for every :math:`\varepsilon \ge 0`, not :math:`(\varepsilon, 0)` as the paper claims. For the
-minibatch the same coupling gives :math:`\delta = \sum_k P(k)(1 - e^{-k s})`.
+$P(\text{reject}|D) - P(\text{reject}|D') \le 1 - e^{-s}$ when the log-ratio moves by
+$s$ (shared/notes/pitfalls.md): the bit is only $(\varepsilon, 1 - e^{-s})$-DP
+for every $\varepsilon \ge 0$, not $(\varepsilon, 0)$ as the paper claims. For the
+minibatch the same coupling gives $\delta = \sum_k P(k)(1 - e^{-k s})$.
 
 Floating point: the noise is an IEEE double, not an exact Gaussian; Mironov (2012) shows how
 low-order bits can leak. The guarantees above are for exact real arithmetic.
@@ -165,17 +167,17 @@ Branching = Literal["independent", "paper"]
 
 # -- Lemma 1: sensitivities ----------------------------------------------------------------
 def minibatch_sensitivity(C: float, lam: float, step_norm: float) -> float:
-    r"""Per-copy sensitivity :math:`\Delta(\ell_1) = 2\log(1 + CM/\lambda)` (Lemma 1, eq. 1).
+    r"""Per-copy sensitivity $\Delta(\ell_1) = 2\log(1 + CM/\lambda)$ (Lemma 1, eq. 1).
 
-    One drawn copy of a record contributes a value in :math:`[-L, L]`,
-    :math:`L = \log(1 + CM/\lambda)`, whether it is kept (artanh term) or dropped (0), so
-    replacing the record moves the copy's contribution by at most :math:`2L`.
+    One drawn copy of a record contributes a value in $[-L, L]$,
+    $L = \log(1 + CM/\lambda)$, whether it is kept (artanh term) or dropped (0), so
+    replacing the record moves the copy's contribution by at most $2L$.
     """
     return 2.0 * math.log1p(C * step_norm / lam)
 
 
 def fullbatch_sensitivity(c_max: float, step_norm: float) -> float:
-    r""":math:`\Delta(\ell_2) = 2 \max_i c_i M` (Lemma 1, eq. 2; replace-one neighbours)."""
+    r"""$\Delta(\ell_2) = 2 \max_i c_i M$ (Lemma 1, eq. 2; replace-one neighbours)."""
     return 2.0 * c_max * step_norm
 
 
@@ -183,18 +185,18 @@ def fullbatch_sensitivity(c_max: float, step_norm: float) -> float:
 def keep_probability(r, c, C: float, lam: float, step_norm: float):
     r"""TunaMH's probability of keeping a drawn index (Algorithm 1, ``Batch``).
 
-    :math:`(\lambda c_i + \frac{C}{2}(c_i M - r_i)) / (c_i(\lambda + CM))` with
-    :math:`r_i = U_i(\theta) - U_i(\theta')` the clipped log-likelihood difference; in
-    :math:`[\lambda/(\lambda + CM), 1]` when :math:`|r_i| \le c_i M`.
+    $(\lambda c_i + \frac{C}{2}(c_i M - r_i)) / (c_i(\lambda + CM))$ with
+    $r_i = U_i(\theta) - U_i(\theta')$ the clipped log-likelihood difference; in
+    $[\lambda/(\lambda + CM), 1]$ when $|r_i| \le c_i M$.
     """
     return (lam * c + 0.5 * C * (c * step_norm - r)) / (c * (lam + C * step_norm))
 
 
 def tuna_log_ratio(r_kept, c_kept, C: float, lam: float, step_norm: float) -> float:
-    r""":math:`\ell_1 = 2 \sum_{i \in I} \operatorname{artanh}(C r_i / (c_i(2\lambda + CM)))`.
+    r"""$\ell_1 = 2 \sum_{i \in I} \operatorname{artanh}(C r_i / (c_i(2\lambda + CM)))$.
 
     Algorithm 1, ``MHRatio``; ``r_kept`` are the clipped differences of the kept indices
-    (with repeats). Each term lies in :math:`[-\log(1 + CM/\lambda), \log(1 + CM/\lambda)]`.
+    (with repeats). Each term lies in $[-\log(1 + CM/\lambda), \log(1 + CM/\lambda)]$.
     """
     if np.size(r_kept) == 0:
         return 0.0
@@ -235,11 +237,11 @@ class IndexSampler:
 
 
 def truncate_step(step: np.ndarray, max_step: float) -> np.ndarray:
-    r"""Radial truncation :math:`\Delta \mapsto \Delta \min(1, A/\|\Delta\|_2)`.
+    r"""Radial truncation $\Delta \mapsto \Delta \min(1, A/\|\Delta\|_2)$.
 
-    Enforces :math:`M \le A` (Assumption 2). The map commutes with :math:`\Delta \mapsto
-    -\Delta`, so a symmetric step law stays symmetric: :math:`q(\theta'|\theta) =
-    q(\theta|\theta')` and the log proposal ratio is 0.
+    Enforces $M \le A$ (Assumption 2). The map commutes with $\Delta \mapsto
+    -\Delta$, so a symmetric step law stays symmetric: $q(\theta'|\theta) =
+    q(\theta|\theta')$ and the log proposal ratio is 0.
     """
     norm = float(np.linalg.norm(step))
     if norm > max_step:
@@ -323,10 +325,10 @@ def fastmh_transition(
     settings : FastMHSettings
     sampler : IndexSampler
     step_norm : float
-        :math:`M = \|\theta' - \theta\|_2` (already truncated to ``<= A``).
+        $M = \|\theta' - \theta\|_2$ (already truncated to ``<= A``).
     log_prior_ratio, log_proposal_ratio : float
-        :math:`\log p(\theta')/p(\theta)` (data-free, exact) and
-        :math:`\log q(\theta|\theta')/q(\theta'|\theta)`.
+        $\log p(\theta')/p(\theta)$ (data-free, exact) and
+        $\log q(\theta|\theta')/q(\theta'|\theta)$.
     minibatch_ratios : callable
         ``idx -> r[idx]``: unclipped log-likelihood differences of the records ``idx`` only
         (the only data access of the minibatch branch).
@@ -399,7 +401,7 @@ def default_max_batch(rate: float, full_batch_probability: float = 1e-3) -> int:
 def _gaussian_delta_many(mu: np.ndarray, epsilon: float) -> np.ndarray:
     """Tight delta(epsilon) of Gaussian mechanisms with parameters ``mu`` (vectorised in mu).
 
-    The same stable formula as :func:`pymc_dp.accounting.gaussian_delta` (Balle & Wang 2018,
+    The same stable formula as `pymc_dp.accounting.gaussian_delta` (Balle & Wang 2018,
     Theorem 8; written with ``erfcx`` so that nothing overflows), for many ``mu`` at once.
     """
     mu = np.asarray(mu, dtype=float)
@@ -463,8 +465,8 @@ class Multiplicity:
 def minibatch_delta(law: Multiplicity, mu: float, epsilon: float) -> float:
     r"""Delta of the noisy minibatch branch at ``epsilon`` (advanced joint convexity).
 
-    :math:`\sum_{k \ge 1} P(k) \delta_{\mathcal N}(k^2 \mu; \varepsilon_0)` + tail, with
-    :math:`\varepsilon_0 = \log(1 + (e^{\varepsilon} - 1)/\eta)` (module docstring; Balle,
+    $\sum_{k \ge 1} P(k) \delta_{\mathcal N}(k^2 \mu; \varepsilon_0)$ + tail, with
+    $\varepsilon_0 = \log(1 + (e^{\varepsilon} - 1)/\eta)$ (module docstring; Balle,
     Barthe & Gaboardi 2018, Theorem 2; Balle & Wang 2018, Theorem 8).
 
     Parameters
@@ -485,7 +487,7 @@ def minibatch_delta(law: Multiplicity, mu: float, epsilon: float) -> float:
 
 
 def minibatch_mu(law: Multiplicity, epsilon: float, delta: float) -> float:
-    """Largest per-copy ``mu`` with :func:`minibatch_delta` ``<= delta`` (never overshoots).
+    """Largest per-copy ``mu`` with `minibatch_delta` ``<= delta`` (never overshoots).
 
     Raises
     ------
@@ -542,8 +544,8 @@ def minibatch_epsilon(law: Multiplicity, mu: float, delta: float) -> float:
 def noise_free_delta(law: Multiplicity | None, shift: float) -> float:
     r"""Delta of a noise-free accept/reject bit whose log-ratio moves by ``<= shift`` per copy.
 
-    ``law=None`` (full batch): :math:`1 - e^{-s}`. Minibatch:
-    :math:`\sum_k P(k)(1 - e^{-k s})` + tail. Valid at every epsilon >= 0.
+    ``law=None`` (full batch): $1 - e^{-s}$. Minibatch:
+    $\sum_k P(k)(1 - e^{-k s})$ + tail. Valid at every epsilon >= 0.
     """
     if law is None:
         return -math.expm1(-shift)

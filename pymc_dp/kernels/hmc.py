@@ -104,12 +104,14 @@ def noisy_leapfrog(
     Implements the noisy clipped leapfrog of DP-HMC (paper eq. (1); Algorithm 1, inner
     loop)
 
-    .. math:: l = l_{p_{\eta/2}} \circ l_\theta \circ l_{p_\eta} \circ \cdots \circ
-              l_{p_\eta} \circ l_\theta \circ l_{p_{\eta/2}}, \quad
-              l_{p_s}(\theta, p) = (\theta, p + s\,(g(\theta) + \xi)), \quad
-              l_\theta(\theta, p) = (\theta + \eta M^{-1} p, p)
+    $$
+    l = l_{p_{\eta/2}} \circ l_\theta \circ l_{p_\eta} \circ \cdots \circ
+    l_{p_\eta} \circ l_\theta \circ l_{p_{\eta/2}}, \quad
+    l_{p_s}(\theta, p) = (\theta, p + s\,(g(\theta) + \xi)), \quad
+    l_\theta(\theta, p) = (\theta + \eta M^{-1} p, p)
+    $$
 
-    with a fresh :math:`\xi \sim N(0, \sigma_g^2 I)` at each of the ``n_steps + 1``
+    with a fresh $\xi \sim N(0, \sigma_g^2 I)$ at each of the ``n_steps + 1``
     gradient evaluations. The first gradient of a trajectory is always computed here, never
     taken from a previous trajectory (paper, remark after Theorem 3.5: reusing it would make
     the next iteration depend on this iteration's noise).
@@ -194,23 +196,29 @@ class HaltonSequence:
 class DualAveraging:
     r"""Dual-averaging step-size adaptation (Hoffman & Gelman 2014, Sec. 3.2, eq. (6)).
 
-    After the ``t``-th update with acceptance statistic :math:`\alpha_t`,
+    After the ``t``-th update with acceptance statistic $\alpha_t$,
 
-    .. math:: \bar H_t = (1 - \tfrac{1}{t + t_0}) \bar H_{t-1}
-              + \tfrac{1}{t + t_0} (\delta - \alpha_t), \quad
-              \log\eta_t = \mu - \tfrac{\sqrt t}{\gamma} \bar H_t, \quad
-              \log\bar\eta_t = t^{-\kappa}\log\eta_t + (1 - t^{-\kappa})\log\bar\eta_{t-1}
+    $$
+    \bar H_t = (1 - \tfrac{1}{t + t_0}) \bar H_{t-1}
+    + \tfrac{1}{t + t_0} (\delta - \alpha_t), \quad
+    \log\eta_t = \mu - \tfrac{\sqrt t}{\gamma} \bar H_t, \quad
+    \log\bar\eta_t = t^{-\kappa}\log\eta_t + (1 - t^{-\kappa})\log\bar\eta_{t-1}
+    $$
 
-    with :math:`\mu = \log(10\,\eta_0)`; the same constants as PyMC's and Stan's. During
-    warmup the sampler uses :math:`\eta_t`, afterwards :math:`\bar\eta_t`.
+    with $\mu = \log(10\,\eta_0)$; the same constants as PyMC's and Stan's. During
+    warmup the sampler uses $\eta_t$, afterwards $\bar\eta_t$.
 
     Parameters
     ----------
     initial_step : float
     target : float
         Target acceptance statistic ``delta`` in (0, 1).
-    gamma, k, t0 : float
-        Shrinkage, averaging exponent ``kappa`` and stabilisation offset.
+    gamma : float
+        Shrinkage.
+    k : float
+        Averaging exponent ``kappa``.
+    t0 : float
+        Stabilisation offset.
     """
 
     def __init__(
@@ -295,7 +303,7 @@ def warmup_windows(
 class DiagonalMassAdaptation:
     """Windowed estimate of a diagonal inverse mass matrix from the chain's own draws.
 
-    Draws of each slow window (see :func:`warmup_windows`) are accumulated with Welford's
+    Draws of each slow window (see `warmup_windows`) are accumulated with Welford's
     algorithm; at the window's end the inverse mass becomes their regularised variance
     ``(n var + 5e-3 m_old) / (n + 5)`` per coordinate, with ``m_old`` the previous inverse
     mass (Stan's shrinkage, made scale-free: Stan shrinks toward the absolute 1e-3, which

@@ -6,7 +6,7 @@ L2 norm ``C``, add Gaussian noise, and scale by ``1 / q`` (an unbiased estimate 
 sum). There is no accept/reject step and the step size is constant, so the chains are
 **biased** for every step size ``eta > 0``: their stationary distribution is not the
 posterior (the bias vanishes only as ``eta -> 0``; Welling & Teh 2011, Teh, Thiery & Vollmer
-2016). :func:`sgld_gaussian_variance` gives the bias in closed form for a Gaussian target.
+2016). `sgld_gaussian_variance` gives the bias in closed form for a Gaussian target.
 
 Privacy. With the state (``theta``, and for SGNHT the momentum and thermostat) fixed by the
 earlier releases, each update adds ``(eta_g / q) S`` to a data-free quantity plus independent
@@ -16,12 +16,14 @@ noise, which is what makes SGLD private "for free": Wang, Fienberg & Smola 2015,
 Chen, Liu & Carin 2019) can be moved onto ``S``: the release is the Poisson-subsampled Gaussian
 mechanism ``S + N(0, (z C)^2 I)`` with noise multiplier
 
-.. math:: z = \sqrt{\sigma^2 + z_{\mathrm{int}}^2},
+$$
+z = \sqrt{\sigma^2 + z_{\mathrm{int}}^2},
+$$
 
 ``sigma`` the added noise multiplier and ``z_int`` that of the diffusion noise
-(:func:`sgld_intrinsic_noise_multiplier`, :func:`sgnht_intrinsic_noise_multiplier`). Under
+(`sgld_intrinsic_noise_multiplier`, `sgnht_intrinsic_noise_multiplier`). Under
 replace-one neighbours each record's clipped gradient has norm at most ``C``, so ``z`` is
-exactly the ``noise_multiplier`` of :class:`pymc_dp.accounting.PoissonSubsampledGaussian`.
+exactly the ``noise_multiplier`` of `pymc_dp.accounting.PoissonSubsampledGaussian`.
 Everything else the samplers compute is post-processing.
 
 References
@@ -84,7 +86,7 @@ def poisson_subsample(n: int, sampling_rate: float, rng: np.random.Generator) ->
 def sgld_intrinsic_noise_multiplier(step_size: float, sampling_rate: float, clip_bound: float):
     r"""Noise multiplier carried by SGLD's own diffusion noise.
 
-    In :func:`sgld_update` the clipped sum ``S`` enters ``theta`` as ``(eta / (2 q)) S`` next
+    In `sgld_update` the clipped sum ``S`` enters ``theta`` as ``(eta / (2 q)) S`` next
     to the noise ``N(0, eta I)``; dividing the noise by ``eta / (2 q)`` gives std
     ``2 q / sqrt(eta)`` on ``S``, i.e. ``z_int = 2 q / (C sqrt(eta))``.
     """
@@ -130,8 +132,10 @@ def noisy_gradient(
 ) -> np.ndarray:
     r"""DP estimate of the log-posterior gradient from a Poisson minibatch.
 
-    .. math:: \hat g = \nabla \log p(\theta) + \frac{1}{q}\Big(\sum_{i \in B}
-              \mathrm{clip}_C(\nabla \log p(x_i|\theta)) + N(0, s^2 I)\Big)
+    $$
+    \hat g = \nabla \log p(\theta) + \frac{1}{q}\Big(\sum_{i \in B}
+    \mathrm{clip}_C(\nabla \log p(x_i|\theta)) + N(0, s^2 I)\Big)
+    $$
 
     with ``s = noise_std`` (``sigma C``). The prior (and log-Jacobian) gradient is data-free:
     neither clipped nor noised. ``clipped_sum`` may have a leading batch axis (vectorised
@@ -153,7 +157,7 @@ def sgld_update(
 class SGNHTState:
     """Momentum ``p`` and thermostat ``xi`` of an SGNHT chain (Ding et al. 2014).
 
-    Ding et al. start from ``p ~ N(0, I)`` and ``xi = A``; so does :meth:`initial`.
+    Ding et al. start from ``p ~ N(0, I)`` and ``xi = A``; so does `initial`.
     """
 
     __slots__ = ("p", "xi")
@@ -178,10 +182,13 @@ def sgnht_update(
     r"""One SGNHT step, Ding et al. (2014) Algorithm 1, with ``grad`` the (noisy) gradient of
     the log posterior (``-\nabla \tilde U``):
 
-    .. math::
-        p' &= p - \xi p\,\eta + \hat g\,\eta + \sqrt{2 A \eta}\, N(0, I) \\
-        \theta' &= \theta + p'\,\eta \\
-        \xi' &= \xi + \left(\tfrac{1}{d} p'^\top p' - 1\right)\eta
+    $$
+    \begin{aligned}
+    p' &= p - \xi p\,\eta + \hat g\,\eta + \sqrt{2 A \eta}\, N(0, I) \\
+    \theta' &= \theta + p'\,\eta \\
+    \xi' &= \xi + \left(\tfrac{1}{d} p'^\top p' - 1\right)\eta
+    \end{aligned}
+    $$
 
     ``theta`` and ``grad`` may carry a leading batch axis (vectorised trials, ``xi`` then an
     array). Ding et al. use the new momentum in the position and thermostat updates (the
@@ -208,7 +215,7 @@ def sgld_gaussian_variance(
     grad_noise_var: float = 0.0,
     grad_noise_slope: float = 0.0,
 ) -> float:
-    r"""Stationary variance of :func:`sgld_update` on a 1-d Gaussian target.
+    r"""Stationary variance of `sgld_update` on a 1-d Gaussian target.
 
     Target ``N(m, 1/P)``; the gradient estimate is ``-P (theta - m) + e`` with
     ``E[e | theta] = 0`` and ``Var[e | theta] = V_0 + V_1 (theta - m)^2`` (a Poisson minibatch
@@ -217,7 +224,9 @@ def sgld_gaussian_variance(
     stationarity of ``u' = a u + (eta/2) e + sqrt(eta) Z`` gives
     ``v = a^2 v + (eta^2/4)(V_0 + V_1 v) + eta``, i.e.
 
-    .. math:: v = \frac{\eta + \eta^2 V_0 / 4}{\eta P (1 - \eta P / 4) - \eta^2 V_1 / 4},
+    $$
+    v = \frac{\eta + \eta^2 V_0 / 4}{\eta P (1 - \eta P / 4) - \eta^2 V_1 / 4},
+    $$
 
     which reduces to ``1 / (P (1 - eta P / 4))`` for exact gradients: SGLD over-disperses by
     the factor ``1 / (1 - eta P / 4)`` at any ``eta > 0``.

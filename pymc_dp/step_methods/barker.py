@@ -39,34 +39,35 @@ __all__ = ["DPBarker", "barker_runner"]
 class DPBarker(ScaleAdaptation, DPStep):
     r"""Differentially private random-walk Metropolis with the DP Barker minibatch test.
 
-    Each iteration proposes :math:`\theta' = \theta + s\,S\odot\xi`, draws ``batch_size``
+    Each iteration proposes $\theta' = \theta + s\,S\odot\xi$, draws ``batch_size``
     records without replacement, clips the tempered ratios
-    :math:`T(\log p(x_j|\theta') - \log p(x_j|\theta))` to :math:`\pm\sqrt b/n` (thesis
+    $T(\log p(x_j|\theta') - \log p(x_j|\theta))$ to $\pm\sqrt b/n$ (thesis
     Theorem 8), and accepts if
 
-    .. math:: \frac{n}{b}\sum_{j\in B} r_j + \log\frac{p(\theta')}{p(\theta)} + s + c > 0,
-              \quad s\sim N(0, 2 - \sigma_b^2),\ c \sim \hat V_{corr}
+    $$
+    \frac{n}{b}\sum_{j\in B} r_j + \log\frac{p(\theta')}{p(\theta)} + s + c > 0,
+    \quad s\sim N(0, 2 - \sigma_b^2),\ c \sim \hat V_{corr}
+    $$
 
-    (Algorithm 2), :math:`\sigma_b^2` the batch variance (:func:`~pymc_dp.step_methods.
-    subsampled_penalty.minibatch_estimate`, at most 1 after clipping) and
-    :math:`\hat V_{corr}` the shipped Gaussian-mixture correction
-    (:mod:`pymc_dp.kernels.barker`).
+    (Algorithm 2), $\sigma_b^2$ the batch variance (`minibatch_estimate`, at most 1 after
+    clipping) and $\hat V_{corr}$ the shipped Gaussian-mixture correction
+    (`pymc_dp.kernels.barker`).
 
     **Privacy.** No noise multiplier: Theorem 8 fixes the per-iteration RDP
-    :math:`\epsilon'(\alpha)` from the batch size alone, amplified by sampling without
+    $\epsilon'(\alpha)$ from the batch size alone, amplified by sampling without
     replacement (Wang, Balle, Kasiviswanathan 2019, Theorem 9) and composed over all
-    iterations of all chains (:func:`pymc_dp.kernels.barker.dp_barker_epsilon`). A target
+    iterations of all chains (`pymc_dp.kernels.barker.dp_barker_epsilon`). A target
     epsilon therefore calibrates the batch size
-    (:func:`~pymc_dp.kernels.barker.calibrate_barker_batch_size`). Every iteration records the
+    (`calibrate_barker_batch_size`). Every iteration records the
     data-free stats ``dp_barker_batch = b`` and ``dp_barker_n = n``; ``dp_mu`` is 0.
 
     **Approximation.** With ``b = n`` the test is the Barker test (exact: detailed balance
     with respect to the tempered posterior) up to the correction's error, at most
     ``sup_cdf_error`` (5.9e-4) per acceptance probability. With ``b < n`` it also relies on
     the CLT for the minibatch estimate (Seita et al. 2017). Ratios clipped to
-    :math:`\sqrt b/n` bias the chain: choose the temperature ``T`` so that
-    :math:`T|r_j| \le \sqrt b/n` holds for the steps the chain makes (the thesis uses
-    :math:`T = n_0/n`).
+    $\sqrt b/n$ bias the chain: choose the temperature ``T`` so that
+    $T|r_j| \le \sqrt b/n$ holds for the steps the chain makes (the thesis uses
+    $T = n_0/n$).
 
     Parameters
     ----------
@@ -81,9 +82,12 @@ class DPBarker(ScaleAdaptation, DPStep):
         The planned run; a chain never runs longer.
     tempering : float
         Likelihood temperature ``T`` (required in practice: the bound is ``sqrt(b) / n``).
-    proposal_scale, scaling, target_accept
-        Random-walk proposal as in :class:`~pymc_dp.DPPenaltyMetropolis`; adapted in warmup
-        from the DP accept decisions.
+    proposal_scale : float or array
+        Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
+    scaling : float
+        Initial global scale ``s``; adapted in warmup from the DP accept decisions.
+    target_accept : float
+        Target acceptance rate of the warmup adaptation.
     data_free_potentials : bool
         Declare that every ``pm.Potential`` is free of the data.
     nonprivate_diagnostics : bool

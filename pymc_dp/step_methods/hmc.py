@@ -63,13 +63,15 @@ def calibrate_dphmc_noise(
     A run of ``k`` iterations (all chains, warmup included) with ``L`` leapfrog steps has
     total privacy-loss parameter (DP-HMC paper Theorem 3.5)
 
-    .. math:: \mu = \frac{k}{2 z_l^2} + \frac{k (L + 1)}{2 z_g^2}.
+    $$
+    \mu = \frac{k}{2 z_l^2} + \frac{k (L + 1)}{2 z_g^2}.
+    $$
 
-    The largest :math:`\mu^*` with :math:`\epsilon(\mu^*, \delta) \le \epsilon` (tight
-    Gaussian bound, :func:`~pymc_dp.accounting.gaussian_mu_for_epsilon`) is split: a
+    The largest $\mu^*$ with $\epsilon(\mu^*, \delta) \le \epsilon$ (tight
+    Gaussian bound, `gaussian_mu_for_epsilon`) is split: a
     fraction ``f = grad_budget_fraction`` goes to the ``k (L + 1)`` gradient releases and
     ``1 - f`` to the ``k`` log-likelihood-ratio releases, i.e.
-    :math:`z_g = \sqrt{k (L + 1) / (2 f \mu^*)}`, :math:`z_l = \sqrt{k / (2 (1 - f) \mu^*)}`.
+    $z_g = \sqrt{k (L + 1) / (2 f \mu^*)}$, $z_l = \sqrt{k / (2 (1 - f) \mu^*)}$.
     Both are then nudged up until the run's epsilon (with a ``1e-9`` relative margin on
     ``mu`` for rounding in the report's sum) is at most the target.
 
@@ -128,33 +130,37 @@ def _check_fraction(value) -> float:
 class DPHMC(DPStep):
     r"""Differentially private Hamiltonian Monte Carlo (DP-HMC, Räisä et al., Algorithm 1).
 
-    Each iteration draws a momentum :math:`p \sim N(0, M)` (diagonal ``M``), runs ``L``
-    leapfrog steps of size :math:`\eta_i = \eta h_i` (:math:`h_i` a randomised Halton number
+    Each iteration draws a momentum $p \sim N(0, M)$ (diagonal ``M``), runs ``L``
+    leapfrog steps of size $\eta_i = \eta h_i$ ($h_i$ a randomised Halton number
     in (0, 1)) in which *every* momentum update uses the noisy clipped gradient
 
-    .. math:: g(\theta) + \xi, \quad g(\theta) = \sum_i \mathrm{clip}_{b_g}
-              (\nabla \log p(x_i|\theta)) + \nabla \log p(\theta), \quad
-              \xi \sim N(0, (2 z_g b_g)^2 I)
+    $$
+    g(\theta) + \xi, \quad g(\theta) = \sum_i \mathrm{clip}_{b_g}
+    (\nabla \log p(x_i|\theta)) + \nabla \log p(\theta), \quad
+    \xi \sim N(0, (2 z_g b_g)^2 I)
+    $$
 
     (prior and log-Jacobian exact, neither clipped nor noised), and accepts
-    :math:`(\theta', p')` by the penalty test
+    $(\theta', p')$ by the penalty test
 
-    .. math:: \log u < \sum_i \mathrm{clip}(r_i) + \xi_l + \log\frac{p(\theta')}{p(\theta)}
-              + K(p) - K(p') - \frac{\sigma_l^2}{2}, \quad
-              \xi_l \sim N(0, \sigma_l^2),\ \sigma_l = 2 z_l b_l \|\theta' - \theta\|_2
+    $$
+    \log u < \sum_i \mathrm{clip}(r_i) + \xi_l + \log\frac{p(\theta')}{p(\theta)}
+    + K(p) - K(p') - \frac{\sigma_l^2}{2}, \quad
+    \xi_l \sim N(0, \sigma_l^2),\ \sigma_l = 2 z_l b_l \|\theta' - \theta\|_2
+    $$
 
-    with per-record log-likelihood ratios :math:`r_i` clipped to
-    :math:`\pm b_l \|\theta' - \theta\|_2`. With the ratios not clipped the chain has the
+    with per-record log-likelihood ratios $r_i$ clipped to
+    $\pm b_l \|\theta' - \theta\|_2$. With the ratios not clipped the chain has the
     exact posterior as invariant distribution (paper Theorem 3.3; gradient clipping does not
     affect exactness) and is ergodic (Theorem 3.4).
 
     **Privacy** (Theorem 3.5): the gradient is released ``L + 1`` times per iteration (the
     first gradient of an iteration is recomputed, never reused), the ratio once; each is a
     Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
-    parameter :math:`\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)` and ``k`` iterations over all
-    chains (warmup included) compose to :math:`k\mu` by the tight Gaussian bound (Sommer et
+    parameter $\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)$ and ``k`` iterations over all
+    chains (warmup included) compose to $k\mu$ by the tight Gaussian bound (Sommer et
     al. 2019). Every iteration records ``dp_mu`` and ``dp_releases = L + 2``; read the
-    spend of a run with :func:`pymc_dp.privacy_report`. Everything else the step emits or
+    spend of a run with `pymc_dp.privacy_report`. Everything else the step emits or
     adapts on is post-processing of the released values.
 
     Parameters
@@ -174,10 +180,10 @@ class DPHMC(DPStep):
     epsilon, delta : float, optional
         Target privacy of the whole planned run (all chains, warmup included); ``z_l`` and
         ``z_g`` are calibrated so that the run's epsilon never exceeds the target
-        (:func:`calibrate_dphmc_noise`).
+        (`calibrate_dphmc_noise`).
     draws, tune, chains : int, optional
         The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        :class:`~pymc_dp.step_methods.base.BudgetExceededError` before it reads the data again.
+        `BudgetExceededError` before it reads the data again.
     grad_budget_fraction : float
         With a target epsilon: the fraction of the total privacy-loss parameter ``mu`` spent
         on the ``L + 1`` gradient releases per iteration; the rest goes to the penalty test.
@@ -223,7 +229,7 @@ class DPHMC(DPStep):
     sigma_l^2 / 2)``; the exact energy reads the data and is never published),
     ``diverging`` (noisy energy change above 1000 or not finite), ``step_norm``,
     ``llr_noise_std``, ``grad_noise_std`` and the privacy stats of
-    :class:`~pymc_dp.step_methods.base.DPStep`.
+    `DPStep`.
 
     The Gaussian mechanism is implemented with floating-point Gaussian samples, which can
     leak through low-order bits (Mironov 2012); the penalty correction needs Gaussian noise,

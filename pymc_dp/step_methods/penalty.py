@@ -33,19 +33,21 @@ _TARGET_ACCEPT = {"gaussian": 0.234, "coordinate": 0.44, "guided": 0.44}
 class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     r"""Differentially private random-walk Metropolis with the penalty test.
 
-    Each iteration proposes :math:`\theta' = \theta + s\,S \odot \xi` (full vector, one
+    Each iteration proposes $\theta' = \theta + s\,S \odot \xi$ (full vector, one
     coordinate, or a guided one-coordinate walk), computes the per-record log-likelihood
-    ratios :math:`r_i = \log p(x_i|\theta') - \log p(x_i|\theta)` clipped to
-    :math:`\pm b\|\theta'-\theta\|_2`, and accepts if
+    ratios $r_i = \log p(x_i|\theta') - \log p(x_i|\theta)$ clipped to
+    $\pm b\|\theta'-\theta\|_2$, and accepts if
 
-    .. math:: \log u < \sum_i \mathrm{clip}(r_i) + \xi + \log\frac{p(\theta')}{p(\theta)}
-              + \log\frac{q(\theta|\theta')}{q(\theta'|\theta)} - \frac{\sigma^2}{2},
-              \quad \xi \sim N(0, \sigma^2),\ \sigma = z\,2b\,\|\theta'-\theta\|_2
+    $$
+    \log u < \sum_i \mathrm{clip}(r_i) + \xi + \log\frac{p(\theta')}{p(\theta)}
+    + \log\frac{q(\theta|\theta')}{q(\theta'|\theta)} - \frac{\sigma^2}{2},
+    \quad \xi \sim N(0, \sigma^2),\ \sigma = z\,2b\,\|\theta'-\theta\|_2
+    $$
 
     (Yildirim & Ermis 2019; thesis Sec. 3.1). Each iteration is one Gaussian mechanism with
-    privacy-loss parameter :math:`\mu = 1/(2z^2)` under replace-one neighbours (thesis
-    Theorem 7); a run of :math:`k` iterations over all chains composes to
-    :math:`\mu = k/(2z^2)` (Sommer et al. 2019, Lemma 12). With clipping inactive the chain is
+    privacy-loss parameter $\mu = 1/(2z^2)$ under replace-one neighbours (thesis
+    Theorem 7); a run of $k$ iterations over all chains composes to
+    $\mu = k/(2z^2)$ (Sommer et al. 2019, Lemma 12). With clipping inactive the chain is
     exact (the penalty correction).
 
     Parameters
@@ -64,7 +66,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         calibrated so that the run's epsilon never exceeds the target.
     draws, tune, chains : int, optional
         The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        :class:`~pymc_dp.step_methods.base.BudgetExceededError` before it reads the data again.
+        `BudgetExceededError` before it reads the data again.
     proposal : {"gaussian", "coordinate", "guided"}
         Full-vector Gaussian random walk (default), one coordinate at a time, or the guided
         random walk (one coordinate, direction flipped after a rejection; Gustafson 1998,

@@ -2,7 +2,7 @@ r"""DP-SGLD and DP-SGNHT: stochastic-gradient MCMC with DP minibatch gradients a
 
 The DP-HMC paper's baselines (Räisä, Koskela & Honkela, Sec. 4): Poisson-subsampled clipped
 gradients with Gaussian noise, a constant step size and **no accept/reject step**. They are
-biased for every step size ``eta > 0`` (see :mod:`pymc_dp.kernels.sgmcmc`); use them as
+biased for every step size ``eta > 0`` (see `pymc_dp.kernels.sgmcmc`); use them as
 baselines, or with step sizes small against the posterior's scale.
 
 References
@@ -24,13 +24,18 @@ References
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pymc as pm
 
-from pymc_dp.accounting import calibrate_poisson_subsampled_noise
+from pymc_dp.accounting import (
+    PoissonSubsampledGaussian,
+    calibrate_poisson_subsampled_noise,
+    poisson_subsampled_gaussian_epsilon,
+)
 from pymc_dp.kernels.sgmcmc import (
     SGNHTState,
     added_noise_multiplier,
@@ -107,7 +112,7 @@ class _SGMCMCStep(DPStep):
     ):
         """Validate (before the data is touched: shapes only) and calibrate.
 
-        Returns ``(model, plan, delta)`` for :meth:`DPStep._setup`, which the subclass calls
+        Returns ``(model, plan, delta)`` for `DPStep._setup`, which the subclass calls
         itself (so that the base class's warnings point at the user's code).
         """
         self.clip_bound = check_positive("clip_bound", clip_bound)
@@ -129,6 +134,8 @@ class _SGMCMCStep(DPStep):
                 epsilon, delta, self.sampling_rate, plan.iterations
             )
             sigma = added_noise_multiplier(z_target, z_int)
+            if z_int > z_target:
+                self._warn_underspent(epsilon, delta, z_target, z_int, plan)
         else:
             z_target = None
             sigma = check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
@@ -150,6 +157,38 @@ class _SGMCMCStep(DPStep):
 
     def _intrinsic_noise_multiplier(self) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def _min_step_size(self, z_target: float) -> float:  # pragma: no cover - abstract
+        """Smallest step size whose own noise multiplier is at most ``z_target``."""
+        raise NotImplementedError
+
+    def _warn_underspent(
+        self, epsilon: float, delta: float, z_target: float, z_int: float, plan
+    ) -> None:
+        """Warn that the step's own noise makes the planned run spend less than the target.
+
+        The sampler's diffusion noise alone is a noise multiplier ``z_int`` larger than the
+        ``z_target`` the budget calls for, so no noise is added and the run is more private
+        than asked: the budget buys nothing. Says what it spends and what would use it.
+        """
+        spent = poisson_subsampled_gaussian_epsilon(
+            [PoissonSubsampledGaussian(z_int, self.sampling_rate, plan.iterations)], delta
+        )
+        name = type(self).__name__
+        warnings.warn(
+            f"{name}: the target epsilon={epsilon:g} (delta={delta:g}) is under-spent: the "
+            f"sampler's own diffusion noise alone (noise multiplier {z_int:.4g}, more than "
+            f"the {z_target:.4g} the target calls for) makes the planned {plan.iterations} "
+            f"iterations spend epsilon={spent:.4g}, so no DP noise is added and the rest of "
+            "the budget buys nothing. To use the budget: run more iterations (draws, tune "
+            f"or chains; the spend grows with them), or take a larger step size (at "
+            f"step_size >= {self._min_step_size(z_target):.4g}, instead of "
+            f"{self.step_size:.4g}, the own noise is below the target's and noise is added "
+            "to meet the target exactly; a larger step also means more bias), or lower the "
+            "target to what is spent.",
+            UserWarning,
+            stacklevel=4,
+        )
 
     def _privacy_stats(self) -> dict[str, Any]:
         out = super()._privacy_stats()
@@ -188,16 +227,17 @@ class DPSGLD(_SGMCMCStep):
     probability ``q = b / n``) and moves (Welling & Teh 2011, eq. 4; Wang, Fienberg & Smola
     2015, Sec. 4; Li et al. 2019)
 
-    .. math::
-        \hat g = \nabla \log p(\theta) + \frac{1}{q}\Big(\sum_{i \in B}
-        \mathrm{clip}_C(\nabla \log p(x_i \mid \theta)) + N(0, \sigma^2 C^2 I)\Big),
-        \qquad \theta' = \theta + \frac{\eta}{2}\hat g + N(0, \eta I).
+    $$
+    \hat g = \nabla \log p(\theta) + \frac{1}{q}\Big(\sum_{i \in B}
+    \mathrm{clip}_C(\nabla \log p(x_i \mid \theta)) + N(0, \sigma^2 C^2 I)\Big),
+    \qquad \theta' = \theta + \frac{\eta}{2}\hat g + N(0, \eta I).
+    $$
 
     The prior (and log-Jacobian) gradient is exact: neither clipped nor noised. There is no
     accept/reject step and ``eta`` is constant, so the chain is **biased for every
     eta > 0**: on a Gaussian target of precision ``P`` with exact gradients its stationary
     variance is ``1 / (P (1 - eta P / 4))`` instead of ``1 / P``, and the minibatch and DP
-    noises inflate it further (:func:`pymc_dp.kernels.sgmcmc.sgld_gaussian_variance`). The
+    noises inflate it further (`pymc_dp.kernels.sgmcmc.sgld_gaussian_variance`). The
     bias vanishes only as ``eta -> 0``.
 
     **Privacy** (replace-one neighbours). Given ``theta`` (an earlier release), ``theta'`` is
@@ -205,8 +245,8 @@ class DPSGLD(_SGMCMCStep):
     minibatch sum (each term of norm at most ``C``). Moving the diffusion noise onto ``S``
     makes every iteration a Poisson-subsampled Gaussian mechanism with noise multiplier
     ``z = sqrt(sigma^2 + z_int^2)``, ``z_int = 2 q / (C sqrt(eta))``
-    (:func:`~pymc_dp.kernels.sgmcmc.sgld_intrinsic_noise_multiplier`). Every iteration records
-    ``dp_poisson_sigma = z`` and ``dp_poisson_q = q``; :func:`pymc_dp.privacy_report`
+    (`sgld_intrinsic_noise_multiplier`). Every iteration records
+    ``dp_poisson_sigma = z`` and ``dp_poisson_q = q``; `pymc_dp.privacy_report`
     composes all iterations of all chains (warmup included) with dp-accounting's PLD
     accountant.
 
@@ -239,12 +279,12 @@ class DPSGLD(_SGMCMCStep):
         Target privacy of the whole planned run (all chains, warmup included): the total
         noise multiplier ``z`` is calibrated with dp-accounting's PLD accountant for
         ``(draws + tune) * chains`` Poisson-subsampled Gaussian mechanisms
-        (:func:`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
+        (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
         ``sigma = sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone
         suffices (``sigma = 0``) the run spends less than the target.
     draws, tune, chains : int, optional
         The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        :class:`~pymc_dp.step_methods.base.BudgetExceededError` before it reads the data again.
+        `BudgetExceededError` before it reads the data again.
     tempering : float
         Likelihood temperature ``T`` (the clip bound applies to the tempered gradients).
     chunk_size : int, optional
@@ -255,13 +295,21 @@ class DPSGLD(_SGMCMCStep):
         Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
         was clipped), computed from the data WITHOUT noise. Not differentially private; the
         privacy report flags the run.
-    model, rng, initial_point, compile_kwargs, blocked
+    model : pymc.Model, optional
+        As for PyMC's step methods.
+    rng : numpy Generator or seed, optional
+        As for PyMC's step methods.
+    initial_point : dict, optional
+        As for PyMC's step methods.
+    compile_kwargs : dict, optional
+        As for PyMC's step methods.
+    blocked : bool
         As for PyMC's step methods.
     Notes
     -----
     Sampler stats: ``accepted`` (always 1), ``step_size``, ``grad_noise_std`` (``sigma C``),
     ``diverging`` (the new point is not finite), ``dp_poisson_sigma``, ``dp_poisson_q`` and the
-    privacy stats of :class:`~pymc_dp.step_methods.base.DPStep` (``dp_mu`` is 0: the
+    privacy stats of `DPStep` (``dp_mu`` is 0: the
     subsampled mechanism is accounted by its own stats).
     """
 
@@ -323,6 +371,10 @@ class DPSGLD(_SGMCMCStep):
     def _intrinsic_noise_multiplier(self) -> float:
         return sgld_intrinsic_noise_multiplier(self.step_size, self.sampling_rate, self.clip_bound)
 
+    def _min_step_size(self, z_target: float) -> float:
+        # z_int = 2 q / (C sqrt(eta)) <= z  <=>  eta >= (2 q / (C z))^2
+        return (2.0 * self.sampling_rate / (self.clip_bound * z_target)) ** 2
+
     def _dp_astep(self, q0):
         q = q0.data
         with np.errstate(over="ignore", invalid="ignore"):
@@ -335,13 +387,16 @@ class DPSGNHT(_SGMCMCStep):
     r"""Differentially private stochastic gradient Nosé-Hoover thermostat (DP-SGNHT).
 
     Ding et al. (2014), Algorithm 1, with the DP minibatch gradient ``g`` of
-    :class:`DPSGLD` (Poisson minibatch, clipped, noised, scaled by ``1 / q``; exact prior
+    `DPSGLD` (Poisson minibatch, clipped, noised, scaled by ``1 / q``; exact prior
     gradient): momentum ``p``, thermostat ``xi``, diffusion ``A``,
 
-    .. math::
-        p' &= p - \xi p\,\eta + \hat g\,\eta + \sqrt{2 A \eta}\,N(0, I), \\
-        \theta' &= \theta + p'\,\eta, \qquad
-        \xi' = \xi + \left(\tfrac{1}{d}\,p'^\top p' - 1\right)\eta .
+    $$
+    \begin{aligned}
+    p' &= p - \xi p\,\eta + \hat g\,\eta + \sqrt{2 A \eta}\,N(0, I), \\
+    \theta' &= \theta + p'\,\eta, \qquad
+    \xi' = \xi + \left(\tfrac{1}{d}\,p'^\top p' - 1\right)\eta .
+    \end{aligned}
+    $$
 
     Each chain starts from ``p ~ N(0, I)`` and ``xi = A`` (reset per chain). The thermostat
     absorbs the unknown variance of the minibatch and DP noise in continuous time; the
@@ -349,10 +404,10 @@ class DPSGNHT(_SGMCMCStep):
     ``eta``): e.g. on a 1-d Gaussian target of precision ``P`` the stationary variance is
     ``(1 - E[xi (theta - m) p]) / P``, about ``(1 - xi_bar eta / 2) / P``.
 
-    **Privacy** as for :class:`DPSGLD`: given the state, ``p'`` is a data-free function of it
+    **Privacy** as for `DPSGLD`: given the state, ``p'`` is a data-free function of it
     plus ``(eta / q)(S + noise)``, and ``theta'``, ``xi'`` are functions of ``p'``. The injected
     noise gives ``z_int = q sqrt(2 A / eta) / C``
-    (:func:`~pymc_dp.kernels.sgmcmc.sgnht_intrinsic_noise_multiplier`), the release is a
+    (`sgnht_intrinsic_noise_multiplier`), the release is a
     Poisson-subsampled Gaussian with ``z = sqrt(sigma^2 + z_int^2)``. The thermostat is
     published as the ``thermostat`` stat: it is computed from the released positions
     (``p' = (theta' - theta) / eta``) and the data-free start, so it is post-processing.
@@ -386,12 +441,12 @@ class DPSGNHT(_SGMCMCStep):
         Target privacy of the whole planned run (all chains, warmup included): the total
         noise multiplier ``z`` is calibrated with dp-accounting's PLD accountant for
         ``(draws + tune) * chains`` Poisson-subsampled Gaussian mechanisms
-        (:func:`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
+        (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
         ``sigma = sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone
         suffices (``sigma = 0``) the run spends less than the target.
     draws, tune, chains : int, optional
         The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        :class:`~pymc_dp.step_methods.base.BudgetExceededError` before it reads the data again.
+        `BudgetExceededError` before it reads the data again.
     tempering : float
         Likelihood temperature ``T`` (the clip bound applies to the tempered gradients).
     chunk_size : int, optional
@@ -402,14 +457,22 @@ class DPSGNHT(_SGMCMCStep):
         Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
         was clipped), computed from the data WITHOUT noise. Not differentially private; the
         privacy report flags the run.
-    model, rng, initial_point, compile_kwargs, blocked
+    model : pymc.Model, optional
+        As for PyMC's step methods.
+    rng : numpy Generator or seed, optional
+        As for PyMC's step methods.
+    initial_point : dict, optional
+        As for PyMC's step methods.
+    compile_kwargs : dict, optional
+        As for PyMC's step methods.
+    blocked : bool
         As for PyMC's step methods.
     diffusion : float
         ``A > 0``, the injected noise ``sqrt(2 A eta) N(0, I)`` and the thermostat's start.
 
     Notes
     -----
-    Sampler stats: those of :class:`DPSGLD` and ``thermostat`` (``xi`` after the update).
+    Sampler stats: those of `DPSGLD` and ``thermostat`` (``xi`` after the update).
     """
 
     name = "dp_sgnht"
@@ -475,6 +538,10 @@ class DPSGNHT(_SGMCMCStep):
         return sgnht_intrinsic_noise_multiplier(
             self.step_size, self.sampling_rate, self.clip_bound, self.diffusion
         )
+
+    def _min_step_size(self, z_target: float) -> float:
+        # z_int = q sqrt(2 A / eta) / C <= z  <=>  eta >= 2 A (q / (C z))^2
+        return 2.0 * self.diffusion * (self.sampling_rate / (self.clip_bound * z_target)) ** 2
 
     def _reset_chain_state(self) -> None:
         # Called at the start of every chain after its rng is set (data-free draw), so the
@@ -554,10 +621,10 @@ def sgld_runner(
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """One DPSGLD iteration from ``q`` on neighbouring datasets D and D' (for the audit).
 
-    ``fns_d``, ``fns_d2`` are :class:`pymc_dp.model.RecordFunctions` of the two datasets.
+    ``fns_d``, ``fns_d2`` are `pymc_dp.model.RecordFunctions` of the two datasets.
     Vectorised over trials: Poisson masks, the real clipped per-record gradients, the step's
-    kernels (:func:`~pymc_dp.kernels.sgmcmc.noisy_gradient`,
-    :func:`~pymc_dp.kernels.sgmcmc.sgld_update`). Published output: the new position
+    kernels (`noisy_gradient`,
+    `sgld_update`). Published output: the new position
     (coordinate 0). The claim to audit is one Poisson-subsampled Gaussian with
     ``z = sqrt(noise_multiplier^2 + z_int^2)`` and ``q = sampling_rate``. ``noise_scale``
     (all Gaussian noise scaled, diffusion included) and ``clip=False`` build deliberately
@@ -590,7 +657,7 @@ def sgnht_runner(
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """One DPSGNHT iteration from ``(q, p, xi)`` on D and D' (for the audit).
 
-    As :func:`sgld_runner`, with :func:`~pymc_dp.kernels.sgmcmc.sgnht_update`; ``xi``
+    As `sgld_runner`, with `sgnht_update`; ``xi``
     defaults to ``diffusion`` (the chain's start). Published outputs: the new position
     (coordinate 0) and the thermostat.
     """

@@ -48,12 +48,14 @@ def minibatch_estimate(r, n: int, bound: float) -> tuple[np.ndarray, np.ndarray]
     replacement from ``n``, clipped to ``[-bound, bound]`` (NaN counts as 0, as in the
     full-data steps):
 
-    .. math:: \hat\lambda = \frac{n}{b}\sum_{j\in B} r_j, \qquad
-              \sigma_b^2 = \Bigl(1 - \frac{b}{n}\Bigr)\Bigl(\frac{n}{b}\Bigr)^2
-              \sum_{j\in B}(r_j - \bar r)^2 .
+    $$
+    \hat\lambda = \frac{n}{b}\sum_{j\in B} r_j, \qquad
+    \sigma_b^2 = \Bigl(1 - \frac{b}{n}\Bigr)\Bigl(\frac{n}{b}\Bigr)^2
+    \sum_{j\in B}(r_j - \bar r)^2 .
+    $$
 
-    :math:`\sigma_b^2` is the thesis' estimate (Sec. 4.1; Heikkilä et al. 2019) times the
-    finite-population correction :math:`1 - b/n` of sampling without replacement, which makes
+    $\sigma_b^2$ is the thesis' estimate (Sec. 4.1; Heikkilä et al. 2019) times the
+    finite-population correction $1 - b/n$ of sampling without replacement, which makes
     it vanish at ``b = n`` (the full-data test, exact) and only shrinks every sensitivity bound
     by the same factor (so Lemma 1 and Theorem 8 hold as stated). ``r`` may have a leading
     trials axis: shape ``(..., b)``.
@@ -71,14 +73,16 @@ def minibatch_estimate(r, n: int, bound: float) -> tuple[np.ndarray, np.ndarray]
 def subsampled_penalty_sensitivity(n: int, b: int, clip_bound: float, step_norm: float) -> float:
     r"""Replace-one sensitivity ``c = Delta_lambda + Delta_sigma`` of ``lambda - sigma_b^2 / 2``.
 
-    Thesis Theorem 9 with Lemma 1, for tempered ratios clipped to :math:`\pm L h`
-    (:math:`h = \|\theta'-\theta\|_2`, tempering already inside the ratios):
+    Thesis Theorem 9 with Lemma 1, for tempered ratios clipped to $\pm L h$
+    ($h = \|\theta'-\theta\|_2$, tempering already inside the ratios):
 
-    .. math:: \Delta_\lambda = \frac{2 n L h}{b}, \qquad
-              \Delta_\sigma = \kappa \Bigl(\frac{n}{b}\Bigr)^2 L^2 h^2
-              \Bigl[\Bigl|1 - \frac1b\Bigr| + \frac{2(b-1)}{b}\Bigr],
+    $$
+    \Delta_\lambda = \frac{2 n L h}{b}, \qquad
+    \Delta_\sigma = \kappa \Bigl(\frac{n}{b}\Bigr)^2 L^2 h^2
+    \Bigl[\Bigl|1 - \frac1b\Bigr| + \frac{2(b-1)}{b}\Bigr],
+    $$
 
-    with :math:`\kappa = 1 - b/n` the finite-population factor of :func:`minibatch_estimate`
+    with $\kappa = 1 - b/n$ the finite-population factor of `minibatch_estimate`
     (Lemma 1 bounds half the sensitivity of the variance estimate without it; its first term
     is twice what the proof needs, which keeps it a valid upper bound).
     """
@@ -94,13 +98,15 @@ def subsampled_penalty_log_acceptance(
 ):
     r"""Noisy, penalty-corrected log acceptance of the subsampled test (thesis Sec. 4.1).
 
-    .. math:: \hat\lambda - \tfrac12\sigma_b^2 + \xi + \log\frac{p(\theta')}{p(\theta)}
-              - \tfrac12\sigma^2, \qquad \xi\sim N(0, \sigma^2).
+    $$
+    \hat\lambda - \tfrac12\sigma_b^2 + \xi + \log\frac{p(\theta')}{p(\theta)}
+    - \tfrac12\sigma^2, \qquad \xi\sim N(0, \sigma^2).
+    $$
 
-    The released quantity is :math:`\hat\lambda - \sigma_b^2/2 + \xi`: a Gaussian mechanism on
-    the minibatch with sensitivity ``c`` (:func:`subsampled_penalty_sensitivity`) and noise
-    ``sigma = z c``. If :math:`\hat\lambda \sim N(\lambda, \sigma_b^2)` (CLT) with the
-    variance known, :math:`E[\exp(\hat\lambda - \lambda - \sigma_b^2/2 + \xi - \sigma^2/2)] = 1`
+    The released quantity is $\hat\lambda - \sigma_b^2/2 + \xi$: a Gaussian mechanism on
+    the minibatch with sensitivity ``c`` (`subsampled_penalty_sensitivity`) and noise
+    ``sigma = z c``. If $\hat\lambda \sim N(\lambda, \sigma_b^2)$ (CLT) with the
+    variance known, $E[\exp(\hat\lambda - \lambda - \sigma_b^2/2 + \xi - \sigma^2/2)] = 1$
     and the test is the exact penalty test (Ceperley & Dewing 1999); both the normality and
     the plug-in variance are approximations (exact at ``b = n``). Elementwise on arrays.
     """
@@ -113,17 +119,19 @@ def subsampled_penalty_log_acceptance(
 class DPSubsampledPenalty(ScaleAdaptation, DPStep):
     r"""DP random-walk Metropolis with the penalty test on a minibatch (thesis Sec. 4.1).
 
-    Each iteration proposes :math:`\theta' = \theta + s\,S\odot\xi`, draws a minibatch
-    :math:`B` of ``batch_size`` records uniformly without replacement, computes the tempered
-    ratios :math:`r_j = T(\log p(x_j|\theta') - \log p(x_j|\theta))` for :math:`j \in B` only,
-    clipped to :math:`\pm L\|\theta'-\theta\|_2`, and accepts if
+    Each iteration proposes $\theta' = \theta + s\,S\odot\xi$, draws a minibatch
+    $B$ of ``batch_size`` records uniformly without replacement, computes the tempered
+    ratios $r_j = T(\log p(x_j|\theta') - \log p(x_j|\theta))$ for $j \in B$ only,
+    clipped to $\pm L\|\theta'-\theta\|_2$, and accepts if
 
-    .. math:: \log u < \frac{n}{b}\sum_{j\in B} r_j - \frac{\sigma_b^2}{2} + \xi
-              + \log\frac{p(\theta')}{p(\theta)} - \frac{\sigma^2}{2},
-              \quad \xi\sim N(0, \sigma^2),\ \sigma = z\,c(\theta,\theta')
+    $$
+    \log u < \frac{n}{b}\sum_{j\in B} r_j - \frac{\sigma_b^2}{2} + \xi
+    + \log\frac{p(\theta')}{p(\theta)} - \frac{\sigma^2}{2},
+    \quad \xi\sim N(0, \sigma^2),\ \sigma = z\,c(\theta,\theta')
+    $$
 
-    with :math:`\sigma_b^2` the batch variance (:func:`minibatch_estimate`) and :math:`c` the
-    sensitivity of Theorem 9 / Lemma 1 (:func:`subsampled_penalty_sensitivity`).
+    with $\sigma_b^2$ the batch variance (`minibatch_estimate`) and $c$ the
+    sensitivity of Theorem 9 / Lemma 1 (`subsampled_penalty_sensitivity`).
 
     **Privacy.** Each iteration is a Gaussian mechanism with noise multiplier ``z`` (noise std
     over replace-one sensitivity) applied to a minibatch drawn without replacement: thesis
@@ -133,11 +141,11 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
     (epsilon, delta). The step records ``dp_wor_sigma = z``, ``dp_wor_batch = b``,
     ``dp_wor_n = n`` in every iteration; ``dp_mu`` is 0.
 
-    **Approximation.** The test is exact at ``b = n`` (then :math:`\sigma_b^2 = 0` and it is
-    :class:`~pymc_dp.DPPenaltyMetropolis` with sensitivity :math:`2TLh`). With ``b < n`` it
-    relies on :math:`\hat\lambda` being normal with the estimated variance (CLT), which needs
-    :math:`\sigma_b^2 \lesssim 1` to be accurate; the noise grows like :math:`n/b` and
-    :math:`(n/b)^2` (thesis: use tempering :math:`T = n_0/n` for large ``n``).
+    **Approximation.** The test is exact at ``b = n`` (then $\sigma_b^2 = 0$ and it is
+    `DPPenaltyMetropolis` with sensitivity $2TLh$). With ``b < n`` it
+    relies on $\hat\lambda$ being normal with the estimated variance (CLT), which needs
+    $\sigma_b^2 \lesssim 1$ to be accurate; the noise grows like $n/b$ and
+    $(n/b)^2$ (thesis: use tempering $T = n_0/n$ for large ``n``).
 
     Parameters
     ----------
@@ -151,14 +159,18 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
     noise_multiplier : float, optional
         ``z``; give either this or a target ``epsilon``/``delta`` with ``draws``, ``tune``,
         ``chains`` (then ``z`` comes from
-        :func:`pymc_dp.accounting.calibrate_wor_subsampled_noise`).
+        `pymc_dp.accounting.calibrate_wor_subsampled_noise`).
     epsilon, delta : float, optional
         Target privacy of the whole planned run (all chains, warmup included).
     draws, tune, chains : int, optional
         The planned run; a chain never runs longer.
-    proposal_scale, scaling, target_accept
-        Random-walk proposal ``s S xi`` as in :class:`~pymc_dp.DPPenaltyMetropolis`; the scale
-        ``s`` adapts in warmup from the DP decisions only.
+    proposal_scale : float or array
+        Per-coordinate proposal std ``S`` of the random walk ``s S xi``, as in
+        `DPPenaltyMetropolis`.
+    scaling : float
+        Initial global scale ``s``; adapted in warmup from the DP decisions only.
+    target_accept : float
+        Target acceptance rate of the warmup adaptation.
     tempering : float
         Likelihood temperature ``T`` (thesis Sec. 3.2: ``T = n_0 / n``).
     data_free_potentials : bool
@@ -314,7 +326,7 @@ def subsampled_penalty_runner(
     (record 0 differs); each trial draws its own minibatch without replacement and its own
     noise, vectorised. Published outputs: the accept bit and the ``accept`` stat.
     ``noise_scale`` and ``clip`` build deliberately broken variants (less noise than claimed,
-    clipping removed) that :func:`pymc_dp.audit.audit_mechanism` must catch.
+    clipping removed) that `pymc_dp.audit.audit_mechanism` must catch.
     """
     n = fns_d.n_records
     norm = float(np.linalg.norm(q_new - q))
