@@ -1,7 +1,7 @@
-"""Compatibility module: the per-record glue now lives in :mod:`pymc_dp.records`.
+"""Compatibility module: the per-record glue now lives in `pymc_dp.records`.
 
 ``from pymc_dp.model import build_record_functions`` (and the other names below) keeps
-working; new code imports from :mod:`pymc_dp.records`.
+working; new code imports from `pymc_dp.records`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ stats: ``dp_mu`` (privacy-loss parameter of the Gaussian mechanisms of the itera
 ``dp_iter_epsilon``/``dp_iter_delta`` (an (epsilon, delta)-DP mechanism). The report counts
 every chain and every iteration, warmup included (from the ``warmup_sample_stats`` group, or
 from the ``tuning_steps`` attribute PyMC writes when tuned draws were discarded), composes
-them with :class:`pymc_dp.accounting.PrivacyLedger`, and writes flat attributes into the
+them with `pymc_dp.accounting.PrivacyLedger`, and writes flat attributes into the
 result (strings and numbers only, so they survive a netCDF round trip).
 """
 

@@ -36,7 +36,7 @@ def _flatten_steps(step) -> list:
 def _check_outputs_are_private(
     model: pm.Model, var_names: Sequence[str] | None, idata_kwargs: dict | None
 ) -> None:
-    """The data-free part of :func:`check_run_is_private`: what ``pm.sample`` would store."""
+    """The data-free part of `check_run_is_private`: what ``pm.sample`` would store."""
     if idata_kwargs and idata_kwargs.get("log_likelihood"):
         raise ModelNotSupportedError(
             "idata_kwargs={'log_likelihood': True} stores per-record log-likelihoods computed "
@@ -108,10 +108,16 @@ def sample(
         A class (e.g. ``pymc_dp.DPHMC``) is constructed with ``epsilon``, ``delta``,
         ``draws``, ``tune``, ``chains`` and ``step_kwargs``: its noise is calibrated so that
         the whole run meets the target. An instance is used as it is (its own calibration).
-    epsilon, delta : float
-        Target privacy of the whole run (required with a step class).
-    draws, tune, chains : int
-        As in :func:`pymc.sample`. Warmup iterations are charged.
+    epsilon : float
+        Target epsilon of the whole run (required with a step class).
+    delta : float
+        Target delta of the whole run (required with a step class).
+    draws : int
+        Draws per chain, as in `pymc.sample`.
+    tune : int
+        Warmup iterations per chain, as in `pymc.sample`. Warmup iterations are charged.
+    chains : int
+        Number of chains, as in `pymc.sample`; the budget covers all of them.
     step_kwargs : dict, optional
         Further arguments of the step class (e.g. ``clip_bound`` of DPPenaltyMetropolis,
         ``llr_clip_bound`` and ``grad_clip_bound`` of DPHMC).
@@ -119,13 +125,17 @@ def sample(
         Keep the raw-data groups (``observed_data``, ``constant_data``) in the result. They
         are NOT private; off by default.
     model : pm.Model, optional
-    var_names, idata_kwargs, **sample_kwargs
-        Passed to :func:`pymc.sample` (``cores``, ``random_seed``, ``progressbar``, ...).
+    var_names : sequence of str, optional
+        Passed to `pymc.sample`.
+    idata_kwargs : dict, optional
+        Passed to `pymc.sample`.
+    **sample_kwargs
+        Passed to `pymc.sample` (``cores``, ``random_seed``, ``progressbar``, ...).
 
     Returns
     -------
     arviz.InferenceData (PyMC 5.x) or xarray.DataTree (PyMC 6.x)
-        With ``dp_*`` attributes; read them with :func:`pymc_dp.privacy_report`.
+        With ``dp_*`` attributes; read them with `pymc_dp.privacy_report`.
     """
     model = pm.modelcontext(model)
     draws = check_positive("draws", draws, integer=True)

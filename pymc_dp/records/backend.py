@@ -1,6 +1,6 @@
 """The one place that compiles the per-record functions.
 
-Every compiled function of the glue goes through :func:`compile_function`, so the backend
+Every compiled function of the glue goes through `compile_function`, so the backend
 (PyTensor's C, Numba or JAX linker, chosen with ``compile_kwargs={"mode": ...}``) is one
 parameter for all of them.
 """
@@ -18,7 +18,7 @@ __all__ = ["compile_function"]
 def compile_function(
     inputs: Sequence, outputs: Any, compile_kwargs: dict | None = None, **kwargs: Any
 ):
-    """Compile ``outputs`` as a function of ``inputs`` with :func:`pymc.pytensorf.compile`.
+    """Compile ``outputs`` as a function of ``inputs`` with `pymc.pytensorf.compile`.
 
     Parameters
     ----------

@@ -1,10 +1,10 @@
 """Orchestration: model -> checks -> per-record graphs -> compiled routes -> runtime functions.
 
-The data flows one way: the model is checked (:mod:`~pymc_dp.records.guards`), its
-per-record graphs are built (:mod:`~pymc_dp.records.graphs`) and compiled
-(:mod:`~pymc_dp.records.routes` through :mod:`~pymc_dp.records.backend`), the separability
-of the likelihood is checked on stand-in records (:mod:`~pymc_dp.records.fakes`), and only
-then are the data values read, once, into a store (:mod:`~pymc_dp.records.store`).
+The data flows one way: the model is checked (`guards`), its
+per-record graphs are built (`graphs`) and compiled
+(`routes` through `backend`), the separability
+of the likelihood is checked on stand-in records (`fakes`), and only
+then are the data values read, once, into a store (`store`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def build_record_functions(
     data_free_potentials : bool
         Declare that every ``pm.Potential`` is a function of the parameters only.
     compile_kwargs : dict, optional
-        Passed to :func:`pymc.pytensorf.compile` (e.g. ``{"mode": "NUMBA"}``).
+        Passed to `pymc.pytensorf.compile` (e.g. ``{"mode": "NUMBA"}``).
 
     Returns
     -------

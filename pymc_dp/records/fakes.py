@@ -44,7 +44,7 @@ def _check_separable(f_ll, q0: np.ndarray, data: list[np.ndarray], n: int) -> No
     """Check on data-free stand-in records that the likelihood separates by record.
 
     Record ``i``'s log-likelihood must depend on row ``i`` of the data only. On ``m = 8``
-    stand-in records (:func:`_fake_rows`) at three parameter points, the log-likelihoods of
+    stand-in records (`_fake_rows`) at three parameter points, the log-likelihoods of
     all records evaluated together are compared with (a) each record evaluated alone and
     (b) the records in reversed order. A likelihood reading an aggregate of the records (mean,
     sum, standard deviation, maximum, a sort, a cumulative sum) or another record (a

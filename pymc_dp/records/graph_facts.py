@@ -99,7 +99,7 @@ def count_records(model: pm.Model) -> int:
 def _value_ancestors(graphs) -> list:
     """Ancestors of ``graphs`` whose *values* the graphs depend on.
 
-    Like :func:`pytensor.graph.traversal.ancestors`, but the inputs of ``Shape`` and
+    Like `pytensor.graph.traversal.ancestors`, but the inputs of ``Shape`` and
     ``Shape_i`` nodes are not followed: a graph that reads only the shape of a data array
     (e.g. ``shape=X.shape[1]``) reads no data value (shapes are public, like ``n``).
     """

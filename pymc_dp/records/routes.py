@@ -6,7 +6,7 @@ The *generic* route builds each from the one-record graph vectorised over the re
 works for every model that separates by record. Faster routes apply to special structure
 (the *GLM* route: per-record gradients that factorise as ``v_i(q) x_i``); each is verified
 against the generic route on data-free stand-in records before it is used, and
-:data:`GRADIENT_ROUTES` lists them in the order they are tried (the first that applies wins).
+`GRADIENT_ROUTES` lists them in the order they are tried (the first that applies wins).
 Room for more: a segment-sum route for indexed (hierarchical) models, a sufficient-statistic
 route for exponential families.
 """
@@ -65,7 +65,7 @@ def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
 
     Returns ``(f_grad, f_clip)``. ``f_grad(q, *chunk)`` gives the ``(m, d)`` per-record
     gradients of a chunk of ``m`` records. ``f_clip`` is a dict of compiled functions
-    read by :meth:`RecordFunctions.clipped_grad_sum`:
+    read by `RecordFunctions.clipped_grad_sum`:
 
     ``"generic"``
         ``(q, b, *chunk) -> (sum_i clip_b(g_i), n_clipped)`` for every model: the

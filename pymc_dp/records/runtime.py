@@ -1,8 +1,8 @@
 """The per-record functions the steps call at run time.
 
-:class:`RecordFunctions` maps the compiled routes over a record store, chunk by chunk, and
+`RecordFunctions` maps the compiled routes over a record store, chunk by chunk, and
 adds the chunk results. The steps depend only on the methods listed in
-:class:`RecordSource` (a Protocol), not on how the functions were built or where the records
+`RecordSource` (a Protocol), not on how the functions were built or where the records
 live. The methods that read the data must only be called from inside a privacy mechanism.
 """
 
@@ -64,9 +64,9 @@ class _Compiled:
 class RecordFunctions:
     """Per-record functions of a PyMC model for the value variables one step samples.
 
-    Built by :func:`pymc_dp.records.build.build_record_functions`; the records live in a
-    store (:class:`pymc_dp.records.store.InMemoryRecords`). All methods take flat parameter
-    vectors in the order PyMC's :class:`~pymc.step_methods.arraystep.ArrayStepShared` uses.
+    Built by `pymc_dp.records.build.build_record_functions`; the records live in a
+    store (`pymc_dp.records.store.InMemoryRecords`). All methods take flat parameter
+    vectors in the order PyMC's `ArrayStepShared` uses.
 
     Attributes
     ----------
@@ -168,10 +168,10 @@ class RecordFunctions:
         """``sum_i clip_b(grad l_i(q))`` with each record's gradient clipped to L2 norm ``b``.
 
         Returns the sum (shape ``(d,)``) and the number of clipped records (non-private: see
-        :meth:`clipped_loglik_ratio_sum`). A record whose gradient is not finite contributes
+        `clipped_loglik_ratio_sum`). A record whose gradient is not finite contributes
         0 (and counts as clipped). Models whose per-record gradient factorises as
         ``v_i(q) x_i`` per parameter block (GLMs) take a faster route with the same result
-        (see :func:`pymc_dp.records.routes.compile_gradients`); its per-chunk row norms of the
+        (see `pymc_dp.records.routes.compile_gradients`); its per-chunk row norms of the
         data are computed on first use and cached.
         """
         self._ensure_grad()
@@ -203,7 +203,7 @@ class RecordFunctions:
         """``sum_{i in idx} clip_b(grad l_i(q))`` reading only the rows ``idx`` of the data.
 
         The minibatch gradient of DP-SGLD / DP-SGNHT. Returns the sum (shape ``(d,)``) and the
-        number of clipped records (non-private, as in :meth:`clipped_grad_sum`). One
+        number of clipped records (non-private, as in `clipped_grad_sum`). One
         fancy-indexing read per data array, in chunks of ``chunk_size``, through the generic
         clipped-gradient function (the fast route's cached row norms are per full chunk); an
         empty subsample reads nothing and gives 0.
@@ -225,7 +225,7 @@ class RecordFunctions:
 
     @property
     def gradient_route(self) -> str:
-        """Route of :meth:`clipped_grad_sum`: ``"GLM fast"``, ``"generic"`` or ``"not compiled"``
+        """Route of `clipped_grad_sum`: ``"GLM fast"``, ``"generic"`` or ``"not compiled"``
         (the gradient functions are compiled on first use). Structural, not data-dependent:
         the fast route is chosen on data-free stand-in records."""
         fs = self._c.grad_clipped

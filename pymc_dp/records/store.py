@@ -1,6 +1,6 @@
 """Where the records live: the only place raw data values enter pymc_dp.
 
-:class:`InMemoryRecords` holds the data arrays (one row per record) in this process and
+`InMemoryRecords` holds the data arrays (one row per record) in this process and
 hands them out as chunks (bounded memory), as the rows of a minibatch, or mapped and
 reduced over chunks. Everything above it (graphs, routes, compiled functions) is data-free;
 a store of another kind (records on a cluster) offers the same three operations.
