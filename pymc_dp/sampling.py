@@ -81,7 +81,10 @@ def check_run_is_private(
             f"free variables {missing} are not sampled by any pymc_dp step; PyMC would assign "
             "them a non-private sampler. Pass vars=... so the DP steps cover every free variable"
         )
-    check_model_supported(model, [])
+    # Potentials were checked by each step that declared them data-free (a step that did not
+    # would have refused the model); the rest of the model check needs no declaration.
+    declared = bool(steps) and all(getattr(s, "data_free_potentials", False) for s in steps)
+    check_model_supported(model, [], data_free_potentials=declared)
     _check_outputs_are_private(model, var_names, idata_kwargs)
 
 

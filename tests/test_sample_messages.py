@@ -90,3 +90,22 @@ def test_data_deterministic_excluded_by_var_names_is_not_warned_about():
         )
     assert "resid" not in idata["posterior"]
     assert not [w for w in caught if "Deterministic" in str(w.message)]
+
+
+def test_sample_accepts_a_step_instance_with_declared_data_free_potentials():
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 1)
+        pm.Potential("soft_bound", -(t**4))
+        pm.Normal("x", t, 1, observed=X)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=3.0,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=5,
+            tune=0,
+            chains=1,
+            data_free_potentials=True,
+        )
+        idata = pymc_dp.sample(step, draws=5, tune=0, chains=1, random_seed=1, **SAMPLE)
+    assert idata["posterior"]["t"].shape == (1, 5)

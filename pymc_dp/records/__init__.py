@@ -14,19 +14,19 @@ methods work in, as functions of one flat parameter vector ``q``:
 
 The modules follow the data flow, and raw data values enter only in the store:
 
-==================  ========================================================================
-``errors``          `ModelNotSupportedError`
-``graph_facts``     graph facts from structure and static shapes (data nodes, ``n``, reads)
-``guards``          what is refused and why (model support, privacy policy)
-``rewrite``         graph -> graph (``OpFromGraph`` inlining, shape pins, canonicalize)
-``graphs``          the per-record graphs as frozen data (`RecordGraphs`)
-``fakes``           data-free stand-in records and the separability check
-``backend``         the one compile call (C / Numba / JAX via ``compile_kwargs["mode"]``)
-``routes``          graphs -> compiled functions: generic and GLM routes
-``store``           where records live (`InMemoryRecords`: chunks, take, map-reduce)
-``runtime``         `RecordFunctions` (routes mapped over a store), `RecordSource`
-``build``           orchestration: `build_record_functions`
-==================  ========================================================================
+| module | responsibility |
+| --- | --- |
+| `errors` | `ModelNotSupportedError` |
+| `graph_facts` | graph facts from structure and static shapes (data nodes, `n`, what reads data) |
+| `guards` | what is refused and why (model support, privacy policy) |
+| `rewrite` | graph -> graph (`OpFromGraph` inlining, shape pins, canonicalize) |
+| `graphs` | the per-record graphs as frozen data (`RecordGraphs`) |
+| `fakes` | data-free stand-in records and the separability check |
+| `backend` | the one compile call (C / Numba / JAX via `compile_kwargs["mode"]`) |
+| `routes` | graphs -> compiled functions: generic and GLM routes |
+| `store` | where records live (`InMemoryRecords`: chunks, take, map-reduce) |
+| `runtime` | `RecordFunctions` (routes mapped over a store), `RecordSource` (Protocol) |
+| `build` | orchestration: `build_record_functions` |
 
 Per-record gradients are built without ``pytensor.gradient.jacobian`` (which needs ``n x n``
 memory or a scan over records): the likelihood graph is rewritten to the graph of a single

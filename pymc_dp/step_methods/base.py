@@ -195,6 +195,7 @@ class DPStep(ArrayStepShared):
                 UserWarning,
                 stacklevel=3,
             )
+        self.data_free_potentials = bool(data_free_potentials)
         self.plan = plan
         self.max_iterations = plan.iterations_per_chain if plan is not None else None
         self.target_delta = target_delta
