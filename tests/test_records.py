@@ -76,3 +76,20 @@ def test_glm_route_matches_generic_on_a_glm_and_generic_elsewhere(logistic_model
         fb, _ = build_record_functions(banana, banana.value_vars, banana.initial_point())
     fb.clipped_grad_sum(np.array([0.1, 0.2]), 1.0)
     assert fb.gradient_route == "generic"
+
+
+def test_binomial_numpy_observed_is_accepted_and_exact_whatever_the_values():
+    """PyTensor 3 folds support checks over a numpy observed array into the graph (an
+    ``Alloc(False, n)`` when every record passes); the glue must neither refuse the model
+    depending on the data values nor change its per-record log-likelihoods."""
+    from scipy import stats
+
+    for seed in range(4):
+        y = np.random.default_rng(seed).binomial(5, 0.3, size=40)
+        with pm.Model() as model:
+            pm.Beta("p", 1, 1)
+            pm.Binomial("y", n=5, p=model["p"], observed=y)
+            fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+        q = np.array([-0.4])  # log-odds of p
+        p = 1 / (1 + np.exp(0.4))
+        np.testing.assert_allclose(fns.loglik(q), stats.binom.logpmf(y, 5, p), rtol=1e-10)

@@ -7,12 +7,14 @@ are replaced by chunks or single rows.
 
 from __future__ import annotations
 
+import pytensor.tensor as pt
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.replace import clone_replace
 from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.tensor.basic import Alloc
 from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.variable import TensorConstant
 
 __all__ = ["canonicalize", "drop_shape_pins", "inline_op_from_graph"]
 
@@ -59,8 +61,12 @@ def _drop_shape_pins(graph):
     PyMC fixes the observed variable's shape to ``n`` (``SpecifyShape``, and ``Alloc`` to the
     observed shape); once the data arrays are replaced by chunks or single rows those pins
     would fail, or silently broadcast one record to ``n``. ``SpecifyShape`` is dropped; an
-    ``Alloc`` is dropped only when its input already has the output's static shape (it is a
-    no-op). Any other broadcast stays, and the separability checks refuse the model.
+    ``Alloc`` is dropped when its input already has the output's static shape (it is a
+    no-op), and an ``Alloc`` of a scalar constant becomes that constant, broadcastable to any
+    shape: PyTensor 3 folds a support check that holds for every record of a numpy observed
+    array (e.g. a Binomial's ``value == n`` mask that is all False) into ``Alloc(False, n)``,
+    which holds for every chunk of those records as well. Any other broadcast stays, and the
+    separability checks refuse the model.
     """
     replacements = {}
     for v in ancestors([graph]):
@@ -76,6 +82,8 @@ def _drop_shape_pins(graph):
             and tuple(inp.type.shape) == tuple(v.type.shape)
         ):
             replacements[v] = inp
+        elif isinstance(op, Alloc) and isinstance(inp, TensorConstant) and inp.type.ndim == 0:
+            replacements[v] = pt.shape_padleft(inp, v.type.ndim)
     if not replacements:
         return graph
     return clone_replace(graph, replace=replacements, rebuild_strict=False)
