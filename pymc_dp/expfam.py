@@ -173,8 +173,12 @@ class ExpFamilyStructure:
         ck = dict(compile_kwargs or {})
         names = _PARAMS[fam]
         raw = [self._params[nm.removeprefix("const:")] for nm in names]
-        graphs = model.replace_rvs_by_values(raw)
-        ll = model.logp(vars=[self._rv], sum=False)[0]
+        # PyMC's own log-density of one batch of stand-in responses (a symbolic value, so that
+        # no function of the observed data is folded into a constant)
+        y_node = self._y_node
+        yb = pt.tensor(dtype=self._rv.dtype, shape=(None, *y_node.type.shape[1:]), name="y_fake")
+        graphs = model.replace_rvs_by_values([*raw, pm.logp(self._rv, yb)])
+        ll = graphs.pop()
         outs, x = join_nonshared_inputs(initial_point, [*graphs, ll], vars, shared)
         graphs, ll = list(outs[:-1]), outs[-1]
         # known constants: no dependence on the parameters
@@ -250,7 +254,7 @@ class ExpFamilyStructure:
             n_covariates=k,
             ndim=int(x.type.shape[0]) if x.type.shape[0] is not None else None,
         )
-        fm._verify(x, ll, xb, split_cols, initial_point, vars, ck)
+        fm._verify(x, ll, yb, xb, split_cols, initial_point, vars, ck)
         return fm
 
 
@@ -425,27 +429,21 @@ class ExpFamilyModel:
         return S, clipped
 
     # -- verification on stand-in records ------------------------------------------------------
-    def _verify(self, x, ll, xb, split_cols, initial_point, vars, ck) -> None:
+    def _verify(self, x, ll, yb, xb, split_cols, initial_point, vars, ck) -> None:
         """Check ``ll(q) - ll(q') = (eta(q) - eta(q'))^T T - (A(q) - A(q'))`` on fake records."""
         s = self.structure
         m = 7
-        y_node = s._y_node
-        yb = pt.tensor(dtype=y_node.dtype, shape=(None, *y_node.type.shape[1:]), name="y_fake")
         g = _drop_shape_pins(_inline_op_from_graph(ll))
+        g = _drop_shape_pins(
+            clone_replace(g, replace=dict(zip(s._x_nodes, xb, strict=True)), rebuild_strict=False)
+        )
         g = rewrite_graph(g, include=("canonicalize",), exclude=("constant_folding",))
         g = _drop_shape_pins(g)
-        g = _drop_shape_pins(
-            clone_replace(
-                g,
-                replace={y_node: yb, **dict(zip(s._x_nodes, xb, strict=True))},
-                rebuild_strict=False,
-            )
-        )
         if g.ndim > 1:
             g = pt.sum(g, axis=tuple(range(1, g.ndim)))
         f_ll = pm.pytensorf.compile([x, yb, *xb], g, on_unused_input="ignore", **ck)
         fake_y = _fake_response(s.family.name, m, self._y_trailing(), self.constants)
-        fake_y = np.asarray(fake_y).astype(y_node.dtype)
+        fake_y = np.asarray(fake_y).astype(yb.dtype)
         fake_X = np.random.default_rng(7).uniform(-1.5, 1.5, size=(m, self.n_covariates))
         fake_xs = split_cols(fake_X)
         T = self.family.stats(fake_y, fake_X if self.n_covariates else None, **self.constants)
@@ -485,6 +483,15 @@ def find_expfam_structure(model: pm.Model) -> ExpFamilyStructure:
     if len(obs) != 1:
         raise _refuse(f"the model has {len(obs)} observed variables; exactly one is supported")
     rv = obs[0]
+    if rv.name.endswith("_observed") and rv.name.removesuffix("_observed") + "_unobserved" in (
+        v.name for v in model.free_RVs
+    ):
+        raise ValueError(
+            f"the observed data of {rv.name.removesuffix('_observed')!r} contain missing values "
+            "(PyMC imputes them as free variables, which would publish where they are); "
+            "DPExpFamilyPenalty needs complete, finite data: drop or impute those records "
+            "before sampling"
+        )
     op = rv.owner.op
     fam = _OPS.get(type(op).__name__)
     if fam is None:
