@@ -513,6 +513,15 @@ def find_expfam_structure(model: pm.Model) -> ExpFamilyStructure:
             f"the observed variable {rv.name!r} must have shape (n,)"
             + (" rows of a vector (n, d)" if fam == "mvnormal" else "")
         )
+    free_rvs = set(model.free_RVs)
+    for nm, p in zip(names, dist_params, strict=True):
+        if nm.startswith("const:") and (
+            free_rvs & set(ancestors([p])) or _data_nodes(p, n, {y_node})
+        ):
+            raise _refuse(
+                f"the {nm.removeprefix('const:')!r} of the {type(op).__name__[:-2]} likelihood "
+                "depends on the parameters or the data; it must be a known constant"
+            )
     free_rv_values = set(model.rvs_to_values.values())
     x_nodes: list = []
     for nm, p in params.items():
