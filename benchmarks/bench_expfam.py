@@ -167,7 +167,9 @@ def main(argv=None) -> None:
     for n in args.sizes:
         setup, per_iter = time_per_iteration(n, args.k, args.iters, args.blocks)
         first = first or per_iter
-        print(f"{n:>12,d} {setup:>9.2f} {per_iter * 1e3:>9.4f} {per_iter / first:>7.2f}", flush=True)
+        print(
+            f"{n:>12,d} {setup:>9.2f} {per_iter * 1e3:>9.4f} {per_iter / first:>7.2f}", flush=True
+        )
     accuracy(args)
 
 

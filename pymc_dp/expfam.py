@@ -223,7 +223,9 @@ class ExpFamilyStructure:
         trailing = [tuple(int(s) for s in _node_value(n).shape[1:]) for n in self._x_nodes]
         k = int(sum(int(np.prod(t)) for t in trailing))
         free = [nm for nm in names if not nm.startswith("const:")]
-        free_graphs = [g for nm, g in zip(names, graphs, strict=True) if not nm.startswith("const:")]
+        free_graphs = [
+            g for nm, g in zip(names, graphs, strict=True) if not nm.startswith("const:")
+        ]
         free_graphs = [
             _drop_shape_pins(
                 clone_replace(
@@ -413,7 +415,9 @@ class ExpFamilyModel:
             sl = slice(start, start + chunk_size)
             yc = y[sl]
             Xc = (
-                np.column_stack([np.asarray(a[sl], dtype=float).reshape(yc.shape[0], -1) for a in xs])
+                np.column_stack(
+                    [np.asarray(a[sl], dtype=float).reshape(yc.shape[0], -1) for a in xs]
+                )
                 if xs
                 else None
             )

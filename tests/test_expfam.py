@@ -31,7 +31,7 @@ from pymc_dp.kernels.expfam import (
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-# -- kernel ----------------------------------------------------------------------------------------
+# -- kernel
 def test_normal_linear_stats_and_natural_match_the_log_density():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(6, 3))
@@ -77,7 +77,7 @@ def test_log_acceptance_noise_variance_and_penalty_correction():
     assert isinstance(raw, float)
 
 
-# -- model recognition -------------------------------------------------------------------------------
+# -- model recognition
 RNG = np.random.default_rng(3)
 N = 60
 FAMILY_MODELS = {
@@ -186,7 +186,9 @@ def test_regression_with_pm_data_covariates_and_named_bounds():
 
 def _model_logistic():
     X = RNG.normal(size=(N, 2))
-    pm.Bernoulli("y", logit_p=pm.math.dot(X, pm.Normal("b", size=2)), observed=RNG.integers(0, 2, N))
+    pm.Bernoulli(
+        "y", logit_p=pm.math.dot(X, pm.Normal("b", size=2)), observed=RNG.integers(0, 2, N)
+    )
 
 
 def _model_student():
@@ -279,7 +281,7 @@ def test_non_finite_data_is_refused_without_naming_values_or_positions(where):
     assert not re.search(r"\d", msg), msg  # no count, position or value
 
 
-# -- exactness -----------------------------------------------------------------------------------------
+# -- exactness
 def _nig_problem(n=300, seed=0):
     rng = np.random.default_rng(seed)
     X = rng.uniform(-1, 1, size=(n, 2))
@@ -376,7 +378,7 @@ def test_clipping_active_targets_the_clipped_statistics():
     assert step._stat_sum == pytest.approx([3.0])
 
 
-# -- pymc_dp.sample and the privacy report ------------------------------------------------------------
+# -- pymc_dp.sample and the privacy report
 def test_sample_with_target_epsilon_composes_in_the_report():
     X, y = _nig_problem(n=200)
     with pm.Model():

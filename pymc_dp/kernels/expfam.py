@@ -63,8 +63,8 @@ def normal_linear_stats(y: np.ndarray, X: np.ndarray) -> np.ndarray:
     """
     y = np.asarray(y, dtype=float)
     X = np.asarray(X, dtype=float).reshape(y.shape[0], -1)
-    j, l = np.triu_indices(X.shape[1])
-    return np.column_stack([y, y[:, None] * X, y * y, X, X[:, j] * X[:, l]])
+    j, jj = np.triu_indices(X.shape[1])
+    return np.column_stack([y, y[:, None] * X, y * y, X, X[:, j] * X[:, jj]])
 
 
 def normal_linear_natural(w: np.ndarray, sigma: float) -> tuple[np.ndarray, float]:
@@ -78,8 +78,8 @@ def normal_linear_natural(w: np.ndarray, sigma: float) -> tuple[np.ndarray, floa
     w = np.asarray(w, dtype=float).ravel()
     a, b = w[0], w[1:]
     s2 = float(sigma) ** 2
-    j, l = np.triu_indices(b.size)
-    cross = -(b[j] * b[l]) * np.where(j == l, 0.5, 1.0)
+    j, jj = np.triu_indices(b.size)
+    cross = -(b[j] * b[jj]) * np.where(j == jj, 0.5, 1.0)
     eta = np.concatenate([[a], b, [-0.5], -a * b, cross]) / s2
     return eta, float(np.log(sigma) + 0.5 * a * a / s2)
 
@@ -87,8 +87,8 @@ def normal_linear_natural(w: np.ndarray, sigma: float) -> tuple[np.ndarray, floa
 def normal_linear_stat_bound(y_max: float, x_max: np.ndarray) -> float:
     """L2 bound of :func:`normal_linear_stats` rows for ``|y| <= y_max``, ``|x_j| <= x_max[j]``."""
     x = np.asarray(x_max, dtype=float).ravel()
-    j, l = np.triu_indices(x.size)
-    sq = y_max**2 + y_max**2 * np.sum(x**2) + y_max**4 + np.sum(x**2) + np.sum((x[j] * x[l]) ** 2)
+    j, jj = np.triu_indices(x.size)
+    sq = y_max**2 + y_max**2 * np.sum(x**2) + y_max**4 + np.sum(x**2) + np.sum((x[j] * x[jj]) ** 2)
     return float(np.sqrt(sq))
 
 
