@@ -12,12 +12,13 @@ the construction time, the milliseconds per iteration (median of blocks of
 
 Part 2, accuracy: at the same (epsilon, delta) for the whole run, DPExpFamilyPenalty and
 DPPenaltyMetropolis (clip bound ``--penalty-clip`` on the per-record log-likelihood ratio,
-fixed in advance) sample the same model; their posterior means and sds are compared with a
+fixed in advance), both with the same random walk (``--proposal``, default the guided
+one-coordinate walk), sample the same model; their posterior means and sds are compared with a
 NUTS reference (non-private) in units of the NUTS posterior sd, printed side by side.
 
 Usage::
 
-    python benchmarks/bench_expfam.py                       # n = 1e4, 1e6, 1e7; accuracy at 1e4
+    python benchmarks/bench_expfam.py                       # n = 1e4, 1e6, 1e7; accuracy at 1e5
     python benchmarks/bench_expfam.py --sizes 300 600 --acc-n 300 --acc-draws 100  # smoke
 """
 
@@ -107,11 +108,15 @@ def accuracy(args) -> None:
         ref = posterior_matrix(pm.sample(random_seed=0, **kw), k)
         runs = {}
         for name, cls, step_kwargs in (
-            ("DPExpFamilyPenalty", pymc_dp.DPExpFamilyPenalty, {"data_bounds": BOUNDS}),
+            (
+                "DPExpFamilyPenalty",
+                pymc_dp.DPExpFamilyPenalty,
+                {"data_bounds": BOUNDS, "proposal": args.proposal},
+            ),
             (
                 "DPPenaltyMetropolis",
                 pymc_dp.DPPenaltyMetropolis,
-                {"clip_bound": args.penalty_clip},
+                {"clip_bound": args.penalty_clip, "proposal": args.proposal},
             ),
         ):
             t0 = time.perf_counter()
@@ -156,9 +161,10 @@ def main(argv=None) -> None:
     p.add_argument("--k", type=int, default=3, help="number of covariates")
     p.add_argument("--iters", type=int, default=1000, help="iterations per timing block")
     p.add_argument("--blocks", type=int, default=5)
-    p.add_argument("--acc-n", type=int, default=10_000)
+    p.add_argument("--acc-n", type=int, default=100_000)
     p.add_argument("--acc-draws", type=int, default=2000, help="draws (= tune) per chain")
-    p.add_argument("--epsilon", type=float, default=1.0)
+    p.add_argument("--epsilon", type=float, default=8.0)
+    p.add_argument("--proposal", default="guided", help="random walk of both DP steps")
     p.add_argument("--penalty-clip", type=float, default=5.0)
     args = p.parse_args(argv)
     print(f"PyMC {pm.__version__}; linear regression, k = {args.k} covariates, unknown sigma")
