@@ -212,7 +212,7 @@ class ExpFamilyStructure:
         if fam == "categorical":
             K = graphs[0].type.shape[-1]
             if K is None:
-                K = int(np.shape(initial_point_eval(graphs[0], x, initial_point, vars, ck))[-1])
+                K = int(np.shape(_initial_point_eval(graphs[0], x, initial_point, vars, ck))[-1])
             constants["n_categories"] = int(K)
 
         # covariates -> batch inputs
@@ -260,7 +260,7 @@ class ExpFamilyStructure:
         return fm
 
 
-def initial_point_eval(graph, x, initial_point, vars, ck):
+def _initial_point_eval(graph, x, initial_point, vars, ck):
     q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars])
     return pm.pytensorf.compile([x], graph, on_unused_input="ignore", **ck)(q0.astype(x.dtype))
 
