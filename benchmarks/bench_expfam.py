@@ -73,7 +73,11 @@ def time_per_iteration(n: int, k: int, iters: int, blocks: int) -> tuple[float, 
             data_bounds=BOUNDS, noise_multiplier=1.0, chunk_size=1_000_000
         )
         setup = time.perf_counter() - t0
-    step.set_rng(np.random.default_rng(1))
+    rng = np.random.default_rng(1)
+    if int(pm.__version__.split(".")[0]) >= 6:  # PyMC 6 starts a chain with its length
+        step.setup_chain(rng, 0, 50 + iters * blocks)
+    else:
+        step.set_rng(rng)
     point = model.initial_point()
     for _ in range(50):  # warm up
         point, _ = step.step(point)
