@@ -14,6 +14,7 @@ from pymc_dp.step_methods import (
     DPSGNHT,
     BudgetExceededError,
     DPBarker,
+    DPExpFamilyPenalty,
     DPFastMH,
     DPPenaltyMetropolis,
     DPStep,
@@ -27,6 +28,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "DPBarker",
+    "DPExpFamilyPenalty",
     "DPSubsampledPenalty",
     "DPHMC",
     "DPSGLD",

@@ -430,4 +430,95 @@ def standard_scenarios() -> list[Scenario]:
             "DPFastMH", "paper's privacy for free", 1.0, delta, False,
             fastmh(max_batch=1, privacy_for_free=True), 50_000,
         ),
+        *expfam_scenarios(),
+    ]  # fmt: skip
+
+
+# -- DPExpFamilyPenalty --------------------------------------------------------------------------
+
+
+def expfam_runner(
+    step_d, step_d2, q: np.ndarray, q_new: np.ndarray, *, noise_scale: float = 1.0
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """One DPExpFamilyPenalty iteration (fixed state and proposal) on D and D'.
+
+    ``step_d`` and ``step_d2`` are :class:`pymc_dp.DPExpFamilyPenalty` steps with identical
+    settings built on the two neighbouring datasets (each computed its clipped statistic
+    ``S`` in its own data pass); the runner draws ``trials`` fresh releases of ``S`` through
+    the step's kernel (:func:`pymc_dp.kernels.expfam.expfam_log_acceptance`). Published
+    outputs: the accept bit and the ``accept`` stat. ``noise_scale`` builds the deliberately
+    broken variant (noise smaller than claimed).
+    """
+    from pymc_dp.kernels.expfam import expfam_log_acceptance
+    from pymc_dp.kernels.penalty import accept
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        step = step_d2 if on_d2 else step_d
+        eta0, a0, lp0 = step._point(q)
+        eta1, a1, lp1 = step._point(q_new)
+        log_a = expfam_log_acceptance(
+            step._stat_sum,
+            eta1 - eta0,
+            step._expfam.n_records * (a1 - a0),
+            lp1 - lp0,
+            0.0,
+            step.stat_noise_std * noise_scale,
+            rng,
+            size=trials,
+        )
+        return {"accepted": accept(log_a, rng), "accept": np.exp(np.minimum(0.0, log_a))}
+
+    return run
+
+
+def _expfam_steps(noise_multiplier: float = 1.0, stat_clip_bound: float = 2.0):
+    """Two DPExpFamilyPenalty steps on a 2-d MvNormal mean, 10 records; record 0 is
+    (+100, 0) in D and (-100, 0) in D' (its statistic T = x is clipped to (+-C, 0))."""
+    import warnings
+
+    import pymc as pm
+
+    from pymc_dp.step_methods.expfam import DPExpFamilyPenalty
+
+    steps = []
+    for first in (100.0, -100.0):
+        x = np.column_stack([np.linspace(-1.0, 1.0, 10), np.linspace(0.5, -0.5, 10)])
+        x[0] = (first, 0.0)
+        with pm.Model(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mu = pm.Normal("mu", 0, 3, size=2)
+            pm.MvNormal("x", mu=mu, cov=np.eye(2), observed=x)
+            steps.append(
+                DPExpFamilyPenalty(
+                    noise_multiplier=noise_multiplier, stat_clip_bound=stat_clip_bound
+                )
+            )
+    return steps
+
+
+def expfam_scenarios() -> list[Scenario]:
+    """DPExpFamilyPenalty as shipped and with its noise halved (must be caught).
+
+    The proposal moves along the first axis, the direction in which the clipped statistic of
+    record 0 differs by ``2C`` between D and D', so the audit can approach the claim.
+    """
+    from pymc_dp.accounting import gaussian_epsilon
+
+    delta = 1e-5
+    q, q_new = np.array([0.0, 0.0]), np.array([0.3, 0.0])
+
+    def expfam(**broken):
+        def make():
+            d, d2 = _expfam_steps()
+            return expfam_runner(d, d2, q, q_new, **broken)
+
+        return make
+
+    claim = gaussian_epsilon(1 / (2 * 1.0**2), delta)
+    return [
+        Scenario("DPExpFamilyPenalty", "as shipped", claim, delta, True, expfam(), 400_000),
+        Scenario(
+            "DPExpFamilyPenalty", "noise scale halved", claim, delta, False,
+            expfam(noise_scale=0.5), 400_000,
+        ),
     ]  # fmt: skip

@@ -55,7 +55,7 @@ def test_audit_scenario(scenario):
 
 def test_scenarios_cover_every_step_and_three_broken_variants():
     steps = {s.step for s in SCENARIOS}
-    assert {"DPPenaltyMetropolis", "DPHMC", "DPFastMH"} <= steps
+    assert {"DPPenaltyMetropolis", "DPHMC", "DPFastMH", "DPExpFamilyPenalty"} <= steps
     broken = {s.variant for s in SCENARIOS if not s.must_hold}
     assert {"noise scale halved", "clipping removed", "paper's privacy for free"} <= broken
     for step in steps:

@@ -96,3 +96,20 @@ def test_bench_fastmh_tiny():
     speedup = re.search(r"\|\s*([\d.]+)x\s*\|", row)
     assert speedup is not None, row
     _positive(speedup.group(1))
+
+
+@pytest.mark.slow
+def test_bench_expfam_tiny():
+    out = _run(
+        "bench_expfam.py",
+        *("--sizes", "300", "600", "--acc-n", "300", "--acc-draws", "60"),
+        *("--iters", "20", "--blocks", "1"),
+    )
+    sizes = [r for r in (line.split() for line in out.splitlines()) if r[:1] in (["300"], ["600"])]
+    assert len(sizes) == 2, out
+    for r in sizes:
+        _positive(r[2])  # ms/iter
+        _positive(r[3])  # ratio to the first size
+    for step in ("DPExpFamilyPenalty", "DPPenaltyMetropolis"):
+        (row,) = [r for r in _rows(out, "summary") if r[1] == step]
+        assert "epsilon" in row

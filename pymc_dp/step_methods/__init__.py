@@ -2,6 +2,7 @@
 
 from pymc_dp.step_methods.barker import DPBarker
 from pymc_dp.step_methods.base import BudgetExceededError, DPStep
+from pymc_dp.step_methods.expfam import DPExpFamilyPenalty
 from pymc_dp.step_methods.fastmh import DPFastMH
 from pymc_dp.step_methods.hmc import DPHMC
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
@@ -10,6 +11,7 @@ from pymc_dp.step_methods.subsampled_penalty import DPSubsampledPenalty
 
 __all__ = [
     "DPBarker",
+    "DPExpFamilyPenalty",
     "DPSubsampledPenalty",
     "DPHMC",
     "DPSGLD",

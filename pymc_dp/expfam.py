@@ -1,0 +1,556 @@
+r"""Exponential-family structure of a PyMC model: sufficient statistics, natural parameters.
+
+:class:`pymc_dp.DPExpFamilyPenalty` needs the likelihood in the form
+:math:`\log p(x_i\mid\theta) = \eta(\theta)^\top T(x_i) - A(\theta) + h(x_i)`. This module
+finds it from the PyMC graph, never from the data: it reads the observed variable's
+distribution and its parameter graphs, compiles :math:`\theta \mapsto (\eta, A)` and verifies
+the decomposition against PyMC's own log-density on data-free stand-in records at several
+parameter values. The data are read only by :meth:`ExpFamilyStructure.check_data_finite`
+(one bit: all finite or not) and by :meth:`ExpFamilyModel.clipped_stat_sum`, the one chunked
+pass that computes :math:`S = \sum_i \mathrm{clip}_C(T(x_i))`.
+
+Supported forms (see :data:`SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
+covariates, ``mu = a(theta) + x_i^T b(theta)``, with a scale ``sigma(theta)`` free of the
+covariates; and, without covariates, Normal, Bernoulli, Binomial (known trials), Poisson,
+Exponential, Gamma (known shape), Categorical and MvNormal (known covariance).
+
+References
+----------
+.. [1] Yildirim, S. and Ermis, B. (2019). Exact MCMC with differentially private moves.
+   Statistics and Computing 29(5), 947-963. doi:10.1007/s11222-018-9847-x;
+   arXiv:1604.07177, Sec. 3.3 (exponential families), eq. (7).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+from pymc.pytensorf import join_nonshared_inputs
+from pytensor.compile.sharedvalue import SharedVariable
+from pytensor.graph.replace import clone_replace
+from pytensor.graph.rewriting.utils import rewrite_graph
+from pytensor.graph.traversal import ancestors
+
+from pymc_dp.kernels.expfam import EXPFAM_FAMILIES, ExpFamily, clip_stats
+from pymc_dp.model import (
+    ModelNotSupportedError,
+    _data_nodes,
+    _drop_shape_pins,
+    _inline_op_from_graph,
+    _node_value,
+    _observed_data,
+    count_records,
+)
+
+__all__ = [
+    "SUPPORTED_FORMS",
+    "ExpFamilyModel",
+    "ExpFamilyStructure",
+    "find_expfam_structure",
+]
+
+#: The model forms DPExpFamilyPenalty accepts (quoted in every refusal).
+SUPPORTED_FORMS = (
+    "DPExpFamilyPenalty supports one observed variable with i.i.d. records of one of these "
+    "forms: Normal(mu, sigma) with mu = a + X @ b affine in covariates (one or more covariate "
+    "arrays with one row per record, or none) and sigma a parameter or constant that does not "
+    "depend on the covariates; without covariates: Normal, Bernoulli, Binomial (known number "
+    "of trials), Poisson, Exponential, Gamma (known shape alpha), Categorical, MvNormal "
+    "(known covariance)"
+)
+
+# RandomVariable op class -> family name (same ops on PyMC 5.x and 6.x)
+_OPS = {
+    "NormalRV": "normal_linear",
+    "BernoulliRV": "bernoulli",
+    "BinomialRV": "binomial",
+    "PoissonRV": "poisson",
+    "ExponentialRV": "exponential",
+    "GammaRV": "gamma",
+    "CategoricalRV": "categorical",
+    "MvNormalRV": "mvnormal",
+}
+# names of the op's distribution parameters, in order; "const:" ones must be known constants
+_PARAMS = {
+    "normal_linear": ("mu", "sigma"),
+    "bernoulli": ("p",),
+    "binomial": ("const:trials", "p"),
+    "poisson": ("mu",),
+    "exponential": ("scale",),
+    "gamma": ("const:shape", "scale"),
+    "categorical": ("p",),
+    "mvnormal": ("mu", "const:cov"),
+}
+
+
+def _refuse(reason: str) -> ModelNotSupportedError:
+    return ModelNotSupportedError(f"{reason}. {SUPPORTED_FORMS}")
+
+
+def _fake_response(family: str, m: int, trailing: tuple, constants: Mapping[str, Any]):
+    """Data-free stand-in responses inside the support of the family."""
+    k = np.arange(m)
+    if family == "bernoulli":
+        return k % 2
+    if family == "binomial":
+        return k % (int(constants["trials"]) + 1)
+    if family == "poisson":
+        return (3 * k) % 7
+    if family == "categorical":
+        return k % int(constants["n_categories"])
+    if family in ("exponential", "gamma"):
+        return 0.4 + 0.37 * k
+    base = np.random.default_rng(20260519).normal(size=(m, *trailing))
+    return base
+
+
+@dataclass
+class ExpFamilyStructure:
+    """Data-free structure of a supported model (before compiling the parameter functions).
+
+    Attributes
+    ----------
+    family : ExpFamily
+    n_records : int
+    response_name : str
+        Name of the observed variable.
+    covariate_names : list of str
+        Names of the covariate data arrays (``pm.Data`` names; ``"X"`` for unnamed constants).
+    """
+
+    family: ExpFamily
+    n_records: int
+    response_name: str
+    covariate_names: list[str]
+    _model: Any = field(repr=False)
+    _rv: Any = field(repr=False)
+    _y_node: Any = field(repr=False)
+    _x_nodes: list = field(repr=False)
+    _params: dict = field(repr=False)
+
+    # -- data reads ---------------------------------------------------------------------------
+    def _arrays(self) -> tuple[np.ndarray, list[np.ndarray]]:
+        return _node_value(self._y_node), [_node_value(x) for x in self._x_nodes]
+
+    def check_data_finite(self, chunk_size: int = 1_000_000) -> None:
+        """Refuse non-finite data (NaN, +-inf) in the response or a covariate.
+
+        Reads the data once; the outcome is one bit for the analyst who runs the sampler. The
+        error names no record, count or value.
+        """
+        y, xs = self._arrays()
+        for a in (y, *xs):
+            if not np.issubdtype(a.dtype, np.inexact):
+                continue
+            for start in range(0, a.shape[0], chunk_size):
+                if not np.all(np.isfinite(a[start : start + chunk_size])):
+                    raise ValueError(
+                        "the observed data (or a covariate array with one row per record) "
+                        "contains NaN or infinite values; DPExpFamilyPenalty needs complete, "
+                        "finite data: drop or impute those records before sampling"
+                    )
+
+    # -- compile ------------------------------------------------------------------------------
+    def compile(
+        self,
+        vars: Sequence,
+        initial_point: dict[str, np.ndarray],
+        shared: dict,
+        compile_kwargs: dict | None = None,
+    ) -> ExpFamilyModel:
+        """Compile ``theta -> (eta, A)`` for the flat vector of ``vars`` and verify it.
+
+        ``shared`` maps the value variables this step does not sample to the shared variables
+        the step updates (as in :class:`~pymc.step_methods.arraystep.ArrayStepShared`).
+        Verification uses data-free stand-in records only.
+        """
+        model, fam = self._model, self.family.name
+        ck = dict(compile_kwargs or {})
+        names = _PARAMS[fam]
+        raw = [self._params[nm.removeprefix("const:")] for nm in names]
+        # PyMC's own log-density of one batch of stand-in responses (a symbolic value, so that
+        # no function of the observed data is folded into a constant)
+        y_node = self._y_node
+        yb = pt.tensor(dtype=self._rv.dtype, shape=(None, *y_node.type.shape[1:]), name="y_fake")
+        graphs = model.replace_rvs_by_values([*raw, pm.logp(self._rv, yb)])
+        ll = graphs.pop()
+        outs, x = join_nonshared_inputs(initial_point, [*graphs, ll], vars, shared)
+        graphs, ll = list(outs[:-1]), outs[-1]
+        # known constants: no dependence on the parameters
+        constants: dict[str, Any] = {}
+        for nm, g in zip(names, graphs, strict=True):
+            if nm.startswith("const:"):
+                key = nm.removeprefix("const:")
+                if x in ancestors([g]) or _data_nodes(g, self.n_records, set()):
+                    raise _refuse(
+                        f"the {key!r} of the {type(self._rv.owner.op).__name__[:-2]} likelihood "
+                        "depends on the parameters or the data; it must be a known constant"
+                    )
+                constants[key] = np.asarray(pm.pytensorf.compile([], g, **ck)())
+        if fam == "binomial":
+            t = np.unique(constants["trials"])
+            if t.size != 1 or t[0] < 1 or float(t[0]) != int(t[0]):
+                raise _refuse("the number of Binomial trials must be one known integer >= 1")
+            constants["trials"] = int(t[0])
+        if fam == "gamma":
+            s = np.unique(constants["shape"])
+            if s.size != 1 or not (np.isfinite(s[0]) and s[0] > 0):
+                raise _refuse("the Gamma shape alpha must be one known number > 0")
+            constants["shape"] = float(s[0])
+        if fam == "mvnormal":
+            cov = np.asarray(constants.pop("cov"), dtype=float)
+            if cov.ndim > 2:
+                if cov.shape[0] != 1:
+                    raise _refuse("the MvNormal covariance must be one known matrix")
+                cov = cov.reshape(cov.shape[-2:])
+            constants["precision"] = np.linalg.inv(cov)
+        if fam == "categorical":
+            K = graphs[0].type.shape[-1]
+            if K is None:
+                K = int(np.shape(_initial_point_eval(graphs[0], x, initial_point, vars, ck))[-1])
+            constants["n_categories"] = int(K)
+
+        # covariates -> batch inputs
+        xb = [
+            pt.tensor(dtype=n.dtype, shape=(None, *n.type.shape[1:]), name=f"cov{i}")
+            for i, n in enumerate(self._x_nodes)
+        ]
+        trailing = [tuple(int(s) for s in _node_value(n).shape[1:]) for n in self._x_nodes]
+        k = int(sum(int(np.prod(t)) for t in trailing))
+        free = [nm for nm in names if not nm.startswith("const:")]
+        free_graphs = [
+            g for nm, g in zip(names, graphs, strict=True) if not nm.startswith("const:")
+        ]
+        free_graphs = [
+            _drop_shape_pins(
+                clone_replace(
+                    _drop_shape_pins(g),
+                    replace=dict(zip(self._x_nodes, xb, strict=True)),
+                    rebuild_strict=False,
+                )
+            )
+            for g in free_graphs
+        ]
+        f_params = pm.pytensorf.compile([x, *xb], free_graphs, on_unused_input="ignore", **ck)
+
+        def split_cols(M: np.ndarray) -> list[np.ndarray]:
+            out, c = [], 0
+            for node, t in zip(self._x_nodes, trailing, strict=True):
+                w = int(np.prod(t))
+                out.append(M[:, c : c + w].reshape(M.shape[0], *t).astype(node.dtype))
+                c += w
+            return out
+
+        design = split_cols(np.vstack([np.zeros((1, k)), np.eye(k)]))
+        fm = ExpFamilyModel(
+            structure=self,
+            constants=constants,
+            f_params=f_params,
+            free_names=free,
+            design=design,
+            n_covariates=k,
+            ndim=int(x.type.shape[0]) if x.type.shape[0] is not None else None,
+        )
+        fm._verify(x, ll, yb, xb, split_cols, initial_point, vars, ck)
+        return fm
+
+
+def _initial_point_eval(graph, x, initial_point, vars, ck):
+    q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars])
+    return pm.pytensorf.compile([x], graph, on_unused_input="ignore", **ck)(q0.astype(x.dtype))
+
+
+class ExpFamilyModel:
+    """A compiled exponential-family likelihood: ``q -> (eta, A)`` and the statistic pass.
+
+    Built by :meth:`ExpFamilyStructure.compile`. ``q`` is the flat vector of the step's value
+    variables in the transformed space PyMC's step methods work in.
+
+    Attributes
+    ----------
+    family : ExpFamily
+    n_records : int
+    stat_dim : int
+        Length of ``T(x_i)``.
+    constants : dict
+        Known constants of the likelihood (trials, Gamma shape, precision, categories).
+    """
+
+    def __init__(
+        self,
+        *,
+        structure: ExpFamilyStructure,
+        constants: dict,
+        f_params,
+        free_names: list[str],
+        design: list[np.ndarray],
+        n_covariates: int,
+        ndim: int | None,
+    ) -> None:
+        self.structure = structure
+        self.family: ExpFamily = structure.family
+        self.n_records = structure.n_records
+        self.constants = constants
+        self._f = f_params
+        self._free = free_names
+        self._design = design
+        self.n_covariates = n_covariates
+        self.ndim = ndim
+        fake = _fake_response(self.family.name, 2, self._y_trailing(), constants)
+        self.stat_dim = int(
+            self.family.stats(fake, np.zeros((2, n_covariates)), **constants).shape[1]
+        )
+
+    def _y_trailing(self) -> tuple:
+        return tuple(int(s) for s in _node_value(self.structure._y_node).shape[1:])
+
+    # -- data-free: natural parameters ----------------------------------------------------------
+    def params(self, q: np.ndarray, design: list[np.ndarray] | None = None) -> dict[str, Any]:
+        """The likelihood's free parameters at ``q`` (never reads the data)."""
+        vals = self._f(q, *(self._design if design is None else design))
+        out = dict(zip(self._free, [np.asarray(v, dtype=float) for v in vals], strict=True))
+        fam = self.family.name
+        if fam == "normal_linear":
+            mu = np.broadcast_to(out["mu"].reshape(-1), (self.n_covariates + 1,))
+            sigma = out["sigma"].reshape(-1)
+            return {"w": np.concatenate([[mu[0]], mu[1:] - mu[0]]), "sigma": float(sigma[0])}
+        if fam == "categorical":
+            return {"p": out["p"].reshape(-1, out["p"].shape[-1])[0]}
+        if fam == "mvnormal":
+            return {"mu": out["mu"].reshape(-1, out["mu"].shape[-1])[0]}
+        return {k: float(v.reshape(-1)[0]) for k, v in out.items()}
+
+    def natural(self, q: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(eta(q), A(q))``: natural parameters and per-record log-normaliser at ``q``."""
+        return self.family.natural(**self.params(q), **self.constants)
+
+    # -- data-free: the clip bound from public bounds ------------------------------------------
+    def stat_bound_from_box(self, data_bounds: Mapping[str, Any] | None) -> float:
+        """L2 bound ``C`` on ``T(x_i)`` for data inside the public box ``data_bounds``.
+
+        Keys: ``"y"`` (or the observed variable's name) for the response, ``"X"`` (all
+        covariates) or a covariate's ``pm.Data`` name; values ``(lo, hi)`` (scalars or arrays
+        broadcasting to a row). Families with bounded support (Bernoulli, Binomial,
+        Categorical) need no box; a box given for them can only lower the bound.
+        """
+        fam = self.family
+        bounds = dict(data_bounds or {})
+        s = self.structure
+        y_keys = {"y", s.response_name}
+        x_keys = {"X", *s.covariate_names}
+        unknown = sorted(set(bounds) - y_keys - x_keys)
+        if unknown:
+            raise ValueError(
+                f"data_bounds has unknown keys {unknown}; use 'y' (or {s.response_name!r}) for "
+                "the response"
+                + (f" and 'X' (or one of {s.covariate_names}) for covariates" if x_keys else "")
+            )
+
+        def box(key_set, trailing) -> np.ndarray | None:
+            keys = [k for k in key_set if k in bounds]
+            if not keys:
+                return None
+            lo_hi = bounds[keys[0]]
+            try:
+                lo, hi = (np.asarray(v, dtype=float) for v in lo_hi)
+                lo, hi = np.broadcast_to(lo, trailing), np.broadcast_to(hi, trailing)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"data_bounds[{keys[0]!r}] must be a pair (lo, hi) of numbers or arrays "
+                    "matching one record"
+                ) from None
+            if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(lo <= hi)):
+                raise ValueError(f"data_bounds[{keys[0]!r}] must be finite with lo <= hi")
+            return np.maximum(np.abs(lo), np.abs(hi))
+
+        y_max = box(y_keys, self._y_trailing())
+        x_max = None
+        if self.n_covariates:
+            parts = []
+            for node_name, node in zip(s.covariate_names, s._x_nodes, strict=True):
+                t = tuple(int(v) for v in _node_value(node).shape[1:])
+                b = box({node_name}, t)
+                if b is None:
+                    b = box({"X"}, t)
+                if b is None:
+                    raise ValueError(
+                        "data_bounds must give the covariate range ('X': (lo, hi), or per "
+                        f"covariate {s.covariate_names}) to bound T(x_i); or pass "
+                        "stat_clip_bound. Choose the bounds from knowledge of the data "
+                        "source, not from the data"
+                    )
+                parts.append(b.ravel())
+            x_max = np.concatenate(parts)
+        support = fam.support_bound(**self.constants) if fam.support_bound is not None else None
+        if y_max is None:
+            if support is not None:
+                return float(support)
+            raise ValueError(
+                f"data_bounds must give the response range ('y': (lo, hi)) for the "
+                f"{fam.name} likelihood, or pass stat_clip_bound. Choose it from knowledge of "
+                "the data source, not from the data"
+            )
+        if fam.stat_bound is None:
+            return float(support)
+        c = fam.stat_bound(y_max, x_max, **self.constants)
+        return float(min(c, support)) if support is not None else float(c)
+
+    # -- the one data pass --------------------------------------------------------------------
+    def clipped_stat_sum(self, bound: float, chunk_size: int = 100_000) -> tuple[np.ndarray, int]:
+        """``S = sum_i clip_C(T(x_i))`` in one chunked pass, and the number of clipped records.
+
+        The sum is the input of the Gaussian mechanism (never publish it); the count is
+        computed without noise (only behind ``nonprivate_diagnostics``). The error for
+        non-finite statistics names no record, count or value.
+        """
+        y, xs = self.structure._arrays()
+        S = np.zeros(self.stat_dim)
+        clipped = 0
+        for start in range(0, self.n_records, chunk_size):
+            sl = slice(start, start + chunk_size)
+            yc = y[sl]
+            Xc = (
+                np.column_stack(
+                    [np.asarray(a[sl], dtype=float).reshape(yc.shape[0], -1) for a in xs]
+                )
+                if xs
+                else None
+            )
+            T = self.family.stats(yc, Xc, **self.constants)
+            if not np.all(np.isfinite(T)):
+                raise ValueError(
+                    "the sufficient statistics of the data are not finite (NaN, infinite or "
+                    "overflowing values); DPExpFamilyPenalty needs finite data of moderate size"
+                )
+            Tc, k = clip_stats(T, bound)
+            S += Tc.sum(axis=0)
+            clipped += k
+        return S, clipped
+
+    # -- verification on stand-in records ------------------------------------------------------
+    def _verify(self, x, ll, yb, xb, split_cols, initial_point, vars, ck) -> None:
+        """Check ``ll(q) - ll(q') = (eta(q) - eta(q'))^T T - (A(q) - A(q'))`` on fake records."""
+        s = self.structure
+        m = 7
+        g = _drop_shape_pins(_inline_op_from_graph(ll))
+        g = _drop_shape_pins(
+            clone_replace(g, replace=dict(zip(s._x_nodes, xb, strict=True)), rebuild_strict=False)
+        )
+        g = rewrite_graph(g, include=("canonicalize",), exclude=("constant_folding",))
+        g = _drop_shape_pins(g)
+        if g.ndim > 1:
+            g = pt.sum(g, axis=tuple(range(1, g.ndim)))
+        f_ll = pm.pytensorf.compile([x, yb, *xb], g, on_unused_input="ignore", **ck)
+        fake_y = _fake_response(s.family.name, m, self._y_trailing(), self.constants)
+        fake_y = np.asarray(fake_y).astype(yb.dtype)
+        fake_X = np.random.default_rng(7).uniform(-1.5, 1.5, size=(m, self.n_covariates))
+        fake_xs = split_cols(fake_X)
+        T = self.family.stats(fake_y, fake_X if self.n_covariates else None, **self.constants)
+        q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars]).astype(x.dtype)
+        d = q0.size
+        qs = [q0 + 0.05 * (1 + (np.arange(d) * c) % 3) * c for c in (0.0, 1.0, -0.7, 1.9)]
+        try:
+            lls = [np.asarray(f_ll(q, fake_y, *fake_xs), dtype=float).reshape(-1) for q in qs]
+            nat = [self.natural(q) for q in qs]
+        except Exception as err:  # noqa: BLE001 - report as an unsupported structure
+            raise _refuse(
+                "the likelihood could not be evaluated on stand-in records "
+                f"({type(err).__name__}); it must separate into one term per record"
+            ) from None
+        for i in range(1, len(qs)):
+            lhs = lls[i] - lls[0]
+            rhs = T @ (nat[i][0] - nat[0][0]) - (nat[i][1] - nat[0][1])
+            scale = 1.0 + np.abs(lls[i]) + np.abs(lls[0])
+            if lhs.shape != (m,) or not np.all(np.abs(lhs - rhs) <= 1e-6 * scale):
+                raise _refuse(
+                    "the likelihood is not of a supported exponential-family form (checked on "
+                    "stand-in records: e.g. the mean is not affine in the covariates, or the "
+                    "scale depends on them)"
+                )
+
+
+def find_expfam_structure(model: pm.Model) -> ExpFamilyStructure:
+    """Recognise a supported exponential-family likelihood in ``model`` (data-free).
+
+    Raises
+    ------
+    ModelNotSupportedError
+        With a message that names the supported forms.
+    """
+    n = count_records(model)
+    obs = list(model.observed_RVs)
+    if len(obs) != 1:
+        raise _refuse(f"the model has {len(obs)} observed variables; exactly one is supported")
+    rv = obs[0]
+    if rv.name.endswith("_observed") and rv.name.removesuffix("_observed") + "_unobserved" in (
+        v.name for v in model.free_RVs
+    ):
+        raise ValueError(
+            f"the observed data of {rv.name.removesuffix('_observed')!r} contain missing values "
+            "(PyMC imputes them as free variables, which would publish where they are); "
+            "DPExpFamilyPenalty needs complete, finite data: drop or impute those records "
+            "before sampling"
+        )
+    op = rv.owner.op
+    fam = _OPS.get(type(op).__name__)
+    if fam is None:
+        raise _refuse(
+            f"the likelihood of {rv.name!r} is {type(op).__name__.removesuffix('RV')}, which is "
+            "not supported"
+        )
+    dist_params = list(op.dist_params(rv.owner))
+    names = _PARAMS[fam]
+    if len(dist_params) != len(names):
+        raise _refuse(f"unexpected parametrisation of {type(op).__name__}")
+    params = {nm.removeprefix("const:"): p for nm, p in zip(names, dist_params, strict=True)}
+    y_node = _observed_data(model, rv)
+    if not (isinstance(y_node, SharedVariable) or isinstance(y_node, pt.TensorConstant)):
+        raise _refuse(f"the observed values of {rv.name!r} are not a data array")
+    y_ndim = 2 if fam == "mvnormal" else 1
+    if y_node.ndim != y_ndim:
+        raise _refuse(
+            f"the observed variable {rv.name!r} must have shape (n,)"
+            + (" rows of a vector (n, d)" if fam == "mvnormal" else "")
+        )
+    free_rvs = set(model.free_RVs)
+    for nm, p in zip(names, dist_params, strict=True):
+        if nm.startswith("const:") and (
+            free_rvs & set(ancestors([p])) or _data_nodes(p, n, {y_node})
+        ):
+            raise _refuse(
+                f"the {nm.removeprefix('const:')!r} of the {type(op).__name__[:-2]} likelihood "
+                "depends on the parameters or the data; it must be a known constant"
+            )
+    free_rv_values = set(model.rvs_to_values.values())
+    x_nodes: list = []
+    for nm, p in params.items():
+        found = [d for d in _data_nodes(p, n, {y_node}) if d not in free_rv_values]
+        if found and (fam != "normal_linear" or nm != "mu"):
+            raise _refuse(
+                f"the {nm!r} of {rv.name!r} depends on arrays with one row per record "
+                "(covariates); only the mean of a Normal likelihood may"
+            )
+        x_nodes += [d for d in found if d not in x_nodes]
+    if y_node in ancestors(list(params.values())):
+        raise _refuse("a likelihood parameter depends on the observed values themselves")
+    cov_names = []
+    for i, node in enumerate(x_nodes):
+        if node.ndim not in (1, 2):
+            raise _refuse("covariate arrays must have shape (n,) or (n, k)")
+        cov_names.append(node.name if node.name else ("X" if len(x_nodes) == 1 else f"X{i}"))
+    return ExpFamilyStructure(
+        family=EXPFAM_FAMILIES[fam],
+        n_records=n,
+        response_name=rv.name,
+        covariate_names=cov_names,
+        _model=model,
+        _rv=rv,
+        _y_node=y_node,
+        _x_nodes=x_nodes,
+        _params=params,
+    )

@@ -1,0 +1,416 @@
+"""DPExpFamilyPenalty: noisy sufficient statistics + the penalty test (Yildirim & Ermis Sec. 3.3).
+
+Exactness against closed-form posteriors with the noise on and clipping inactive, a check that
+the sampler without the variance correction is detectably wrong (so the exactness tests have
+power), the statistics and bounds of every family, refusals, and the privacy report.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import arviz as az
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import stats
+
+import pymc_dp
+from pymc_dp import DPExpFamilyPenalty, ModelNotSupportedError
+from pymc_dp.expfam import SUPPORTED_FORMS
+from pymc_dp.kernels.expfam import (
+    EXPFAM_FAMILIES,
+    clip_stats,
+    expfam_log_acceptance,
+    normal_linear_natural,
+    normal_linear_stat_bound,
+    normal_linear_stats,
+)
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+# -- kernel
+def test_normal_linear_stats_and_natural_match_the_log_density():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(6, 3))
+    y = rng.normal(size=6)
+    T = normal_linear_stats(y, X)
+    for w, s in [(rng.normal(size=4), 0.7), (rng.normal(size=4), 1.9)]:
+        eta, A = normal_linear_natural(w, s)
+        ll = stats.norm.logpdf(y, w[0] + X @ w[1:], s)
+        h = -0.5 * np.log(2 * np.pi)
+        np.testing.assert_allclose(T @ eta - A + h, ll, rtol=1e-12)
+
+
+def test_normal_linear_stat_bound_covers_the_box():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-2, 2, size=(2000, 3))
+    X[0] = [2, -2, 2]
+    y = rng.uniform(-3, 3, size=2000)
+    y[0] = -3
+    C = normal_linear_stat_bound(3.0, np.array([2.0, 2.0, 2.0]))
+    norms = np.linalg.norm(normal_linear_stats(y, X), axis=1)
+    assert norms.max() <= C + 1e-12
+    assert norms.max() == pytest.approx(C)  # the corner attains it
+
+
+def test_clip_stats_scales_rows_to_the_bound():
+    T = np.array([[3.0, 4.0], [0.3, 0.4]])
+    Tc, k = clip_stats(T, 1.0)
+    np.testing.assert_allclose(Tc, [[0.6, 0.8], [0.3, 0.4]])
+    assert k == 1
+
+
+def test_log_acceptance_noise_variance_and_penalty_correction():
+    """Noise variance sigma_S^2 ||d_eta||^2 (eq. 8); E[exp(log a - mean part)] = 1."""
+    rng = np.random.default_rng(2)
+    S, d_eta, sig = np.array([1.0, -2.0, 0.5]), np.array([0.3, -0.1, 0.2]), 1.5
+    v = sig**2 * d_eta @ d_eta
+    la = expfam_log_acceptance(S, d_eta, 0.4, 0.1, 0.0, sig, rng, size=400_000)
+    base = S @ d_eta - 0.4 + 0.1
+    assert np.var(la) == pytest.approx(v, rel=0.01)
+    assert np.mean(la) == pytest.approx(base - 0.5 * v, abs=0.01)
+    assert np.mean(np.exp(la - base)) == pytest.approx(1.0, abs=0.01)
+    raw = expfam_log_acceptance(S, d_eta, 0.4, 0.1, 0.0, sig, rng, variance_correction=False)
+    assert isinstance(raw, float)
+
+
+# -- model recognition
+RNG = np.random.default_rng(3)
+N = 60
+FAMILY_MODELS = {
+    "normal": (
+        lambda: pm.Normal(
+            "y", pm.Normal("mu", 0, 5), pm.HalfNormal("s", 2), observed=RNG.normal(1, 2, N)
+        ),
+        {"data_bounds": {"y": (-10, 10)}},
+        "normal_linear",
+    ),
+    "bernoulli": (
+        lambda: pm.Bernoulli("y", pm.Beta("p", 1, 1), observed=RNG.integers(0, 2, N)),
+        {},
+        "bernoulli",
+    ),
+    "binomial": (
+        lambda: pm.Binomial("y", 5, pm.Beta("p", 1, 1), observed=RNG.binomial(5, 0.4, N)),
+        {},
+        "binomial",
+    ),
+    "poisson": (
+        lambda: pm.Poisson("y", pm.Gamma("l", 2, 1), observed=RNG.poisson(3, N)),
+        {"data_bounds": {"y": (0, 20)}},
+        "poisson",
+    ),
+    "exponential": (
+        lambda: pm.Exponential("y", pm.Gamma("l", 2, 1), observed=RNG.exponential(0.5, N)),
+        {"data_bounds": {"y": (0, 20)}},
+        "exponential",
+    ),
+    "gamma": (
+        lambda: pm.Gamma("y", 2.0, pm.Gamma("b", 2, 1), observed=RNG.gamma(2, 0.5, N)),
+        {"data_bounds": {"y": (0, 20)}},
+        "gamma",
+    ),
+    "categorical": (
+        lambda: pm.Categorical(
+            "y", p=pm.Dirichlet("p", np.ones(3)), observed=RNG.integers(0, 3, N)
+        ),
+        {},
+        "categorical",
+    ),
+    "mvnormal": (
+        lambda: pm.MvNormal(
+            "y",
+            mu=pm.Normal("mu", 0, 5, size=2),
+            cov=np.array([[1.0, 0.3], [0.3, 1.0]]),
+            observed=RNG.normal(1, 1, (N, 2)),
+        ),
+        {"data_bounds": {"y": (-6, 6)}},
+        "mvnormal",
+    ),
+}
+
+
+_PYMC6 = int(pm.__version__.split(".")[0]) >= 6
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            name,
+            marks=pytest.mark.xfail(
+                _PYMC6 and name == "binomial",
+                reason="PyMC 6: pymc_dp.model.build_record_functions (shared by every step) "
+                "refuses some Binomial datasets (those without a record at the maximum count) "
+                "in its separability check",
+                strict=False,
+            ),
+        )
+        for name in FAMILY_MODELS
+    ],
+)
+def test_supported_families_are_recognised_and_sample(name):
+    build, kw, family = FAMILY_MODELS[name]
+    with pm.Model():
+        build()
+        step = DPExpFamilyPenalty(noise_multiplier=1.0, **kw)
+        assert step.family == family
+        idata = pm.sample(
+            draws=30, tune=10, chains=1, step=step, progressbar=False, random_seed=1,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    assert np.all(np.isfinite(idata.sample_stats["noise_std"].values))
+
+
+def test_regression_with_pm_data_covariates_and_named_bounds():
+    X = RNG.uniform(-1, 1, size=(N, 2))
+    x3 = RNG.uniform(0, 2, size=N)
+    with pm.Model():
+        Xd = pm.Data("Xd", X)
+        x3d = pm.Data("x3", x3)
+        b = pm.Normal("b", 0, 2, size=2)
+        c = pm.Normal("c", 0, 2)
+        pm.Normal("y", 1.0 + Xd @ b + c * x3d, 1.0, observed=RNG.normal(size=N))
+        step = DPExpFamilyPenalty(
+            noise_multiplier=1.0, data_bounds={"y": (-5, 5), "Xd": (-1, 1), "x3": (0, 2)}
+        )
+    assert step.family == "normal_linear"
+    assert step._expfam.n_covariates == 3
+    assert step.stat_clip_bound == pytest.approx(
+        normal_linear_stat_bound(5.0, np.array([1.0, 1.0, 2.0]))
+    )
+
+
+def _model_logistic():
+    X = RNG.normal(size=(N, 2))
+    pm.Bernoulli(
+        "y", logit_p=pm.math.dot(X, pm.Normal("b", size=2)), observed=RNG.integers(0, 2, N)
+    )
+
+
+def _model_student():
+    pm.StudentT("y", nu=3, mu=pm.Normal("mu"), sigma=1, observed=RNG.normal(size=N))
+
+
+def _model_heteroscedastic():
+    x = RNG.normal(size=N)
+    pm.Normal("y", pm.Normal("mu"), pm.math.exp(x * pm.Normal("g")), observed=RNG.normal(size=N))
+
+
+def _model_nonlinear_mean():
+    x = RNG.normal(size=N)
+    pm.Normal("y", pm.math.exp(x * pm.Normal("g")), 1.0, observed=RNG.normal(size=N))
+
+
+def _model_gamma_unknown_shape():
+    pm.Gamma("y", pm.Gamma("a", 2, 1), pm.Gamma("b", 2, 1), observed=RNG.gamma(2, 1, N))
+
+
+def _model_mvnormal_unknown_cov():
+    pm.MvNormal(
+        "y", mu=np.zeros(2), cov=np.eye(2) * pm.HalfNormal("s"), observed=RNG.normal(size=(N, 2))
+    )
+
+
+def _model_two_observed():
+    mu = pm.Normal("mu")
+    pm.Normal("y", mu, 1.0, observed=RNG.normal(size=N))
+    pm.Normal("z", mu, 1.0, observed=RNG.normal(size=N))
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        _model_logistic,
+        _model_student,
+        _model_heteroscedastic,
+        _model_nonlinear_mean,
+        _model_gamma_unknown_shape,
+        _model_mvnormal_unknown_cov,
+        _model_two_observed,
+    ],
+)
+def test_unsupported_models_are_refused_naming_the_supported_forms(build):
+    with pm.Model():
+        build()
+        with pytest.raises(ModelNotSupportedError) as err:
+            DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds={"y": (-9, 9), "X": (-9, 9)})
+    assert SUPPORTED_FORMS in str(err.value)
+
+
+def test_missing_bounds_and_bad_arguments_are_refused():
+    with pm.Model():
+        pm.Normal("y", pm.Normal("mu"), 1.0, observed=RNG.normal(size=N))
+        with pytest.raises(ValueError, match="data_bounds must give the response range"):
+            DPExpFamilyPenalty(noise_multiplier=1.0)
+        with pytest.raises(ValueError, match="unknown keys"):
+            DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds={"y": (-1, 1), "w": (0, 1)})
+        with pytest.raises(ValueError, match="not both"):
+            DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds={"y": (-1, 1)}, stat_clip_bound=2)
+        with pytest.raises(ValueError, match="lo <= hi"):
+            DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds={"y": (1, -1)})
+        with pytest.raises(ValueError, match="exactly one of noise_multiplier or epsilon"):
+            DPExpFamilyPenalty(data_bounds={"y": (-1, 1)})
+    X = RNG.normal(size=(N, 2))
+    with pm.Model():
+        pm.Normal("y", pm.math.dot(X, pm.Normal("b", size=2)), 1.0, observed=RNG.normal(size=N))
+        with pytest.raises(ValueError, match="covariate range"):
+            DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds={"y": (-5, 5)})
+
+
+@pytest.mark.parametrize("where", ["y", "X", "y_inf"])
+def test_non_finite_data_is_refused_without_naming_values_or_positions(where):
+    X = RNG.uniform(-1, 1, size=(N, 2))
+    y = RNG.normal(size=N)
+    if where == "X":
+        X[17, 1] = np.nan
+    elif where == "y_inf":
+        y[23] = np.inf
+    else:
+        y[23] = np.nan
+    with pm.Model(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PyMC's ImputationWarning for NaN observations
+        pm.Normal("y", pm.math.dot(X, pm.Normal("b", size=2)), 1.0, observed=y)
+        with pytest.raises(ValueError) as err:
+            DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds={"y": (-5, 5), "X": (-1, 1)})
+    msg = str(err.value)
+    assert "finite" in msg or "missing" in msg
+    assert not re.search(r"\d", msg), msg  # no count, position or value
+
+
+# -- exactness
+def _nig_problem(n=300, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 2))
+    y = np.clip(0.5 + X @ np.array([1.0, -0.5]) + 0.8 * rng.normal(size=n), -4, 4)
+    return X, y
+
+
+def _nig_posterior(X, y, v0, a0, b0):
+    """Closed-form Normal-Inverse-Gamma posterior: means and sds of (b0, b1, b2, sigma^2)."""
+    Z = np.column_stack([np.ones(len(y)), X])
+    Vn = np.linalg.inv(np.eye(Z.shape[1]) / v0 + Z.T @ Z)
+    mn = Vn @ (Z.T @ y)
+    an = a0 + len(y) / 2
+    bn = b0 + 0.5 * (y @ y - mn @ np.linalg.solve(Vn, mn))
+    s2_mean = bn / (an - 1)
+    return np.r_[mn, s2_mean], np.r_[np.sqrt(np.diag(Vn) * s2_mean), s2_mean / np.sqrt(an - 2)]
+
+
+def _run_nig(z, *, correction=True, draws=12_000, target_accept=None, seed=2):
+    X, y = _nig_problem()
+    v0, a0, b0 = 4.0, 3.0, 2.0
+    with pm.Model():
+        s2 = pm.InverseGamma("s2", a0, b0)
+        b = pm.Normal("b", 0, pm.math.sqrt(s2 * v0), size=3)
+        pm.Normal("y", b[0] + pm.math.dot(X, b[1:]), pm.math.sqrt(s2), observed=y)
+        step = DPExpFamilyPenalty(
+            data_bounds={"X": (-1, 1), "y": (-4, 4)},  # every record inside: clipping inactive
+            noise_multiplier=z,
+            target_accept=target_accept,
+        )
+        step._variance_correction = correction
+        idata = pm.sample(
+            draws=draws, tune=2000, chains=2, step=step, random_seed=seed, progressbar=False,
+            cores=1, compute_convergence_checks=False,
+        )  # fmt: skip
+    post = np.column_stack(
+        [idata.posterior["b"].values.reshape(-1, 3), idata.posterior["s2"].values.reshape(-1)]
+    )
+    ess = np.r_[
+        az.ess(idata, var_names=["b"])["b"].values, float(az.ess(idata, var_names=["s2"])["s2"])
+    ]
+    true_mean, true_sd = _nig_posterior(X, y, v0, a0, b0)
+    return post, ess, true_mean, true_sd, idata
+
+
+@pytest.mark.slow
+def test_linear_regression_unknown_sigma_is_exact_with_noise():
+    post, ess, tm, ts, idata = _run_nig(0.08)
+    assert float(idata.sample_stats["noise_std"].median()) > 0.5  # the noise is not negligible
+    mcse = ts / np.sqrt(ess)
+    np.testing.assert_array_less(np.abs(post.mean(0) - tm), 4 * mcse)
+    np.testing.assert_array_less(np.abs(post.std(0) / ts - 1), 5 / np.sqrt(2 * ess))
+
+
+@pytest.mark.slow
+def test_without_the_variance_correction_the_chain_is_detectably_wrong():
+    """Power check: the same sampler without -sigma^2/2 (eq. 8) at large noise is far off."""
+    post, ess, tm, ts, idata = _run_nig(0.2, correction=False, draws=5000, target_accept=0.05)
+    assert float(idata.sample_stats["noise_std"].median()) > 3
+    # the posterior sds come out inflated far beyond Monte Carlo error ...
+    assert np.all(post.std(0) / ts > 1 + 10 / np.sqrt(2 * ess))
+    # ... and the noise variance mean of sigma^2 is off by many MCSEs
+    assert abs(post[:, 3].mean() - tm[3]) > 6 * ts[3] / np.sqrt(ess[3])
+
+
+@pytest.mark.slow
+def test_bernoulli_is_exact_with_noise():
+    rng = np.random.default_rng(4)
+    n = 400
+    y = (rng.uniform(size=n) < 0.3).astype(int)
+    with pm.Model():
+        p = pm.Beta("p", 2, 2)
+        pm.Bernoulli("y", p, observed=y)
+        step = DPExpFamilyPenalty(noise_multiplier=5.0)  # C = 1 from the support
+        idata = pm.sample(
+            draws=10_000, tune=2000, chains=2, step=step, random_seed=5, progressbar=False,
+            cores=1, compute_convergence_checks=False,
+        )  # fmt: skip
+    assert step.stat_clip_bound == 1.0
+    assert float(idata.sample_stats["noise_std"].median()) > 0.5
+    draws = idata.posterior["p"].values.ravel()
+    ess = float(az.ess(idata, var_names=["p"])["p"])
+    ref = stats.beta(2 + y.sum(), 2 + n - y.sum())
+    assert abs(draws.mean() - ref.mean()) < 4 * ref.std() / np.sqrt(ess)
+    assert abs(draws.std() / ref.std() - 1) < 5 / np.sqrt(2 * ess)
+
+
+def test_clipping_active_targets_the_clipped_statistics():
+    """A record outside the bounds is clipped: S is the sum of clipped statistics."""
+    y = np.array([0.0, 1.0, 100.0])
+    with pm.Model():
+        pm.Exponential("y", pm.Gamma("l", 2, 1), observed=y)
+        step = DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds={"y": (0, 2)})
+    assert step._stat_sum == pytest.approx([3.0])
+
+
+# -- pymc_dp.sample and the privacy report
+def test_sample_with_target_epsilon_composes_in_the_report():
+    X, y = _nig_problem(n=200)
+    with pm.Model():
+        s = pm.HalfNormal("s", 2)
+        b = pm.Normal("b", 0, 3, size=2)
+        a = pm.Normal("a", 0, 3)
+        pm.Normal("y", a + pm.math.dot(X, b), s, observed=y)
+        idata = pymc_dp.sample(
+            pymc_dp.DPExpFamilyPenalty,
+            epsilon=2.0,
+            delta=1e-5,
+            draws=150,
+            tune=100,
+            chains=2,
+            cores=1,
+            step_kwargs={"data_bounds": {"X": (-1, 1), "y": (-4, 4)}},
+            random_seed=3,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    rep = pymc_dp.privacy_report(idata)
+    assert rep.epsilon <= 2.0
+    assert rep.epsilon > 1.95  # the calibration spends the budget
+    assert rep.releases == 2 * 250
+    assert "observed_data" not in list(getattr(idata, "children", None) or idata.groups())
+    stats_ = idata.sample_stats
+    assert "clip_fraction_NONPRIVATE" in stats_
+    assert np.all(np.isnan(stats_["clip_fraction_NONPRIVATE"].values))
+
+
+def test_family_table_is_complete():
+    assert set(EXPFAM_FAMILIES) == {
+        "normal_linear", "bernoulli", "binomial", "poisson", "exponential", "gamma",
+        "categorical", "mvnormal",
+    }  # fmt: skip
