@@ -37,15 +37,14 @@ from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
 
 from pymc_dp.kernels.expfam import EXPFAM_FAMILIES, ExpFamily, clip_stats
-from pymc_dp.model import (
-    ModelNotSupportedError,
-    _data_nodes,
-    _drop_shape_pins,
-    _inline_op_from_graph,
-    _node_value,
-    _observed_data,
-    count_records,
-)
+from pymc_dp.records.errors import ModelNotSupportedError
+from pymc_dp.records.graph_facts import count_records
+from pymc_dp.records.graph_facts import data_nodes as _data_nodes
+from pymc_dp.records.graph_facts import observed_data as _observed_data
+from pymc_dp.records.rewrite import drop_shape_pins as _drop_shape_pins
+from pymc_dp.records.rewrite import inline_op_from_graph as _inline_op_from_graph
+from pymc_dp.records.store import node_shape as _node_shape
+from pymc_dp.records.store import node_value as _node_value
 
 __all__ = [
     "SUPPORTED_FORMS",
@@ -220,7 +219,7 @@ class ExpFamilyStructure:
             pt.tensor(dtype=n.dtype, shape=(None, *n.type.shape[1:]), name=f"cov{i}")
             for i, n in enumerate(self._x_nodes)
         ]
-        trailing = [tuple(int(s) for s in _node_value(n).shape[1:]) for n in self._x_nodes]
+        trailing = [tuple(int(s) for s in _node_shape(n)[1:]) for n in self._x_nodes]
         k = int(sum(int(np.prod(t)) for t in trailing))
         free = [nm for nm in names if not nm.startswith("const:")]
         free_graphs = [
@@ -307,7 +306,7 @@ class ExpFamilyModel:
         )
 
     def _y_trailing(self) -> tuple:
-        return tuple(int(s) for s in _node_value(self.structure._y_node).shape[1:])
+        return tuple(int(s) for s in _node_shape(self.structure._y_node)[1:])
 
     # -- data-free: natural parameters ----------------------------------------------------------
     def params(self, q: np.ndarray, design: list[np.ndarray] | None = None) -> dict[str, Any]:
@@ -373,7 +372,7 @@ class ExpFamilyModel:
         if self.n_covariates:
             parts = []
             for node_name, node in zip(s.covariate_names, s._x_nodes, strict=True):
-                t = tuple(int(v) for v in _node_value(node).shape[1:])
+                t = tuple(int(v) for v in _node_shape(node)[1:])
                 b = box({node_name}, t)
                 if b is None:
                     b = box({"X"}, t)

@@ -133,25 +133,7 @@ FAMILY_MODELS = {
 }
 
 
-_PYMC6 = int(pm.__version__.split(".")[0]) >= 6
-
-
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(
-                _PYMC6 and name == "binomial",
-                reason="PyMC 6: pymc_dp.model.build_record_functions (shared by every step) "
-                "refuses some Binomial datasets (those without a record at the maximum count) "
-                "in its separability check",
-                strict=False,
-            ),
-        )
-        for name in FAMILY_MODELS
-    ],
-)
+@pytest.mark.parametrize("name", list(FAMILY_MODELS))
 def test_supported_families_are_recognised_and_sample(name):
     build, kw, family = FAMILY_MODELS[name]
     with pm.Model():
