@@ -17,20 +17,14 @@ from collections.abc import Callable
 import numpy as np
 import pymc as pm
 
+from pymc_dp._validation import check_positive, check_unit_interval, resolve_noise_or_target
 from pymc_dp.kernels.barker import (
     barker_clip_bound,
     barker_log_test,
     calibrate_barker_batch_size,
 )
 from pymc_dp.model import count_records
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    ScaleAdaptation,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 from pymc_dp.step_methods.subsampled_penalty import minibatch_estimate
 
 __all__ = ["DPBarker", "barker_runner"]
@@ -123,30 +117,30 @@ class DPBarker(ScaleAdaptation, DPStep):
         compile_kwargs=None,
         blocked: bool = True,
     ) -> None:
-        check_positive("tempering", tempering)
-        self.scaling = check_positive("scaling", scaling)
-        self.target_accept = float(target_accept)
-        if not 0 < self.target_accept < 1:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
+        check_positive(tempering, "tempering", coerce=True)
+        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         n = count_records(pm.modelcontext(model))
-        if (batch_size is None) == (epsilon is None):
-            raise ValueError(
-                "give exactly one of batch_size or epsilon (with delta, draws, tune, chains): "
-                "DP Barker's privacy is set by its batch size (thesis Theorem 8)"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            b = calibrate_barker_batch_size(epsilon, delta, n, plan.iterations)
-        else:
-            b = check_positive("batch_size", batch_size, integer=True)
+
+        def given_batch() -> int:
+            b = check_positive(batch_size, "batch_size", integer=True, coerce=True)
             if not 11 <= b <= n:
                 raise ValueError(
                     f"batch_size must be between 11 (Theorem 8 needs order 2 < b/5) and the "
                     f"number of records n = {n}; got {batch_size!r}"
                 )
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+            return b
+
+        b, plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=batch_size is not None,
+            message="give exactly one of batch_size or epsilon (with delta, draws, tune, chains): "
+            "DP Barker's privacy is set by its batch size (thesis Theorem 8)",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=given_batch,
+            calibrate=lambda run, eps, d: calibrate_barker_batch_size(eps, d, n, run.iterations),
+        )
         self.batch_size = int(b)
         self.epsilon = epsilon
         self._mu_per_iteration = 0.0

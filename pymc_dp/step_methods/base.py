@@ -10,7 +10,6 @@ spend of a whole run. The step never does privacy math beyond calling
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -20,6 +19,8 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence
 from pymc.util import get_value_vars_from_user_vars
 
+from pymc_dp._validation import check_positive as _check_positive
+from pymc_dp._validation import check_target
 from pymc_dp.model import build_record_functions, count_records, deterministics_reading_data
 
 __all__ = [
@@ -41,31 +42,12 @@ class BudgetExceededError(RuntimeError):
 
 
 def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False):
-    """Validate a positive finite number; the error names the parameter and the fix."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number; got {value!r}") from None
-    ok = math.isfinite(v) and (v >= 0 if allow_zero else v > 0)
-    if integer:
-        ok = ok and float(int(v)) == v
-    if not ok:
-        kind = "integer" if integer else "finite number"
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a {kind} {bound}; got {value!r}")
-    return int(v) if integer else v
+    """Validate a positive finite number (argument order of the original step API).
 
-
-def check_target(epsilon: Any, delta: Any) -> tuple[float, float]:
-    """Validate a privacy target (epsilon > 0 finite, 0 < delta < 1)."""
-    eps = check_positive("epsilon", epsilon)
-    try:
-        d = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(f"delta must be a number in (0, 1); got {delta!r}") from None
-    if not (0.0 < d < 1.0):
-        raise ValueError(f"delta must be in (0, 1), typically below 1/n; got {delta!r}")
-    return eps, d
+    Kept for compatibility: :func:`pymc_dp._validation.check_positive` (``value, name``) is
+    the one implementation.
+    """
+    return _check_positive(value, name, integer=integer, allow_zero=allow_zero, coerce=True)
 
 
 class RunPlan:

@@ -26,6 +26,7 @@ import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
 from scipy import stats
 
+from pymc_dp._validation import check_positive, check_target, check_unit_interval
 from pymc_dp.kernels.fastmh import (
     FastMHSettings,
     IndexSampler,
@@ -35,14 +36,7 @@ from pymc_dp.kernels.fastmh import (
     truncate_step,
 )
 from pymc_dp.model import count_records
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    ScaleAdaptation,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 
 __all__ = ["DPFastMH"]
 
@@ -54,16 +48,6 @@ def _dimension(model: pm.Model, vars, initial_point) -> int:
     point = model.initial_point() if initial_point is None else initial_point
     vs = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
     return int(sum(np.size(point[v.name]) for v in vs))
-
-
-def _check_iter_delta(value: Any) -> float:
-    try:
-        d = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"iter_delta must be a number in (0, 1); got {value!r}") from None
-    if not 0.0 < d < 1.0:
-        raise ValueError(f"iter_delta must be in (0, 1); got {value!r}")
-    return d
 
 
 class DPFastMH(ScaleAdaptation, DPStep):
@@ -239,10 +223,8 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if branching not in _BRANCHING:
             raise ValueError(f"branching must be one of {_BRANCHING}; got {branching!r}")
         self.branching = branching
-        self.scaling = check_positive("scaling", scaling)
-        if not 0 < float(target_accept) < 1:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
-        self.target_accept = float(target_accept)
+        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         s = np.asarray(proposal_scale, dtype=float)
         if s.size == 0 or not np.all(np.isfinite(s) & (s > 0)):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
@@ -255,13 +237,13 @@ class DPFastMH(ScaleAdaptation, DPStep):
             d = _dimension(m, vars, initial_point)
             s_full = np.broadcast_to(s.ravel(), (d,)) if s.size == 1 else s.ravel()
             max_step = 2.0 * self.scaling * float(np.linalg.norm(s_full))
-        self.max_step = check_positive("max_step", max_step)
+        self.max_step = check_positive(max_step, "max_step", coerce=True)
         if lam is None:
             lam = max(10.0, (C * self.max_step) ** 2)
-        self.lam = check_positive("lam", lam)
+        self.lam = check_positive(lam, "lam", coerce=True)
         if max_batch is None:
             max_batch = default_max_batch(self.lam + C * self.max_step)
-        self.max_batch = check_positive("max_batch (K)", max_batch, integer=True)
+        self.max_batch = check_positive(max_batch, "max_batch (K)", integer=True, coerce=True)
         modes = (
             ("iter_epsilon", iter_epsilon),
             ("noise_multiplier", noise_multiplier),
@@ -287,9 +269,9 @@ class DPFastMH(ScaleAdaptation, DPStep):
                 )
             if iter_delta is None:
                 raise ValueError(f"{given[0]} needs iter_delta (the per-iteration delta)")
-            kw["iter_delta"] = _check_iter_delta(iter_delta)
+            kw["iter_delta"] = check_unit_interval(iter_delta, "iter_delta")
             if iter_epsilon is not None:
-                kw["iter_epsilon"] = check_positive("iter_epsilon", iter_epsilon)
+                kw["iter_epsilon"] = check_positive(iter_epsilon, "iter_epsilon", coerce=True)
             else:
                 z = np.broadcast_to(np.asarray(noise_multiplier, dtype=float), (2,))
                 if not np.all(np.isfinite(z) & (z > 0)):
@@ -388,7 +370,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
     @staticmethod
     def _check_clip_bound(clip_bound, n: int) -> float | np.ndarray:
         if np.ndim(clip_bound) == 0:
-            return check_positive("clip_bound", clip_bound)
+            return check_positive(clip_bound, "clip_bound", coerce=True)
         try:
             c = np.asarray(clip_bound, dtype=float)
         except (TypeError, ValueError):

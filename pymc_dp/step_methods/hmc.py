@@ -22,6 +22,12 @@ import numpy as np
 import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
 
+from pymc_dp._validation import (
+    check_positive,
+    check_target,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
 from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
@@ -33,13 +39,7 @@ from pymc_dp.kernels.hmc import (
     sample_momentum,
 )
 from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
 
@@ -90,8 +90,8 @@ def calibrate_dphmc_noise(
         ``(z_l, z_g)``.
     """
     eps, d = check_target(epsilon, delta)
-    k = check_positive("iterations", iterations, integer=True)
-    n_grad = check_positive("n_leapfrog", n_leapfrog, integer=True) + 1
+    k = check_positive(iterations, "iterations", integer=True, coerce=True)
+    n_grad = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True) + 1
     f = _check_fraction(grad_budget_fraction)
     mu_star = gaussian_mu_for_epsilon(eps, d)
     z_l = math.sqrt(k / (2.0 * (1.0 - f) * mu_star))
@@ -114,15 +114,7 @@ def _mu_per_iteration(z_l: float, z_g: float, n_leapfrog: int) -> float:
 
 
 def _check_fraction(value) -> float:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"grad_budget_fraction must be a number in (0, 1); got {value!r}"
-        ) from None
-    if not (0.0 < f < 1.0):
-        raise ValueError(f"grad_budget_fraction must be in (0, 1); got {value!r}")
-    return f
+    return check_unit_interval(value, "grad_budget_fraction")
 
 
 class DPHMC(DPStep):
@@ -277,19 +269,13 @@ class DPHMC(DPStep):
         blocked: bool = True,
     ) -> None:
         # -- validate everything before the data is touched ------------------------------------
-        self.llr_clip_bound = check_positive("llr_clip_bound", llr_clip_bound)
-        self.grad_clip_bound = check_positive("grad_clip_bound", grad_clip_bound)
-        self.n_leapfrog = check_positive("n_leapfrog", n_leapfrog, integer=True)
+        self.llr_clip_bound = check_positive(llr_clip_bound, "llr_clip_bound", coerce=True)
+        self.grad_clip_bound = check_positive(grad_clip_bound, "grad_clip_bound", coerce=True)
+        self.n_leapfrog = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True)
         self.grad_budget_fraction = _check_fraction(grad_budget_fraction)
         if step_size is not None:
-            step_size = check_positive("step_size", step_size)
-        try:
-            ta = float(target_accept)
-        except (TypeError, ValueError):
-            ta = math.nan
-        if not 0.0 < ta < 1.0:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
-        self.target_accept = ta
+            step_size = check_positive(step_size, "step_size", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         self.adapt_step_size = bool(adapt_step_size)
         self.adapt_mass_matrix = bool(adapt_mass_matrix)
 
@@ -300,23 +286,22 @@ class DPHMC(DPStep):
                 "delta, draws, tune, chains), not both: the noise is set either directly or by "
                 "a target for a planned run"
             )
-        if epsilon is None and not all(given):
-            raise ValueError(
-                "give both llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
-                "delta, draws, tune, chains): the noise is set either directly or by a target "
-                "for a planned run"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            z_l, z_g = calibrate_dphmc_noise(
-                epsilon, delta, plan.iterations, self.n_leapfrog, self.grad_budget_fraction
-            )
-        else:
-            z_l = check_positive("llr_noise_multiplier", llr_noise_multiplier)
-            z_g = check_positive("grad_noise_multiplier", grad_noise_multiplier)
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+        (z_l, z_g), plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=all(given),
+            message="give both llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
+            "delta, draws, tune, chains): the noise is set either directly or by a target "
+            "for a planned run",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=lambda: (
+                check_positive(llr_noise_multiplier, "llr_noise_multiplier", coerce=True),
+                check_positive(grad_noise_multiplier, "grad_noise_multiplier", coerce=True),
+            ),
+            calibrate=lambda run, eps, d: calibrate_dphmc_noise(
+                eps, d, run.iterations, self.n_leapfrog, self.grad_budget_fraction
+            ),
+        )
         self.llr_noise_multiplier = float(z_l)
         self.grad_noise_multiplier = float(z_g)
         self.epsilon = epsilon

@@ -20,17 +20,11 @@ from collections.abc import Callable
 import numpy as np
 import pymc as pm
 
+from pymc_dp._validation import check_positive, check_unit_interval, resolve_noise_or_target
 from pymc_dp.accounting import calibrate_wor_subsampled_noise
 from pymc_dp.kernels.penalty import accept
 from pymc_dp.model import count_records
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    ScaleAdaptation,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 
 __all__ = [
     "DPSubsampledPenalty",
@@ -207,32 +201,29 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         blocked: bool = True,
     ) -> None:
         # Validate everything before the data is touched (n is public: counted from shapes).
-        self.clip_bound = check_positive("clip_bound", clip_bound)
-        self.batch_size = check_positive("batch_size", batch_size, integer=True)
-        check_positive("tempering", tempering)
-        self.scaling = check_positive("scaling", scaling)
-        self.target_accept = float(target_accept)
-        if not 0 < self.target_accept < 1:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
+        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
+        self.batch_size = check_positive(batch_size, "batch_size", integer=True, coerce=True)
+        check_positive(tempering, "tempering", coerce=True)
+        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         n = count_records(pm.modelcontext(model))
         if not 2 <= self.batch_size <= n:
             raise ValueError(
                 f"batch_size must be between 2 and the number of records n = {n}; got "
                 f"{batch_size!r}"
             )
-        if (noise_multiplier is None) == (epsilon is None):
-            raise ValueError(
-                "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
-                "chains): the noise is set either directly or by a target for a planned run"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            z = calibrate_wor_subsampled_noise(epsilon, delta, n, self.batch_size, plan.iterations)
-        else:
-            z = check_positive("noise_multiplier", noise_multiplier)
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+        z, plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=noise_multiplier is not None,
+            message="give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
+            "chains): the noise is set either directly or by a target for a planned run",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=lambda: check_positive(noise_multiplier, "noise_multiplier", coerce=True),
+            calibrate=lambda run, eps, d: calibrate_wor_subsampled_noise(
+                eps, d, n, self.batch_size, run.iterations
+            ),
+        )
         self.noise_multiplier = float(z)
         self.epsilon = epsilon
         self._mu_per_iteration = 0.0
