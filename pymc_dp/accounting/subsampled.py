@@ -31,7 +31,8 @@ import functools
 import math
 from collections.abc import Iterable
 
-from ._validation import check_delta, check_positive, check_positive_int
+from ._validation import check_delta, check_positive
+from .events import PoissonSubsampledGaussian, WORSubsampledGaussian
 from .gaussian import gaussian_epsilon
 
 __all__ = [
@@ -64,80 +65,15 @@ def _dp_accounting():
     return dp_accounting
 
 
-class PoissonSubsampledGaussian:
-    """``count`` iterations of a Poisson-subsampled Gaussian mechanism (replace-one).
-
-    Parameters
-    ----------
-    noise_multiplier : float
-        Noise std over the per-record contribution bound ``C`` (see the module docstring).
-    sampling_rate : float
-        Probability ``q`` in (0, 1] that a record is read in an iteration.
-    count : int
-        Number of iterations.
-    """
-
-    def __init__(self, noise_multiplier: float, sampling_rate: float, count: int) -> None:
-        self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
-        q = float(sampling_rate)
-        if not (0.0 < q <= 1.0):
-            raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
-        self.sampling_rate = q
-        self.count = check_positive_int(count, "count")
-
-    def dp_event(self):
-        dpa = _dp_accounting()
-        return dpa.SelfComposedDpEvent(
-            dpa.PoissonSampledDpEvent(
-                self.sampling_rate, dpa.GaussianDpEvent(self.noise_multiplier)
-            ),
-            self.count,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"PoissonSubsampledGaussian(noise_multiplier={self.noise_multiplier!r}, "
-            f"sampling_rate={self.sampling_rate!r}, count={self.count!r})"
-        )
-
-
-class WORSubsampledGaussian:
-    """``count`` iterations of a Gaussian mechanism on a minibatch drawn without replacement.
-
-    Parameters
-    ----------
-    noise_multiplier : float
-        Noise std over the replace-one L2 sensitivity of the minibatch statistic.
-    n : int
-        Number of records (public).
-    batch_size : int
-        Minibatch size ``b`` (``1 <= b <= n``).
-    count : int
-        Number of iterations.
-    """
-
-    def __init__(self, noise_multiplier: float, n: int, batch_size: int, count: int) -> None:
-        self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
-        self.n = check_positive_int(n, "n")
-        self.batch_size = check_positive_int(batch_size, "batch_size")
-        if self.batch_size > self.n:
-            raise ValueError(f"batch_size must be <= n = {self.n}; got {batch_size!r}")
-        self.count = check_positive_int(count, "count")
-
-    def dp_event(self):
-        dpa = _dp_accounting()
-        return dpa.SelfComposedDpEvent(
-            dpa.SampledWithoutReplacementDpEvent(
-                self.n, self.batch_size, dpa.GaussianDpEvent(self.noise_multiplier)
-            ),
-            self.count,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"WORSubsampledGaussian(noise_multiplier={self.noise_multiplier!r}, n={self.n!r}, "
-            f"batch_size={self.batch_size!r}, count={self.count!r})"
-        )
+def to_dp_event(event: PoissonSubsampledGaussian | WORSubsampledGaussian):
+    """A subsampled-Gaussian event of :mod:`.events` in dp-accounting's terms."""
+    dpa = _dp_accounting()
+    gaussian = dpa.GaussianDpEvent(event.noise_multiplier)
+    if isinstance(event, PoissonSubsampledGaussian):
+        sampled = dpa.PoissonSampledDpEvent(event.sampling_rate, gaussian)
+    else:
+        sampled = dpa.SampledWithoutReplacementDpEvent(event.n, event.batch_size, gaussian)
+    return dpa.SelfComposedDpEvent(sampled, event.count)
 
 
 def poisson_subsampled_gaussian_epsilon(
