@@ -14,6 +14,7 @@ from collections.abc import Iterable
 import numpy as np
 from scipy import special
 
+from .calibration import Bisect, calibrate
 from .events import DPBarkerEvent
 
 __all__ = [
@@ -150,11 +151,5 @@ def calibrate_barker_batch_size(epsilon: float, delta: float, n: int, count: int
     above = [b for b in grid if b > lo]
     if not above:
         return lo
-    hi = above[0]
-    while hi - lo > 1:  # eps(lo) <= epsilon < eps(hi)
-        mid = (lo + hi) // 2
-        if eps(mid) <= epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    # eps(lo) <= epsilon < eps(above[0])
+    return calibrate(eps, epsilon, Bisect(lo, above[0], "integer", stop=lambda a, b: b - a <= 1))

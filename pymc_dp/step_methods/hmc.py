@@ -29,6 +29,7 @@ from pymc_dp._validation import (
     resolve_noise_or_target,
 )
 from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.accounting.calibration import Nudge, calibrate
 from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
     DualAveraging,
@@ -96,15 +97,13 @@ def calibrate_dphmc_noise(
     mu_star = gaussian_mu_for_epsilon(eps, d)
     z_l = math.sqrt(k / (2.0 * (1.0 - f) * mu_star))
     z_g = math.sqrt(k * n_grad / (2.0 * f * mu_star))
-    factor = 1.0 + 1e-12
-    for _ in range(_MAX_NUDGES):
-        mu = k * _mu_per_iteration(z_l, z_g, n_grad - 1)
-        if gaussian_epsilon(mu * (1.0 + _MU_MARGIN), d) <= eps:
-            return z_l, z_g
-        z_l, z_g = z_l * factor, z_g * factor
-        factor = 1.0 + 2.0 * (factor - 1.0)
-    raise RuntimeError(  # pragma: no cover
-        "calibrate_dphmc_noise failed to find safe noise multipliers; please report this"
+
+    def run_epsilon(zs: tuple[float, float]) -> float:
+        mu = k * _mu_per_iteration(zs[0], zs[1], n_grad - 1)
+        return gaussian_epsilon(mu * (1.0 + _MU_MARGIN), d)
+
+    return calibrate(
+        run_epsilon, eps, Nudge((z_l, z_g), 1.0 + 1e-12, _MAX_NUDGES, "calibrate_dphmc_noise")
     )
 
 
