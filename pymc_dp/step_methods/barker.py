@@ -183,17 +183,14 @@ class DPBarker(ScaleAdaptation, DPStep):
         # -- post-processing of the released decision -----------------------------------------
         if self.tune:
             self._adapt_scaling(accepted)
-        npd = self.nonprivate_diagnostics
         stats = {
             "accepted": float(accepted),
             "scaling": self.scaling,
             "step_norm": float(np.linalg.norm(q1 - q)),
             "dp_barker_batch": b,
             "dp_barker_n": n,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                float(np.mean(~(np.abs(r) <= self.clip_bound))) if npd else np.nan
-            ),
-            "batch_var" + NONPRIVATE_SUFFIX: float(var) if npd else np.nan,
+            "clip_fraction" + NONPRIVATE_SUFFIX: float(np.mean(~(np.abs(r) <= self.clip_bound))),
+            "batch_var" + NONPRIVATE_SUFFIX: float(var),
         }
         return (q1 if accepted else q), stats
 

@@ -246,6 +246,12 @@ class DPStep(ArrayStepShared):
         self._begin_iteration()
         q, stats = self._dp_astep(q0)
         stats.update(self._privacy_stats())
+        if not self.nonprivate_diagnostics:
+            # The one place non-private stats are blanked: every *_NONPRIVATE stat a step
+            # computes is NaN unless the user asked for them (nonprivate_diagnostics=True).
+            for key in stats:
+                if key.endswith(NONPRIVATE_SUFFIX):
+                    stats[key] = np.nan
         return q, [stats]
 
     def _dp_astep(self, q0):  # pragma: no cover - abstract

@@ -440,7 +440,6 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if self.tune:
             self._adapt_scaling(accepted)
         log_a = info.log_accept
-        diag = self.nonprivate_diagnostics
         stats = {
             "accepted": float(accepted),
             "accept": (
@@ -454,9 +453,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
             "batch_size": info.batch_size,
             "full_batch": info.full_batch,
             "noise_free": info.noise_free,
-            "kept" + NONPRIVATE_SUFFIX: float(info.kept) if diag else math.nan,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                info.n_clipped / max(info.batch_size, 1) if diag else math.nan
-            ),
+            "kept" + NONPRIVATE_SUFFIX: float(info.kept),
+            "clip_fraction" + NONPRIVATE_SUFFIX: info.n_clipped / max(info.batch_size, 1),
         }
         return (q1 if accepted else q), stats

@@ -422,12 +422,8 @@ class DPHMC(DPStep):
             "step_norm": norm,
             "llr_noise_std": sigma_l,
             "grad_noise_std": self.grad_noise_std,
-            "grad_clip_fraction" + NONPRIVATE_SUFFIX: (
-                n_grad_clipped / (traj.n_grad * n) if self.nonprivate_diagnostics else np.nan
-            ),
-            "llr_clip_fraction" + NONPRIVATE_SUFFIX: (
-                n_llr_clipped / n if self.nonprivate_diagnostics else np.nan
-            ),
+            "grad_clip_fraction" + NONPRIVATE_SUFFIX: n_grad_clipped / (traj.n_grad * n),
+            "llr_clip_fraction" + NONPRIVATE_SUFFIX: n_llr_clipped / n,
         }
         return q_next, stats
 

@@ -202,8 +202,6 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             "scaling": self.scaling,
             "step_norm": norm,
             "noise_std": sigma,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                n_clipped / self._fns.n_records if self.nonprivate_diagnostics else np.nan
-            ),
+            "clip_fraction" + NONPRIVATE_SUFFIX: n_clipped / self._fns.n_records,
         }
         return (q1 if accepted else q), stats

@@ -156,15 +156,15 @@ class _SGMCMCStep(DPStep):
     def _noisy_gradient(self, q: np.ndarray) -> tuple[np.ndarray, float]:
         """One release: the DP minibatch gradient of the log posterior at ``q``.
 
-        Returns the gradient and the non-private clipped fraction (NaN unless
-        ``nonprivate_diagnostics``).
+        Returns the gradient and the non-private clipped fraction (``DPStep.astep`` blanks
+        it unless ``nonprivate_diagnostics``).
         """
         fns = self._fns
         idx = poisson_subsample(fns.n_records, self.sampling_rate, self.rng)
         s, k = fns.clipped_grad_sum_subset(q, self.clip_bound, idx)
         _, g_prior = fns.prior_logp_and_grad(q)
         g = noisy_gradient(s, g_prior, self.sampling_rate, self.grad_noise_std, self.rng)
-        frac = k / max(idx.size, 1) if self.nonprivate_diagnostics else math.nan
+        frac = k / max(idx.size, 1)
         return g, frac
 
     def _common_stats(self, q_new: np.ndarray, frac: float) -> dict[str, Any]:

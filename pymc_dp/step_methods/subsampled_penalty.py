@@ -269,7 +269,6 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         accepted = accept(log_a, self.rng)
         if self.tune:
             self._adapt_scaling(accepted)
-        npd = self.nonprivate_diagnostics
         stats = {
             "accepted": float(accepted),
             "accept": float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0,
@@ -279,10 +278,8 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
             "dp_wor_sigma": self.noise_multiplier,
             "dp_wor_batch": b,
             "dp_wor_n": n,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                float(np.mean(~(np.abs(r) <= bound))) if npd else np.nan
-            ),
-            "batch_var" + NONPRIVATE_SUFFIX: float(var) if npd else np.nan,
+            "clip_fraction" + NONPRIVATE_SUFFIX: float(np.mean(~(np.abs(r) <= bound))),
+            "batch_var" + NONPRIVATE_SUFFIX: float(var),
         }
         return (q1 if accepted else q), stats
 
