@@ -156,7 +156,10 @@ def test_astep_blanks_every_nonprivate_stat():
             return q, stats
 
         step._dp_astep = with_extra
-        step.set_rng(np.random.default_rng(0))
+        try:  # PyMC 6.x starts a chain with setup_chain, PyMC 5.x with set_rng
+            step.setup_chain(np.random.default_rng(0), 0, 1)
+        except AttributeError:
+            step.set_rng(np.random.default_rng(0))
         start = model.initial_point()
         q0 = DictToArrayBijection.map({v.name: start[v.name] for v in step.vars})
         _, (stats,) = step.astep(q0)
