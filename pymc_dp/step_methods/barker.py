@@ -23,9 +23,9 @@ from pymc_dp.kernels.barker import (
     barker_log_test,
     calibrate_barker_batch_size,
 )
+from pymc_dp.kernels.subsampled_penalty import minibatch_estimate
 from pymc_dp.model import count_records
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
-from pymc_dp.step_methods.subsampled_penalty import minibatch_estimate
 
 __all__ = ["DPBarker", "barker_runner"]
 
@@ -41,7 +41,7 @@ class DPBarker(ScaleAdaptation, DPStep):
     .. math:: \frac{n}{b}\sum_{j\in B} r_j + \log\frac{p(\theta')}{p(\theta)} + s + c > 0,
               \quad s\sim N(0, 2 - \sigma_b^2),\ c \sim \hat V_{corr}
 
-    (Algorithm 2), :math:`\sigma_b^2` the batch variance (:func:`~pymc_dp.step_methods.
+    (Algorithm 2), :math:`\sigma_b^2` the batch variance (:func:`~pymc_dp.kernels.
     subsampled_penalty.minibatch_estimate`, at most 1 after clipping) and
     :math:`\hat V_{corr}` the shipped Gaussian-mixture correction
     (:mod:`pymc_dp.kernels.barker`).

@@ -34,12 +34,9 @@ from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
     DualAveraging,
     HaltonSequence,
+    dphmc_transition,
     gradient_noise_std,
-    kinetic_energy,
-    noisy_leapfrog,
-    sample_momentum,
 )
-from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
@@ -48,8 +45,6 @@ __all__ = ["DPHMC", "calibrate_dphmc_noise"]
 #: per-iteration mu over (up to ~1e6) iterations.
 _MU_MARGIN = 1e-9
 _MAX_NUDGES = 200
-#: Noisy energy change beyond which an iteration is flagged as diverging (as PyMC's Emax).
-_MAX_ENERGY_CHANGE = 1000.0
 
 
 def calibrate_dphmc_noise(
@@ -370,60 +365,39 @@ class DPHMC(DPStep):
         tune = bool(self.tune)
         eta = self._dual.current(tune) if self.adapt_step_size else self._initial_step_size
         h = eta * self._halton.next()
-        p = sample_momentum(self._mass_diag, self.rng)
-        n_grad_clipped = 0
-        prior_lp: list[float] = []
-        b_g = self.grad_clip_bound
-
-        def grad_fn(x: np.ndarray) -> np.ndarray:
-            # One gradient release (the kernel adds the noise): clipped per-record sum of
-            # log-likelihood gradients plus the exact, data-free prior/log-Jacobian gradient.
-            nonlocal n_grad_clipped
-            g, k = fns.clipped_grad_sum(x, b_g)
-            n_grad_clipped += k
-            lp, g_prior = fns.prior_logp_and_grad(x)
-            prior_lp.append(lp)
-            return g + g_prior
-
-        # -- L + 1 gradient releases -----------------------------------------------------------
-        traj = noisy_leapfrog(
-            q, p, h, self.n_leapfrog, grad_fn, self._inv_mass, self.grad_noise_std, self.rng
+        # -- L + 1 gradient releases and one log-likelihood-ratio release (the kernel) ---------
+        q_next, info = dphmc_transition(
+            self.rng,
+            q,
+            step_size=h,
+            n_leapfrog=self.n_leapfrog,
+            mass_diag=self._mass_diag,
+            inv_mass=self._inv_mass,
+            grad_clip_bound=self.grad_clip_bound,
+            grad_noise_std=self.grad_noise_std,
+            llr_clip_bound=self.llr_clip_bound,
+            llr_noise_multiplier=self.llr_noise_multiplier,
+            clipped_grad_sum=fns.clipped_grad_sum,
+            prior_logp_and_grad=fns.prior_logp_and_grad,
+            clipped_loglik_ratio_sum=fns.clipped_loglik_ratio_sum,
         )
-        q1, p1 = traj.q, traj.p
-        norm = float(np.linalg.norm(q1 - q))
-        # The first gradient is evaluated at q, the last at q1 (data-free prior terms).
-        lp0 = prior_lp[0]
-        lp1 = prior_lp[-1] if np.all(np.isfinite(q1)) else -np.inf
-        lp1 = lp1 if np.isfinite(lp1) else -np.inf
-        # -- one log-likelihood-ratio release (the penalty test) --------------------------------
-        if np.isfinite(lp1):
-            llr, n_llr_clipped = fns.clipped_loglik_ratio_sum(q1, q, self.llr_clip_bound * norm)
-        else:  # outside the prior's support: rejected whatever the data say (no data access)
-            llr, n_llr_clipped = 0.0, 0
-        sigma_l = penalty_noise_std(self.llr_noise_multiplier, self.llr_clip_bound, norm)
-        d_kinetic = kinetic_energy(p, self._inv_mass) - kinetic_energy(p1, self._inv_mass)
-        log_a = penalty_log_acceptance(llr, lp1 - lp0, d_kinetic, sigma_l, self.rng)
         # -- everything below is post-processing of the released values --------------------------
-        accepted = accept(log_a, self.rng)
-        accept_prob = float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0
-        energy_change = -(log_a + 0.5 * sigma_l * sigma_l) if np.isfinite(log_a) else np.inf
-        q_next = q1 if accepted else q
         if tune:
-            self._adapt(q_next, accepted, accept_prob)
+            self._adapt(q_next, info.accepted, info.accept_prob)
         n = fns.n_records
         stats = {
-            "accepted": float(accepted),
-            "accept": accept_prob,
+            "accepted": float(info.accepted),
+            "accept": info.accept_prob,
             "step_size": h,
             "step_size_bar": self._dual.current(False) if self.adapt_step_size else eta,
             "n_leapfrog": self.n_leapfrog,
-            "energy_change": float(energy_change),
-            "diverging": bool(not np.isfinite(log_a) or energy_change > _MAX_ENERGY_CHANGE),
-            "step_norm": norm,
-            "llr_noise_std": sigma_l,
+            "energy_change": info.energy_change,
+            "diverging": info.diverging,
+            "step_norm": info.step_norm,
+            "llr_noise_std": info.llr_noise_std,
             "grad_noise_std": self.grad_noise_std,
-            "grad_clip_fraction" + NONPRIVATE_SUFFIX: n_grad_clipped / (traj.n_grad * n),
-            "llr_clip_fraction" + NONPRIVATE_SUFFIX: n_llr_clipped / n,
+            "grad_clip_fraction" + NONPRIVATE_SUFFIX: info.n_grad_clipped / (info.n_grad * n),
+            "llr_clip_fraction" + NONPRIVATE_SUFFIX: info.n_llr_clipped / n,
         }
         return q_next, stats
 
