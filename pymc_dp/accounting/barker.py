@@ -1,8 +1,8 @@
 r"""Privacy of the DP Barker test: subsampled RDP of thesis Theorem 8 (pure numpy/scipy).
 
-Räisä (2021), MSc thesis, Sec. 3.2, Theorem 8 [Raisa2021]_; Heikkilä, Jälkö, Dikmen, Honkela
-(2019) [Heikkila2019]_; the subsampling bound of Wang, Balle, Kasiviswanathan (2019, Theorem 9)
-[Wang2019]_. The RDP to (epsilon, delta) conversion is dp-accounting's (imported lazily). The
+Räisä (2021), MSc thesis, Sec. 3.2, Theorem 8 [Raisa2021]; Heikkilä, Jälkö, Dikmen, Honkela
+(2019) [Heikkila2019]; the subsampling bound of Wang, Balle, Kasiviswanathan (2019, Theorem 9)
+[Wang2019]. The RDP to (epsilon, delta) conversion is dp-accounting's (imported lazily). The
 test itself lives in :mod:`pymc_dp.kernels.barker`. Keys: docs/references.md.
 """
 

@@ -5,7 +5,7 @@ that composes a list of its events into an epsilon at a given delta. Event types
 an accountant (Gaussian and approximate-DP events, both composed by
 :class:`~pymc_dp.accounting.PrivacyLedger`) form one *part*; the parts of a run are combined
 by sequential composition with the delta split equally between them (Dwork & Roth 2014,
-Theorem 3.16 [DworkRoth2014]_: valid, if not the tightest split).
+Theorem 3.16 [DworkRoth2014]: valid, if not the tightest split).
 
 Adding a mechanism: an event class in :mod:`.events`, its accountant, one :func:`register`
 line below. Unsupported events raise before anything is computed.

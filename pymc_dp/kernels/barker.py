@@ -1,7 +1,7 @@
 r"""The DP Barker test and its subsampled RDP accounting (pure numpy; dp-accounting conversion).
 
 Heikkilä, Jälkö, Dikmen, Honkela (2019), *Differentially private Markov chain Monte Carlo*,
-NeurIPS; Räisä (2021), MSc thesis, Sec. 3.2, Algorithm 2, Theorem 8 (shared/papers/001).
+NeurIPS; Räisä (2021), MSc thesis, Sec. 3.2, Algorithm 2, Theorem 8 [Raisa2021].
 
 The Barker test accepts when :math:`\lambda + V_{log} > 0`, :math:`V_{log} \sim` Logistic(0, 1),
 i.e. with probability :math:`\mathrm{sigmoid}(\lambda)` (Barker 1965). DP Barker replaces

@@ -1,6 +1,6 @@
 r"""DP-Fast MH: the TunaMH minibatch test with Gaussian noise, and its privacy (pure numpy).
 
-This module implements the pieces of Zhang & Zhang's DP-Fast MH (shared/papers/004,
+This module implements the pieces of Zhang & Zhang's DP-Fast MH ([ZhangZhang2023],
 Algorithm 2) that do not know about PyMC: Poisson batch sizes, index sampling with
 probabilities :math:`c_i/C`, the TunaMH thinning and the artanh estimator (Algorithm 1), the
 noisy penalty-corrected acceptance test, and the data-free privacy bounds of one iteration.
@@ -96,7 +96,7 @@ chosen adaptively); the minibatch branch is not a Gaussian mechanism, so a tight
 
 *"Privacy for free".* Without noise, the accept/reject bit has
 :math:`P(\text{reject}|D) - P(\text{reject}|D') \le 1 - e^{-s}` when the log-ratio moves by
-:math:`s` (shared/notes/pitfalls.md): the bit is only :math:`(\varepsilon, 1 - e^{-s})`-DP
+:math:`s`: the bit is only :math:`(\varepsilon, 1 - e^{-s})`-DP
 for every :math:`\varepsilon \ge 0`, not :math:`(\varepsilon, 0)` as the paper claims. For the
 minibatch the same coupling gives :math:`\delta = \sum_k P(k)(1 - e^{-k s})`.
 
@@ -107,7 +107,7 @@ References
 ----------
 .. [1] W. Zhang, R. Zhang, "DP-Fast MH: Private, Fast, and Accurate Metropolis-Hastings for
    Large-Scale Bayesian Inference", ICML 2023, Algorithms 1-2, Lemma 1, Theorems 2-3.
-   (shared/papers/004)
+   [ZhangZhang2023]
 .. [2] R. Zhang, A. F. Cooper, C. De Sa, "Asymptotically optimal exact minibatch
    Metropolis-Hastings", NeurIPS 2020 (TunaMH).
 .. [3] B. Balle, G. Barthe, M. Gaboardi, "Privacy amplification by subsampling: tight

@@ -9,8 +9,7 @@ log target ``log pi(q) = -U(q)``, so a momentum half step is ``p <- p + (h/2) (g
 References
 ----------
 .. [1] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte
-   Carlo. Algorithm 1 and Theorem 3.5 (shared/papers/000); Sec. 3, eq. (1)
-   (shared/papers/003).
+   Carlo. Algorithm 1 and Theorem 3.5; Sec. 3, eq. (1). [DPHMC]
 .. [2] Neal, R. M. (2011). MCMC using Hamiltonian dynamics. Handbook of MCMC, ch. 5.
 .. [3] Hoffman, M. D. and Gelman, A. (2014). The No-U-Turn sampler. JMLR 15,
    Sec. 3.2 (dual averaging of the step size).
@@ -212,13 +211,13 @@ def dphmc_transition(
     prior_logp_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
     clipped_loglik_ratio_sum: Callable[[np.ndarray, np.ndarray, float], tuple[float, int]],
 ) -> tuple[np.ndarray, DPHMCInfo]:
-    r"""One DP-HMC iteration (DP-HMC paper, Algorithm 1 [Raisa2024]_): ``(q_next, info)``.
+    r"""One DP-HMC iteration (DP-HMC paper, Algorithm 1 [DPHMC]): ``(q_next, info)``.
 
     Draws ``p ~ N(0, M)``, runs ``L`` noisy leapfrog steps of size ``step_size`` (``L + 1``
     gradient releases: the clipped per-record sum ``clipped_grad_sum(x, b_g)`` plus the
     exact, data-free ``prior_logp_and_grad``, with noise ``N(0, grad_noise_std^2 I)``), then
     one release of the clipped log-likelihood ratio (bound ``b_l ||q' - q||``) in the penalty
-    test [YildirimErmis2019]_. A proposal outside the prior's support is rejected without
+    test [YildirimErmis2019]. A proposal outside the prior's support is rejected without
     reading the data. Random draws, in this order: momentum, leapfrog noise, ratio noise,
     accept uniform.
 

@@ -1,8 +1,8 @@
 r"""The DP penalty test on a minibatch drawn without replacement (pure numpy).
 
-Räisä (2021), MSc thesis, Sec. 4.1, Lemma 1 and Theorem 9 [Raisa2021]_; the penalty method
-of Ceperley & Dewing (1999) [CeperleyDewing1999]_ and Yildirim & Ermis (2019)
-[YildirimErmis2019]_. Never imports PyMC; every random draw comes from the generator passed
+Räisä (2021), MSc thesis, Sec. 4.1, Lemma 1 and Theorem 9 [Raisa2021]; the penalty method
+of Ceperley & Dewing (1999) [CeperleyDewing1999] and Yildirim & Ermis (2019)
+[YildirimErmis2019]. Never imports PyMC; every random draw comes from the generator passed
 in. Keys: docs/references.md.
 """
 

@@ -5,7 +5,7 @@ References
 .. [1] Heikkilä, M., Jälkö, J., Dikmen, O. and Honkela, A. (2019). Differentially private
    Markov chain Monte Carlo. NeurIPS.
 .. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 3.2, Algorithm 2, Theorem 8. (shared/papers/001)
+   Sec. 3.2, Algorithm 2, Theorem 8. [Raisa2021]
 .. [3] Seita, D., Pan, X., Chen, H. and Canny, J. (2017). An efficient minibatch acceptance
    test for Metropolis-Hastings. UAI.
 """

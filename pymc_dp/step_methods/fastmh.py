@@ -4,7 +4,7 @@ References
 ----------
 .. [1] W. Zhang, R. Zhang, "DP-Fast MH: Private, Fast, and Accurate Metropolis-Hastings for
    Large-Scale Bayesian Inference", ICML 2023, Algorithm 2, Lemma 1, Theorems 2-3.
-   (shared/papers/004)
+   [ZhangZhang2023]
 .. [2] R. Zhang, A. F. Cooper, C. De Sa, "Asymptotically optimal exact minibatch
    Metropolis-Hastings", NeurIPS 2020 (TunaMH, the paper's Algorithm 1).
 .. [3] B. Balle, G. Barthe, M. Gaboardi, "Privacy amplification by subsampling: tight analyses

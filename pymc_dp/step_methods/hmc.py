@@ -4,11 +4,11 @@ References
 ----------
 .. [1] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte
    Carlo. Algorithm 1 (DP-HMC), Theorem 3.3 (invariant distribution), Theorem 3.4
-   (ergodicity), Theorem 3.5 (privacy). (shared/papers/000; short version 003, Sec. 3)
+   (ergodicity), Theorem 3.5 (privacy). [DPHMC]
 .. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 5.2 (DP-HMC and its PLD accounting). (shared/papers/001)
+   Sec. 5.2 (DP-HMC and its PLD accounting). [Raisa2021]
 .. [3] Yildirim, S. and Ermis, B. (2019). Exact MCMC with differentially private moves.
-   Statistics and Computing 29(5). (the penalty test; shared/papers/002)
+   Statistics and Computing 29(5). (the penalty test) [YildirimErmis2019]
 .. [4] Sommer, D. M., Meiser, S. and Mohammadi, E. (2019). Privacy loss classes: the central
    limit theorem in differential privacy. PoPETs 2019(2), Lemma 12.
 .. [5] Hoffman, M. D. and Gelman, A. (2014). The No-U-Turn sampler. JMLR 15, Sec. 3.2.

@@ -3,9 +3,9 @@
 References
 ----------
 .. [1] Yildirim, S. and Ermis, B. (2019). Exact MCMC with differentially private moves.
-   Statistics and Computing 29(5), 947-963. (shared/papers/002)
+   Statistics and Computing 29(5), 947-963. [YildirimErmis2019]
 .. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 3.1, Theorems 6-7. (shared/papers/001)
+   Sec. 3.1, Theorems 6-7. [Raisa2021]
 .. [3] Räisä, Koskela, Honkela. Differentially Private Hamiltonian Monte Carlo, Sec. 3.
 """
 

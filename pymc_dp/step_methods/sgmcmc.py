@@ -16,7 +16,7 @@ References
 .. [4] Ding, N., Fang, Y., Babbush, R., Chen, C., Skeel, R. D. and Neven, H. (2014). Bayesian
    sampling using stochastic gradient thermostats. NeurIPS 27, Algorithm 1.
 .. [5] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte Carlo,
-   Sec. 4 and its experiment code (shared/papers/000; shared/notes/reference-experiments.md).
+   Sec. 4 and its experiment code (settings in docs/results.md). [DPHMC]
 .. [6] Koskela, A., Jälkö, J. and Honkela, A. (2020). Computing tight differential privacy
    guarantees using FFT. AISTATS. (PLD accounting of the subsampled Gaussian mechanism)
 """

@@ -7,7 +7,7 @@ Dewing (1999) and Yildirim & Ermis (2019); subsampled RDP of Wang, Balle, Kasivi
 References
 ----------
 .. [1] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 4.1. (shared/papers/001)
+   Sec. 4.1. [Raisa2021]
 .. [2] Wang, Y.-X., Balle, B. and Kasiviswanathan, S. (2019). Subsampled Rényi differential
    privacy and analytical moments accountant. AISTATS (Theorem 9; dp-accounting implements
    the strengthened Theorem 27 for Gaussian mechanisms).
