@@ -29,6 +29,7 @@ __all__ = [
     "check_nonnegative",
     "check_positive",
     "check_positive_int",
+    "check_positive_vector",
     "check_real",
     "check_target",
     "check_unit_interval",
@@ -128,6 +129,15 @@ def check_positive_int(value: Any, name: str) -> int:
     out = int(value)
     if out < 1:
         raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
+    return out
+
+
+def check_positive_vector(value: Any, name: str, size: int) -> np.ndarray:
+    """``value`` (a number or an array) broadcast to a float vector of ``size`` entries, each
+    finite and > 0 (per-coordinate scales such as ``proposal_scale``)."""
+    out = np.broadcast_to(np.asarray(value, dtype=float), (size,)).copy()
+    if not np.all(np.isfinite(out) & (out > 0)):
+        raise ValueError(f"{name} must be finite and > 0 in every coordinate")
     return out
 
 

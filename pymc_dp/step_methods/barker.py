@@ -17,7 +17,12 @@ from collections.abc import Callable
 import numpy as np
 import pymc as pm
 
-from pymc_dp._validation import check_positive, check_unit_interval, resolve_noise_or_target
+from pymc_dp._validation import (
+    check_positive,
+    check_positive_vector,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.kernels.barker import (
     barker_clip_bound,
     barker_log_test,
@@ -160,11 +165,9 @@ class DPBarker(ScaleAdaptation, DPStep):
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
         )
-        d = self._fns.ndim
-        s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
-        if not np.all(np.isfinite(s) & (s > 0)):
-            raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
-        self.proposal_scale = s
+        self.proposal_scale = check_positive_vector(
+            proposal_scale, "proposal_scale", self._fns.ndim
+        )
         self.clip_bound = barker_clip_bound(n, self.batch_size)
 
     def _reset_chain_state(self) -> None:

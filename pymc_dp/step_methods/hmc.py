@@ -24,6 +24,7 @@ from pymc.util import get_value_vars_from_user_vars
 
 from pymc_dp._validation import (
     check_positive,
+    check_positive_vector,
     check_target,
     check_unit_interval,
     resolve_noise_or_target,
@@ -431,7 +432,4 @@ def _check_mass_matrix(mass_matrix, d: int) -> np.ndarray:
         raise ValueError(
             f"mass_matrix has length {m.shape[0]}, but the step samples {d} parameters"
         )
-    m = np.broadcast_to(m, (d,)).copy()
-    if not np.all(np.isfinite(m) & (m > 0)):
-        raise ValueError("mass_matrix must be finite and > 0 in every coordinate")
-    return m
+    return check_positive_vector(m, "mass_matrix", d)

@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pymc_dp._validation import check_positive, check_unit_interval, resolve_noise_or_target
+from pymc_dp._validation import (
+    check_positive,
+    check_positive_vector,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
 from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
@@ -155,11 +160,9 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
         )
-        d = self._fns.ndim
-        s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
-        if not np.all(np.isfinite(s) & (s > 0)):
-            raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
-        self.proposal_scale = s
+        self.proposal_scale = check_positive_vector(
+            proposal_scale, "proposal_scale", self._fns.ndim
+        )
         self._reset_chain_state()
 
     def _reset_chain_state(self) -> None:

@@ -20,7 +20,12 @@ from collections.abc import Callable
 import numpy as np
 import pymc as pm
 
-from pymc_dp._validation import check_positive, check_unit_interval, resolve_noise_or_target
+from pymc_dp._validation import (
+    check_positive,
+    check_positive_vector,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.accounting import calibrate_wor_subsampled_noise
 from pymc_dp.kernels.penalty import accept
 from pymc_dp.kernels.subsampled_penalty import (
@@ -180,11 +185,9 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
         )
-        d = self._fns.ndim
-        s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
-        if not np.all(np.isfinite(s) & (s > 0)):
-            raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
-        self.proposal_scale = s
+        self.proposal_scale = check_positive_vector(
+            proposal_scale, "proposal_scale", self._fns.ndim
+        )
 
     def _reset_chain_state(self) -> None:
         self._reset_scaling()
