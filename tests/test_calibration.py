@@ -28,7 +28,8 @@ from pymc_dp.accounting import (
 from pymc_dp.accounting.barker import calibrate_barker_batch_size
 from pymc_dp.accounting.calibration import Bisect, Nudge, calibrate, events_epsilon, solve
 from pymc_dp.kernels.fastmh import Multiplicity, calibrate_fastmh, minibatch_epsilon, minibatch_mu
-from pymc_dp.step_methods.hmc import _mu_per_iteration, calibrate_dphmc_noise
+from pymc_dp.kernels.hmc import calibrate_dphmc_noise
+from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
 
 REL = 1e-12  # a few ulps: scipy's special functions may differ in the last bit across versions
 

@@ -22,6 +22,7 @@ References
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -29,12 +30,17 @@ from typing import NamedTuple
 import numpy as np
 from scipy.stats import qmc
 
+from pymc_dp._validation import check_positive, check_target, check_unit_interval
+from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.accounting.calibration import Nudge, calibrate
 from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
 
 __all__ = [
     "DPHMCInfo",
     "DiagonalMassAdaptation",
     "MAX_ENERGY_CHANGE",
+    "calibrate_dphmc_noise",
+    "dphmc_mu_per_iteration",
     "dphmc_transition",
     "DualAveraging",
     "HaltonSequence",
@@ -165,6 +171,73 @@ def noisy_leapfrog(
 
 
 # -- step-size jitter ---------------------------------------------------------------------------
+# -- calibration of the two noise multipliers for a run target -----------------------------------
+#: Relative safety margin of the calibration against rounding in the report's sum of the
+#: per-iteration mu over (up to ~1e6) iterations.
+_MU_MARGIN = 1e-9
+_MAX_NUDGES = 200
+
+
+def calibrate_dphmc_noise(
+    epsilon: float,
+    delta: float,
+    iterations: int,
+    n_leapfrog: int,
+    grad_budget_fraction: float = 0.5,
+) -> tuple[float, float]:
+    r"""Noise multipliers ``(z_l, z_g)`` of DP-HMC for a target (epsilon, delta).
+
+    A run of ``k`` iterations (all chains, warmup included) with ``L`` leapfrog steps has
+    total privacy-loss parameter (DP-HMC paper Theorem 3.5 [DPHMC])
+
+    .. math:: \mu = \frac{k}{2 z_l^2} + \frac{k (L + 1)}{2 z_g^2}.
+
+    The largest :math:`\mu^*` with :math:`\epsilon(\mu^*, \delta) \le \epsilon` (tight
+    Gaussian bound, :func:`~pymc_dp.accounting.gaussian_mu_for_epsilon`) is split: a
+    fraction ``f = grad_budget_fraction`` goes to the ``k (L + 1)`` gradient releases and
+    ``1 - f`` to the ``k`` log-likelihood-ratio releases, i.e.
+    :math:`z_g = \sqrt{k (L + 1) / (2 f \mu^*)}`, :math:`z_l = \sqrt{k / (2 (1 - f) \mu^*)}`.
+    Both are then nudged up until the run's epsilon (with a ``1e-9`` relative margin on
+    ``mu`` for rounding in the report's sum) is at most the target.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        Target of the whole run.
+    iterations : int
+        ``k``: iterations over all chains, warmup included.
+    n_leapfrog : int
+        ``L``.
+    grad_budget_fraction : float
+        ``f`` in (0, 1).
+
+    Returns
+    -------
+    (float, float)
+        ``(z_l, z_g)``.
+    """
+    eps, d = check_target(epsilon, delta)
+    k = check_positive(iterations, "iterations", integer=True, coerce=True)
+    n_grad = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True) + 1
+    f = check_unit_interval(grad_budget_fraction, "grad_budget_fraction")
+    mu_star = gaussian_mu_for_epsilon(eps, d)
+    z_l = math.sqrt(k / (2.0 * (1.0 - f) * mu_star))
+    z_g = math.sqrt(k * n_grad / (2.0 * f * mu_star))
+
+    def run_epsilon(zs: tuple[float, float]) -> float:
+        mu = k * dphmc_mu_per_iteration(zs[0], zs[1], n_grad - 1)
+        return gaussian_epsilon(mu * (1.0 + _MU_MARGIN), d)
+
+    return calibrate(
+        run_epsilon, eps, Nudge((z_l, z_g), 1.0 + 1e-12, _MAX_NUDGES, "calibrate_dphmc_noise")
+    )
+
+
+def dphmc_mu_per_iteration(z_l: float, z_g: float, n_leapfrog: int) -> float:
+    """``1 / (2 z_l^2) + (L + 1) / (2 z_g^2)`` (DP-HMC paper Theorem 3.5, one iteration)."""
+    return GaussianEvent(z_l).mu + GaussianEvent(z_g, n_leapfrog + 1).mu
+
+
 #: Noisy energy change beyond which an iteration is flagged as diverging (as PyMC's Emax).
 MAX_ENERGY_CHANGE = 1000.0
 

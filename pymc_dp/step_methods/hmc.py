@@ -16,8 +16,6 @@ References
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
@@ -25,87 +23,21 @@ from pymc.util import get_value_vars_from_user_vars
 from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
-    check_target,
     check_unit_interval,
     resolve_noise_or_target,
 )
-from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
-from pymc_dp.accounting.calibration import Nudge, calibrate
 from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
     DualAveraging,
     HaltonSequence,
+    calibrate_dphmc_noise,
     dphmc_transition,
     gradient_noise_std,
 )
+from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
-
-#: Relative safety margin of the calibration against rounding in the report's sum of the
-#: per-iteration mu over (up to ~1e6) iterations.
-_MU_MARGIN = 1e-9
-_MAX_NUDGES = 200
-
-
-def calibrate_dphmc_noise(
-    epsilon: float,
-    delta: float,
-    iterations: int,
-    n_leapfrog: int,
-    grad_budget_fraction: float = 0.5,
-) -> tuple[float, float]:
-    r"""Noise multipliers ``(z_l, z_g)`` of DP-HMC for a target (epsilon, delta).
-
-    A run of ``k`` iterations (all chains, warmup included) with ``L`` leapfrog steps has
-    total privacy-loss parameter (DP-HMC paper Theorem 3.5)
-
-    .. math:: \mu = \frac{k}{2 z_l^2} + \frac{k (L + 1)}{2 z_g^2}.
-
-    The largest :math:`\mu^*` with :math:`\epsilon(\mu^*, \delta) \le \epsilon` (tight
-    Gaussian bound, :func:`~pymc_dp.accounting.gaussian_mu_for_epsilon`) is split: a
-    fraction ``f = grad_budget_fraction`` goes to the ``k (L + 1)`` gradient releases and
-    ``1 - f`` to the ``k`` log-likelihood-ratio releases, i.e.
-    :math:`z_g = \sqrt{k (L + 1) / (2 f \mu^*)}`, :math:`z_l = \sqrt{k / (2 (1 - f) \mu^*)}`.
-    Both are then nudged up until the run's epsilon (with a ``1e-9`` relative margin on
-    ``mu`` for rounding in the report's sum) is at most the target.
-
-    Parameters
-    ----------
-    epsilon, delta : float
-        Target of the whole run.
-    iterations : int
-        ``k``: iterations over all chains, warmup included.
-    n_leapfrog : int
-        ``L``.
-    grad_budget_fraction : float
-        ``f`` in (0, 1).
-
-    Returns
-    -------
-    (float, float)
-        ``(z_l, z_g)``.
-    """
-    eps, d = check_target(epsilon, delta)
-    k = check_positive(iterations, "iterations", integer=True, coerce=True)
-    n_grad = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True) + 1
-    f = _check_fraction(grad_budget_fraction)
-    mu_star = gaussian_mu_for_epsilon(eps, d)
-    z_l = math.sqrt(k / (2.0 * (1.0 - f) * mu_star))
-    z_g = math.sqrt(k * n_grad / (2.0 * f * mu_star))
-
-    def run_epsilon(zs: tuple[float, float]) -> float:
-        mu = k * _mu_per_iteration(zs[0], zs[1], n_grad - 1)
-        return gaussian_epsilon(mu * (1.0 + _MU_MARGIN), d)
-
-    return calibrate(
-        run_epsilon, eps, Nudge((z_l, z_g), 1.0 + 1e-12, _MAX_NUDGES, "calibrate_dphmc_noise")
-    )
-
-
-def _mu_per_iteration(z_l: float, z_g: float, n_leapfrog: int) -> float:
-    """``1 / (2 z_l^2) + (L + 1) / (2 z_g^2)`` (DP-HMC paper Theorem 3.5, one iteration)."""
-    return GaussianEvent(z_l).mu + GaussianEvent(z_g, n_leapfrog + 1).mu
 
 
 def _check_fraction(value) -> float:
