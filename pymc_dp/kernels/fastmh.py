@@ -509,8 +509,8 @@ def minibatch_mu(law: Multiplicity, epsilon: float, delta: float) -> float:
         return math.exp(prev)
     if prev is not None:
         lo = prev
-    stop = Bisect(lo, hi, "arithmetic", stop=lambda a, b: b - a < 1e-12, max_steps=100)
-    return math.exp(solve(ok, stop))
+    search = Bisect(lo, hi, "arithmetic", stop=lambda a, b: b - a < 1e-12, max_steps=100)
+    return math.exp(solve(ok, search))
 
 
 def minibatch_epsilon(law: Multiplicity, mu: float, delta: float) -> float:
