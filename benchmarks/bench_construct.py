@@ -7,7 +7,7 @@ prints the wall time of
 
 * ``construct``: the step's constructor inside the model context. For the pymc_dp steps this
   is the per-record graph rewrite, compiling the per-record log-likelihood and prior
-  functions (``pymc_dp.model.build_record_functions``), the start-point check and the noise
+  functions (``pymc_dp.records.build_record_functions``), the start-point check and the noise
   calibration; for PyMC's steps, compiling the model's log-density (and its gradient for HMC);
 * ``1st iter``: the first ``step.step`` call. DPHMC compiles its per-record gradient
   functions lazily here (and verifies the GLM factorisation on data-free stand-in records);

@@ -22,7 +22,7 @@ Models:
   row-normalised to ``||x_i|| = 1`` so that every clip bound of 1 is a valid, public bound
   (log-likelihood Lipschitz constant and gradient norm at most ``||x_i||``). Its per-record
   gradient is ``v_i(beta) x_i``: DPHMC takes the GLM fast route of
-  ``pymc_dp.model.RecordFunctions.clipped_grad_sum``.
+  ``pymc_dp.records.RecordFunctions.clipped_grad_sum``.
 * ``banana``: the DP-HMC paper's banana likelihood (Räisä et al., Sec. 4),
   ``x_i1 ~ N(theta_1, 2000)``, ``x_i2 ~ N(theta_2 + 20 theta_1^2, 2500)`` (variances),
   ``d = 2``, with a ``N(0, 1000 I)`` prior on ``theta`` instead of the paper's banana prior
@@ -67,6 +67,7 @@ import pytensor  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import pymc_dp  # noqa: E402
+import pymc_dp.records  # noqa: E402
 
 #: Leapfrog steps and step size of the HMC pair (small: no divergence at n <= 1e6).
 N_LEAPFROG = 10
@@ -182,7 +183,7 @@ def make_dp_step(
     kind: str, model: pm.Model, model_name: str, chunk_size: int | None = None, seed: int = 1
 ):
     """Construct the DP step ``kind`` on ``model`` with the benchmark's fixed settings."""
-    n = pymc_dp.model.count_records(model)
+    n = pymc_dp.records.count_records(model)
     d = int(sum(np.size(v) for v in model.initial_point().values()))
     clip = CLIP[model_name]
     rng = np.random.default_rng(seed)
@@ -237,7 +238,7 @@ def metropolis_scale(kind: str, model_name: str, n: int, d: int) -> float:
 
 def make_pymc_step(kind: str, model: pm.Model, model_name: str, seed: int = 1):
     """PyMC's own sampler of the same kind as ``kind``, tuning off."""
-    n = pymc_dp.model.count_records(model)
+    n = pymc_dp.records.count_records(model)
     d = int(sum(np.size(v) for v in model.initial_point().values()))
     rng = np.random.default_rng(seed)
     with model:

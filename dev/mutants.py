@@ -48,10 +48,24 @@ MUTANTS = (
     ),
     Mutant(
         "drop the penalty correction (subsampled penalty)",
-        "pymc_dp/step_methods/subsampled_penalty.py",
+        "pymc_dp/kernels/subsampled_penalty.py",
         "xi + log_prior_ratio - 0.5 * sigma * sigma",
         "xi + log_prior_ratio",
         ("tests/test_penalty_power.py::test_subsampled_penalty_full_batch_exact_at_large_noise",),
+    ),
+    Mutant(
+        "drop the penalty correction (DP-Fast MH)",
+        "pymc_dp/kernels/fastmh.py",
+        "log_a = ell + xi - 0.5 * sigma * sigma + log_prior_ratio",
+        "log_a = ell + xi + log_prior_ratio",
+        ("tests/test_fastmh.py",),
+    ),
+    Mutant(
+        "drop the variance correction (exponential-family penalty)",
+        "pymc_dp/kernels/expfam.py",
+        "- (0.5 * var if variance_correction else 0.0)",
+        "- 0.0",
+        ("tests/test_expfam.py::test_linear_regression_unknown_sigma_is_exact_with_noise",),
     ),
     Mutant(
         "drop the log-Jacobian",
@@ -62,9 +76,9 @@ MUTANTS = (
     ),
     Mutant(
         "flip the kinetic-energy sign",
-        "pymc_dp/step_methods/hmc.py",
-        "d_kinetic = kinetic_energy(p, self._inv_mass) - kinetic_energy(p1, self._inv_mass)",
-        "d_kinetic = kinetic_energy(p1, self._inv_mass) - kinetic_energy(p, self._inv_mass)",
+        "pymc_dp/kernels/hmc.py",
+        "d_kinetic = kinetic_energy(p, inv_mass) - kinetic_energy(p1, inv_mass)",
+        "d_kinetic = kinetic_energy(p1, inv_mass) - kinetic_energy(p, inv_mass)",
         (
             "tests/test_hmc.py::test_exact_normal_mean_1d",
             "tests/test_penalty_power.py::test_dphmc_exact_at_large_noise",

@@ -1,6 +1,8 @@
 """pymc_dp: differentially private MCMC step methods for PyMC.
 
 Public API: the step methods, `sample` and `privacy_report`.
+Docstrings cite papers by key (``[DPHMC]``, ``[Raisa2021]``, ...): the keyed list with DOIs and
+arXiv ids is docs/references.md.
 """
 
 from importlib.metadata import PackageNotFoundError, version

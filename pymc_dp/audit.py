@@ -342,7 +342,7 @@ def _normal_record_functions(first_record: float):
     """A 1-parameter normal model on 10 records whose record 0 is the one that differs."""
     import pymc as pm
 
-    from pymc_dp.model import build_record_functions
+    from pymc_dp.records import build_record_functions
 
     x = np.linspace(-1.0, 1.0, 10)
     x[0] = first_record
@@ -442,10 +442,10 @@ def expfam_runner(
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """One DPExpFamilyPenalty iteration (fixed state and proposal) on D and D'.
 
-    ``step_d`` and ``step_d2`` are :class:`pymc_dp.DPExpFamilyPenalty` steps with identical
+    ``step_d`` and ``step_d2`` are `pymc_dp.DPExpFamilyPenalty` steps with identical
     settings built on the two neighbouring datasets (each computed its clipped statistic
     ``S`` in its own data pass); the runner draws ``trials`` fresh releases of ``S`` through
-    the step's kernel (:func:`pymc_dp.kernels.expfam.expfam_log_acceptance`). Published
+    the step's kernel (`pymc_dp.kernels.expfam.expfam_log_acceptance`). Published
     outputs: the accept bit and the ``accept`` stat. ``noise_scale`` builds the deliberately
     broken variant (noise smaller than claimed).
     """

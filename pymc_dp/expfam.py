@@ -1,15 +1,15 @@
 r"""Exponential-family structure of a PyMC model: sufficient statistics, natural parameters.
 
-:class:`pymc_dp.DPExpFamilyPenalty` needs the likelihood in the form
-:math:`\log p(x_i\mid\theta) = \eta(\theta)^\top T(x_i) - A(\theta) + h(x_i)`. This module
+`pymc_dp.DPExpFamilyPenalty` needs the likelihood in the form
+$\log p(x_i\mid\theta) = \eta(\theta)^\top T(x_i) - A(\theta) + h(x_i)$. This module
 finds it from the PyMC graph, never from the data: it reads the observed variable's
-distribution and its parameter graphs, compiles :math:`\theta \mapsto (\eta, A)` and verifies
+distribution and its parameter graphs, compiles $\theta \mapsto (\eta, A)$ and verifies
 the decomposition against PyMC's own log-density on data-free stand-in records at several
-parameter values. The data are read only by :meth:`ExpFamilyStructure.check_data_finite`
-(one bit: all finite or not) and by :meth:`ExpFamilyModel.clipped_stat_sum`, the one chunked
-pass that computes :math:`S = \sum_i \mathrm{clip}_C(T(x_i))`.
+parameter values. The data are read only by `ExpFamilyStructure.check_data_finite`
+(one bit: all finite or not) and by `ExpFamilyModel.clipped_stat_sum`, the one chunked
+pass that computes $S = \sum_i \mathrm{clip}_C(T(x_i))$.
 
-Supported forms (see :data:`SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
+Supported forms (see `SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
 covariates, ``mu = a(theta) + x_i^T b(theta)``, with a scale ``sigma(theta)`` free of the
 covariates; and, without covariates, Normal, Bernoulli, Binomial (known trials), Poisson,
 Exponential, Gamma (known shape), Categorical and MvNormal (known covariance).
@@ -165,7 +165,7 @@ class ExpFamilyStructure:
         """Compile ``theta -> (eta, A)`` for the flat vector of ``vars`` and verify it.
 
         ``shared`` maps the value variables this step does not sample to the shared variables
-        the step updates (as in :class:`~pymc.step_methods.arraystep.ArrayStepShared`).
+        the step updates (as in `ArrayStepShared`).
         Verification uses data-free stand-in records only.
         """
         model, fam = self._model, self.family.name
@@ -267,7 +267,7 @@ def _initial_point_eval(graph, x, initial_point, vars, ck):
 class ExpFamilyModel:
     """A compiled exponential-family likelihood: ``q -> (eta, A)`` and the statistic pass.
 
-    Built by :meth:`ExpFamilyStructure.compile`. ``q`` is the flat vector of the step's value
+    Built by `ExpFamilyStructure.compile`. ``q`` is the flat vector of the step's value
     variables in the transformed space PyMC's step methods work in.
 
     Attributes

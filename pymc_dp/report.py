@@ -13,21 +13,29 @@ result (strings and numbers only, so they survive a netCDF round trip).
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from pymc_dp.accounting import ApproxDPEvent, GaussianEvent, PrivacyLedger
+from pymc_dp.accounting import (
+    ApproxDPEvent,
+    DPBarkerEvent,
+    GaussianEvent,
+    NeighbourRelation,
+    PoissonSubsampledGaussian,
+    PrivacyLedger,
+    WORSubsampledGaussian,
+    compose_epsilon,
+)
 
 __all__ = ["PrivacyReport", "privacy_report", "RAW_DATA_GROUPS"]
 
 #: Groups of a PyMC result that hold the raw data.
 RAW_DATA_GROUPS = ("observed_data", "constant_data", "log_likelihood")
 
-NEIGHBOUR_RELATION = (
-    "replace-one (substitute): two datasets of the same size n that differ in one record"
-)
+NEIGHBOUR_RELATION = NeighbourRelation.REPLACE_ONE.description
 
 
 @dataclass(frozen=True)
@@ -159,13 +167,44 @@ def _tuning_steps(idata, posterior) -> int:
     )
 
 
-#: Per-iteration stats of subsampled Gaussian mechanisms (minibatch steps), by sampling
-#: scheme. Each iteration with a positive first stat is one mechanism with these parameters.
-SUBSAMPLED_STATS = {
-    "poisson": ("dp_poisson_sigma", "dp_poisson_q"),
-    "wor": ("dp_wor_sigma", "dp_wor_batch", "dp_wor_n"),
-    "barker": ("dp_barker_batch", "dp_barker_n"),
+@dataclass(frozen=True)
+class StatEvents:
+    """How saved per-iteration stats become privacy events (one mechanism family).
+
+    Each iteration whose first stat is positive ran one mechanism with the parameters in
+    ``stats``; ``event(values, count)`` is the event of ``count`` such iterations.
+    """
+
+    stats: tuple[str, ...]
+    event: Callable[[np.ndarray, int], object]
+    label: str
+
+
+#: Per-iteration stats of the minibatch mechanisms, by sampling scheme: the whole mapping
+#: from saved stat names to events (their epsilon: `pymc_dp.accounting.registry`).
+EVENT_STATS = {
+    "poisson": StatEvents(
+        ("dp_poisson_sigma", "dp_poisson_q"),
+        lambda u, c: PoissonSubsampledGaussian(float(u[0]), float(u[1]), c),
+        "{count} Poisson-subsampled Gaussian mechanisms (replace-one) composed by the PLD "
+        "accountant of dp-accounting",
+    ),
+    "wor": StatEvents(
+        ("dp_wor_sigma", "dp_wor_batch", "dp_wor_n"),
+        lambda u, c: WORSubsampledGaussian(float(u[0]), int(u[2]), int(u[1]), c),
+        "{count} without-replacement subsampled Gaussian mechanisms (replace-one) composed by "
+        "subsampled RDP (Wang, Balle, Kasiviswanathan 2019, Thm 27; dp-accounting)",
+    ),
+    "barker": StatEvents(
+        ("dp_barker_batch", "dp_barker_n"),
+        lambda u, c: DPBarkerEvent(int(u[1]), int(u[0]), c),
+        "{count} DP Barker tests (replace-one) composed by subsampled RDP (thesis Theorem 8; "
+        "Wang, Balle, Kasiviswanathan 2019, Thm 9)",
+    ),
 }
+
+#: Stat names of `EVENT_STATS`, by scheme.
+SUBSAMPLED_STATS = {scheme: family.stats for scheme, family in EVENT_STATS.items()}
 
 
 def _per_mechanism(ds, name: str) -> np.ndarray | None:
@@ -200,75 +239,25 @@ def _stat_columns(stats, warm, n_tune: int, names: tuple[str, ...]) -> np.ndarra
 
 
 def _subsampled_families(stats, warm, n_tune: int) -> list[tuple[str, str, list]]:
-    """The subsampled-Gaussian events of a run, grouped by scheme and parameters."""
-    from pymc_dp.accounting import PoissonSubsampledGaussian, WORSubsampledGaussian
-
+    """The subsampled events of a run, grouped by scheme and parameters."""
     out = []
-    for scheme, names in SUBSAMPLED_STATS.items():
-        rows = _stat_columns(stats, warm, n_tune, names)
+    for scheme, family in EVENT_STATS.items():
+        rows = _stat_columns(stats, warm, n_tune, family.stats)
         if rows is None:
             continue
         rows = rows[rows[:, 0] > 0]
         if rows.size == 0:
             continue
         uniq, counts = np.unique(rows, axis=0, return_counts=True)
-        if scheme == "poisson":
-            events = [
-                PoissonSubsampledGaussian(float(u[0]), float(u[1]), int(c))
-                for u, c in zip(uniq, counts, strict=True)
-            ]
-            label = (
-                f"{int(counts.sum())} Poisson-subsampled Gaussian mechanisms (replace-one) "
-                "composed by the PLD accountant of dp-accounting"
-            )
-        elif scheme == "wor":
-            events = [
-                WORSubsampledGaussian(float(u[0]), int(u[2]), int(u[1]), int(c))
-                for u, c in zip(uniq, counts, strict=True)
-            ]
-            label = (
-                f"{int(counts.sum())} without-replacement subsampled Gaussian mechanisms "
-                "(replace-one) composed by subsampled RDP (Wang, Balle, Kasiviswanathan 2019, "
-                "Thm 27; dp-accounting)"
-            )
-        else:
-            from pymc_dp.kernels.barker import DPBarkerEvent
-
-            events = [
-                DPBarkerEvent(int(u[1]), int(u[0]), int(c))
-                for u, c in zip(uniq, counts, strict=True)
-            ]
-            label = (
-                f"{int(counts.sum())} DP Barker tests (replace-one) composed by subsampled RDP "
-                "(thesis Theorem 8; Wang, Balle, Kasiviswanathan 2019, Thm 9)"
-            )
-        out.append((scheme, label, events))
+        events = [family.event(u, int(c)) for u, c in zip(uniq, counts, strict=True)]
+        out.append((scheme, family.label.format(count=int(counts.sum())), events))
     return out
 
 
 def _combined_epsilon(ledger: PrivacyLedger, families: list, delta: float) -> float:
-    """Epsilon of the ledger's part and the subsampled families, composed sequentially.
-
-    With several parts, delta is split equally between them and their epsilons add
-    (Dwork & Roth 2014, Theorem 3.16): valid, if not the tightest split.
-    """
-    from pymc_dp.accounting import (
-        poisson_subsampled_gaussian_epsilon,
-        wor_subsampled_gaussian_epsilon,
-    )
-    from pymc_dp.kernels.barker import dp_barker_epsilon
-
-    k = len(families) + (1 if len(ledger) or not families else 0)
-    share = delta / k
-    eps = float(ledger.epsilon(share)) if (len(ledger) or not families) else 0.0
-    for scheme, _, events in families:
-        fn = {
-            "poisson": poisson_subsampled_gaussian_epsilon,
-            "wor": wor_subsampled_gaussian_epsilon,
-            "barker": dp_barker_epsilon,
-        }[scheme]
-        eps += fn(events, share)
-    return eps
+    """Epsilon of the ledger's events and the subsampled families (see ``compose_epsilon``)."""
+    events = [*ledger.events, *(ev for _, _, evs in families for ev in evs)]
+    return compose_epsilon(events, delta)
 
 
 def _known_stat_names() -> set[str]:

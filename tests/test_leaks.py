@@ -8,22 +8,44 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
+from pymc.blocking import DictToArrayBijection
 
 import pymc_dp
 
 SENTINEL = 7.123456789
 SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
 
-#: Every step class with settings for a small run (extended as step methods are added).
-STEPS = {
-    "DPPenaltyMetropolis": (pymc_dp.DPPenaltyMetropolis, {"clip_bound": 3.0}),
+#: Settings of a small run for every step class; a new DPStep subclass is discovered below and
+#: fails the leak test until it has an entry here. Optional "epsilon": the run's target.
+SETTINGS = {
+    "DPPenaltyMetropolis": {"clip_bound": 3.0},
+    "DPHMC": {"grad_clip_bound": 3.0, "llr_clip_bound": 3.0, "n_leapfrog": 3, "step_size": 0.05},
+    "DPFastMH": {"clip_bound": 3.0},
+    "DPSubsampledPenalty": {"batch_size": 10, "clip_bound": 3.0},
+    "DPBarker": {"tempering": 0.05, "epsilon": 60.0},  # n = 40: no smaller target is feasible
+    "DPSGLD": {"clip_bound": 3.0, "step_size": 1e-3, "batch_size": 10},
+    "DPSGNHT": {"clip_bound": 3.0, "step_size": 1e-3, "batch_size": 10, "diffusion": 2.0},
+    "DPExpFamilyPenalty": {"data_bounds": {"x": (-8.0, 8.0)}},
 }
-for _name, _kw in (
-    ("DPHMC", {"grad_clip_bound": 3.0, "llr_clip_bound": 3.0, "n_leapfrog": 3, "step_size": 0.05}),
-    ("DPFastMH", {"clip_bound": 3.0}),
-):
-    if hasattr(pymc_dp, _name):
-        STEPS[_name] = (getattr(pymc_dp, _name), _kw)
+
+
+def _step_classes(cls=pymc_dp.DPStep) -> dict[str, type]:
+    """Every concrete DPStep subclass, found recursively (private bases skipped)."""
+    out = {}
+    for sub in cls.__subclasses__():
+        if not sub.__name__.startswith("_"):
+            out[sub.__name__] = sub
+        out.update(_step_classes(sub))
+    return out
+
+
+STEPS = {name: (cls, SETTINGS.get(name)) for name, cls in _step_classes().items()}
+
+
+def test_every_step_class_is_leak_tested():
+    assert len(STEPS) >= 7, sorted(STEPS)
+    missing = sorted(name for name, (_, kw) in STEPS.items() if kw is None)
+    assert not missing, f"add leak-test settings for {missing} to SETTINGS"
 
 
 def _sentinel_model():
@@ -62,13 +84,16 @@ def _arrays(obj) -> list[np.ndarray]:
 @pytest.mark.parametrize("name", sorted(STEPS))
 def test_no_sentinel_in_anything_published(name, caplog):
     cls, kwargs = STEPS[name]
+    assert kwargs is not None, f"add leak-test settings for {name} to SETTINGS"
+    kwargs = dict(kwargs)
+    epsilon = kwargs.pop("epsilon", 2.0)
     model = _sentinel_model()
     caplog.set_level(logging.DEBUG)
     with model, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         idata = pymc_dp.sample(
             cls,
-            epsilon=2.0,
+            epsilon=epsilon,
             delta=1e-5,
             draws=30,
             tune=10,
@@ -80,7 +105,7 @@ def test_no_sentinel_in_anything_published(name, caplog):
         )
         report = pymc_dp.privacy_report(idata)
         # an error after sampling (budget exhausted) must not carry data either
-        step = cls(epsilon=2.0, delta=1e-5, draws=2, tune=0, chains=1, **kwargs)
+        step = cls(epsilon=epsilon, delta=1e-5, draws=2, tune=0, chains=1, **kwargs)
         with pytest.raises(pymc_dp.BudgetExceededError) as err:
             pm.sample(3, tune=0, chains=1, step=step, random_seed=1, **SAMPLE)
     published = _strings(idata) + [str(report), str(err.value)]
@@ -113,3 +138,35 @@ def test_step_warns_about_data_dependent_deterministic():
         pm.Normal("x", t, 1, observed=x)
     with model, pytest.warns(UserWarning, match=r"Deterministics \['resid'\] depend on the data"):
         pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=2.0)
+
+
+def test_astep_blanks_every_nonprivate_stat():
+    """DPStep.astep is the one place *_NONPRIVATE stats are blanked (whatever the step)."""
+    with _sentinel_model() as model:
+        quiet = pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=2.0)
+        with pytest.warns(UserWarning, match="NOT differentially private"):
+            loud = pymc_dp.DPPenaltyMetropolis(
+                clip_bound=3.0, noise_multiplier=2.0, nonprivate_diagnostics=True
+            )
+    for step in (quiet, loud):
+        inner = step._dp_astep
+
+        def with_extra(q0, inner=inner):
+            q, stats = inner(q0)
+            stats["new_stat_NONPRIVATE"] = SENTINEL
+            return q, stats
+
+        step._dp_astep = with_extra
+        try:  # PyMC 6.x starts a chain with setup_chain, PyMC 5.x with set_rng
+            step.setup_chain(np.random.default_rng(0), 0, 1)
+        except AttributeError:
+            step.set_rng(np.random.default_rng(0))
+        start = model.initial_point()
+        q0 = DictToArrayBijection.map({v.name: start[v.name] for v in step.vars})
+        _, (stats,) = step.astep(q0)
+        nonprivate = {k: v for k, v in stats.items() if k.endswith("_NONPRIVATE")}
+        assert set(nonprivate) == {"clip_fraction_NONPRIVATE", "new_stat_NONPRIVATE"}
+        if step is quiet:
+            assert all(np.isnan(v) for v in nonprivate.values())
+        else:
+            assert stats["new_stat_NONPRIVATE"] == SENTINEL

@@ -26,7 +26,15 @@ References
 """
 
 from .approx import compose_approx_dp
-from .events import ApproxDPEvent, GaussianEvent
+from .barker import dp_barker_epsilon
+from .events import (
+    ApproxDPEvent,
+    DPBarkerEvent,
+    GaussianEvent,
+    NeighbourRelation,
+    PoissonSubsampledGaussian,
+    WORSubsampledGaussian,
+)
 from .gaussian import (
     analytic_gaussian_sigma,
     calibrate_noise_multiplier,
@@ -37,9 +45,8 @@ from .gaussian import (
     zcdp_epsilon,
 )
 from .ledger import PrivacyLedger
+from .registry import compose_epsilon, register
 from .subsampled import (
-    PoissonSubsampledGaussian,
-    WORSubsampledGaussian,
     calibrate_poisson_subsampled_noise,
     calibrate_wor_subsampled_noise,
     poisson_subsampled_gaussian_epsilon,
@@ -48,7 +55,9 @@ from .subsampled import (
 
 __all__ = [
     "ApproxDPEvent",
+    "DPBarkerEvent",
     "GaussianEvent",
+    "NeighbourRelation",
     "PoissonSubsampledGaussian",
     "PrivacyLedger",
     "WORSubsampledGaussian",
@@ -57,11 +66,14 @@ __all__ = [
     "calibrate_poisson_subsampled_noise",
     "calibrate_wor_subsampled_noise",
     "compose_approx_dp",
+    "compose_epsilon",
+    "dp_barker_epsilon",
     "gaussian_delta",
     "gaussian_epsilon",
     "gaussian_mu_for_epsilon",
     "poisson_subsampled_gaussian_epsilon",
     "rdp_epsilon",
+    "register",
     "wor_subsampled_gaussian_epsilon",
     "zcdp_epsilon",
 ]

@@ -1,6 +1,11 @@
-"""Privacy events: the mechanisms a `PrivacyLedger` composes.
+"""Privacy events: every mechanism pymc_dp accounts for, as frozen data, and the neighbours.
 
-Two kinds of event are supported:
+An event says *what* was released (which mechanism, how many times), never how its privacy
+is computed: `pymc_dp.accounting.registry` maps each event type to the function that
+gives its epsilon. A new mechanism is a new event class here plus one line in the registry;
+the meaning of an existing class never changes (the rule of dp-accounting's ``dp_event``).
+
+The events of the full-data steps, composed by `PrivacyLedger`:
 
 * `GaussianEvent` -- ``count`` releases of a Gaussian mechanism whose noise
   standard deviation is ``noise_multiplier`` times the L2 sensitivity of the released
@@ -10,19 +15,65 @@ Two kinds of event are supported:
   to be (epsilon, delta)-DP. These compose by the optimal homogeneous composition theorem
   of Kairouz, Oh and Viswanath.
 
-The events say nothing about the neighbouring relation: the sensitivity the noise
-multiplier refers to must be computed for the relation the caller reports (for
-replace-one neighbours a per-record value clipped to norm ``b`` has sensitivity ``2 b``,
-for add/remove neighbours ``b``).
+The events of the minibatch steps (accounted with dp-accounting or subsampled RDP):
+
+* `PoissonSubsampledGaussian` -- a Gaussian mechanism on a Poisson-sampled batch;
+* `WORSubsampledGaussian` -- a Gaussian mechanism on a batch drawn without
+  replacement;
+* `DPBarkerEvent` -- the DP Barker test (thesis Theorem 8) on a batch drawn without
+  replacement.
+
+The Gaussian and approximate-DP events say nothing about the neighbouring relation: the
+sensitivity the noise multiplier refers to must be computed for the relation the caller
+reports (for replace-one neighbours a per-record value clipped to norm ``b`` has
+sensitivity ``2 b``, for add/remove neighbours ``b``). The subsampled events are defined
+for replace-one neighbours (`NeighbourRelation.REPLACE_ONE`), the relation of every
+epsilon pymc_dp reports.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
-from ._validation import check_count, check_mechanism_delta, check_nonnegative, check_positive
+from ._validation import (
+    check_count,
+    check_mechanism_delta,
+    check_nonnegative,
+    check_positive,
+    check_positive_int,
+)
 
-__all__ = ["ApproxDPEvent", "GaussianEvent"]
+__all__ = [
+    "ApproxDPEvent",
+    "DPBarkerEvent",
+    "GaussianEvent",
+    "NeighbourRelation",
+    "PoissonSubsampledGaussian",
+    "WORSubsampledGaussian",
+]
+
+
+class NeighbourRelation(enum.Enum):
+    """Which datasets are neighbours (the unit of privacy)."""
+
+    #: Same size ``n``, one record differs (the papers' *substitute* relation).
+    REPLACE_ONE = "replace-one"
+    #: One dataset has one record more than the other.
+    ADD_REMOVE = "add-remove"
+
+    @property
+    def description(self) -> str:
+        """One line for reports."""
+        return _NEIGHBOUR_DESCRIPTIONS[self]
+
+
+_NEIGHBOUR_DESCRIPTIONS = {
+    NeighbourRelation.REPLACE_ONE: (
+        "replace-one (substitute): two datasets of the same size n that differ in one record"
+    ),
+    NeighbourRelation.ADD_REMOVE: "add/remove: one dataset has one record more than the other",
+}
 
 
 @dataclass(frozen=True)
@@ -109,4 +160,103 @@ class ApproxDPEvent:
         k = check_count(self.count, "count")
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "delta", delta)
+        object.__setattr__(self, "count", k)
+
+
+@dataclass(frozen=True)
+class PoissonSubsampledGaussian:
+    """``count`` iterations of a Poisson-subsampled Gaussian mechanism (replace-one).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        Noise std over the per-record contribution bound ``C`` (see
+        `pymc_dp.accounting.subsampled`).
+    sampling_rate : float
+        Probability ``q`` in (0, 1] that a record is read in an iteration.
+    count : int
+        Number of iterations.
+    """
+
+    noise_multiplier: float
+    sampling_rate: float
+    count: int
+
+    def __post_init__(self) -> None:
+        z = check_positive(self.noise_multiplier, "noise_multiplier")
+        q = float(self.sampling_rate)
+        if not (0.0 < q <= 1.0):
+            raise ValueError(f"sampling_rate must be in (0, 1]; got {self.sampling_rate!r}")
+        object.__setattr__(self, "noise_multiplier", z)
+        object.__setattr__(self, "sampling_rate", q)
+        object.__setattr__(self, "count", check_positive_int(self.count, "count"))
+
+    def dp_event(self):
+        """The same event in dp-accounting's terms (imports dp-accounting)."""
+        from .subsampled import to_dp_event
+
+        return to_dp_event(self)
+
+
+@dataclass(frozen=True)
+class WORSubsampledGaussian:
+    """``count`` iterations of a Gaussian mechanism on a minibatch drawn without replacement.
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        Noise std over the replace-one L2 sensitivity of the minibatch statistic.
+    n : int
+        Number of records (public).
+    batch_size : int
+        Minibatch size ``b`` (``1 <= b <= n``).
+    count : int
+        Number of iterations.
+    """
+
+    noise_multiplier: float
+    n: int
+    batch_size: int
+    count: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", check_positive(self.noise_multiplier, "noise_multiplier")
+        )
+        n = check_positive_int(self.n, "n")
+        b = check_positive_int(self.batch_size, "batch_size")
+        if b > n:
+            raise ValueError(f"batch_size must be <= n = {n}; got {self.batch_size!r}")
+        object.__setattr__(self, "n", n)
+        object.__setattr__(self, "batch_size", b)
+        object.__setattr__(self, "count", check_positive_int(self.count, "count"))
+
+    def dp_event(self):
+        """The same event in dp-accounting's terms (imports dp-accounting)."""
+        from .subsampled import to_dp_event
+
+        return to_dp_event(self)
+
+
+@dataclass(frozen=True)
+class DPBarkerEvent:
+    """``count`` DP Barker iterations with ``batch_size`` of ``n`` records (replace-one).
+
+    The test's noise is fixed by thesis Theorem 8, so the batch size (with ``n``) is the
+    whole mechanism; accounted by `pymc_dp.accounting.barker.dp_barker_epsilon`.
+    """
+
+    n: int
+    batch_size: int
+    count: int
+
+    def __post_init__(self) -> None:
+        n, b, k = int(self.n), int(self.batch_size), int(self.count)
+        if not (11 <= b <= n) or k < 1:
+            raise ValueError(
+                f"DP Barker needs 11 <= batch_size <= n (Theorem 8: order 2 < b/5) and count "
+                f">= 1; got n={self.n!r}, batch_size={self.batch_size!r}, count={self.count!r}"
+            )
+        object.__setattr__(self, "n", n)
+        object.__setattr__(self, "batch_size", b)
         object.__setattr__(self, "count", k)

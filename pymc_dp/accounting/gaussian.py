@@ -35,6 +35,8 @@ import numpy as np
 from scipy import optimize, special
 
 from ._validation import check_delta, check_nonnegative, check_positive, check_positive_int
+from .calibration import Nudge, calibrate, events_epsilon, solve
+from .events import GaussianEvent
 
 __all__ = [
     "analytic_gaussian_sigma",
@@ -281,15 +283,9 @@ def gaussian_mu_for_epsilon(epsilon: float, delta: float) -> float:
         log_lo = log_hi
         log_hi += 1.0
     root = optimize.brentq(h, log_lo, log_hi, xtol=1e-15, rtol=4.0 * np.finfo(float).eps)
-    m = math.exp(root)
-    factor = 1.0 - _NUDGE
-    for _ in range(_MAX_NUDGES):
-        if _delta_scalar(m, eps) <= d and gaussian_epsilon(m, d) <= eps:
-            return m
-        m *= factor
-        factor = 1.0 - 2.0 * (1.0 - factor)
-    raise RuntimeError(  # pragma: no cover
-        "gaussian_mu_for_epsilon failed to find a safe mu; please report this"
+    return solve(
+        lambda m: _delta_scalar(m, eps) <= d and gaussian_epsilon(m, d) <= eps,
+        Nudge(math.exp(root), 1.0 - _NUDGE, _MAX_NUDGES, "gaussian_mu_for_epsilon"),
     )
 
 
@@ -335,16 +331,10 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, releases: int) -> f
     d = check_delta(delta)
     k = check_positive_int(releases, "releases")
     m = gaussian_mu_for_epsilon(eps, d)
-    z = math.sqrt(k / (2.0 * m))
-    factor = 1.0 + _NUDGE
-    for _ in range(_MAX_NUDGES):
-        mu_z = k / (2.0 * z**2)  # exactly GaussianEvent(z, k).mu
-        if gaussian_epsilon(mu_z, d) <= eps:
-            return z
-        z *= factor
-        factor = 1.0 + 2.0 * (factor - 1.0)
-    raise RuntimeError(  # pragma: no cover
-        "calibrate_noise_multiplier failed to find a safe multiplier; please report this"
+    return calibrate(
+        events_epsilon(lambda z: [GaussianEvent(z, k)], d),
+        eps,
+        Nudge(math.sqrt(k / (2.0 * m)), 1.0 + _NUDGE, _MAX_NUDGES, "calibrate_noise_multiplier"),
     )
 
 
@@ -397,15 +387,11 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     d = check_delta(delta)
     sens = check_positive(sensitivity, "sensitivity")
     m = gaussian_mu_for_epsilon(eps, d)
-    sigma = sens / math.sqrt(2.0 * m)
     # Guard the last rounding of the division / sqrt: sigma must not drop below threshold.
-    factor = 1.0 + _NUDGE
-    for _ in range(_MAX_NUDGES):
-        if _delta_scalar(sens**2 / (2.0 * sigma**2), eps) <= d:
-            return sigma
-        sigma *= factor
-        factor = 1.0 + 2.0 * (factor - 1.0)
-    raise RuntimeError("analytic_gaussian_sigma failed; please report this")  # pragma: no cover
+    return solve(
+        lambda sigma: _delta_scalar(sens**2 / (2.0 * sigma**2), eps) <= d,
+        Nudge(sens / math.sqrt(2.0 * m), 1.0 + _NUDGE, _MAX_NUDGES, "analytic_gaussian_sigma"),
+    )
 
 
 # --------------------------------------------------------------------------------------

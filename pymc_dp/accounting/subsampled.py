@@ -28,10 +28,11 @@ Conventions (both under the replace-one relation, ``n`` public):
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable
 
-from ._validation import check_delta, check_positive, check_positive_int
+from ._validation import check_delta, check_positive
+from .calibration import Bisect, events_epsilon, expand, solve
+from .events import PoissonSubsampledGaussian, WORSubsampledGaussian
 from .gaussian import gaussian_epsilon
 
 __all__ = [
@@ -64,80 +65,15 @@ def _dp_accounting():
     return dp_accounting
 
 
-class PoissonSubsampledGaussian:
-    """``count`` iterations of a Poisson-subsampled Gaussian mechanism (replace-one).
-
-    Parameters
-    ----------
-    noise_multiplier : float
-        Noise std over the per-record contribution bound ``C`` (see the module docstring).
-    sampling_rate : float
-        Probability ``q`` in (0, 1] that a record is read in an iteration.
-    count : int
-        Number of iterations.
-    """
-
-    def __init__(self, noise_multiplier: float, sampling_rate: float, count: int) -> None:
-        self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
-        q = float(sampling_rate)
-        if not (0.0 < q <= 1.0):
-            raise ValueError(f"sampling_rate must be in (0, 1]; got {sampling_rate!r}")
-        self.sampling_rate = q
-        self.count = check_positive_int(count, "count")
-
-    def dp_event(self):
-        dpa = _dp_accounting()
-        return dpa.SelfComposedDpEvent(
-            dpa.PoissonSampledDpEvent(
-                self.sampling_rate, dpa.GaussianDpEvent(self.noise_multiplier)
-            ),
-            self.count,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"PoissonSubsampledGaussian(noise_multiplier={self.noise_multiplier!r}, "
-            f"sampling_rate={self.sampling_rate!r}, count={self.count!r})"
-        )
-
-
-class WORSubsampledGaussian:
-    """``count`` iterations of a Gaussian mechanism on a minibatch drawn without replacement.
-
-    Parameters
-    ----------
-    noise_multiplier : float
-        Noise std over the replace-one L2 sensitivity of the minibatch statistic.
-    n : int
-        Number of records (public).
-    batch_size : int
-        Minibatch size ``b`` (``1 <= b <= n``).
-    count : int
-        Number of iterations.
-    """
-
-    def __init__(self, noise_multiplier: float, n: int, batch_size: int, count: int) -> None:
-        self.noise_multiplier = check_positive(noise_multiplier, "noise_multiplier")
-        self.n = check_positive_int(n, "n")
-        self.batch_size = check_positive_int(batch_size, "batch_size")
-        if self.batch_size > self.n:
-            raise ValueError(f"batch_size must be <= n = {self.n}; got {batch_size!r}")
-        self.count = check_positive_int(count, "count")
-
-    def dp_event(self):
-        dpa = _dp_accounting()
-        return dpa.SelfComposedDpEvent(
-            dpa.SampledWithoutReplacementDpEvent(
-                self.n, self.batch_size, dpa.GaussianDpEvent(self.noise_multiplier)
-            ),
-            self.count,
-        )
-
-    def __repr__(self) -> str:
-        return (
-            f"WORSubsampledGaussian(noise_multiplier={self.noise_multiplier!r}, n={self.n!r}, "
-            f"batch_size={self.batch_size!r}, count={self.count!r})"
-        )
+def to_dp_event(event: PoissonSubsampledGaussian | WORSubsampledGaussian):
+    """A subsampled-Gaussian event of `.events` in dp-accounting's terms."""
+    dpa = _dp_accounting()
+    gaussian = dpa.GaussianDpEvent(event.noise_multiplier)
+    if isinstance(event, PoissonSubsampledGaussian):
+        sampled = dpa.PoissonSampledDpEvent(event.sampling_rate, gaussian)
+    else:
+        sampled = dpa.SampledWithoutReplacementDpEvent(event.n, event.batch_size, gaussian)
+    return dpa.SelfComposedDpEvent(sampled, event.count)
 
 
 def poisson_subsampled_gaussian_epsilon(
@@ -194,29 +130,35 @@ def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], del
 _MIN_NOISE_MULTIPLIER = 0.2
 
 
-def _calibrate(eps_of_sigma, epsilon: float) -> float:
+def _calibrate(events_of, delta: float, epsilon: float) -> float:
     """Smallest noise multiplier (to 0.1 % relative) whose epsilon does not exceed ``epsilon``.
 
     The returned multiplier always satisfies the target (bisection keeps the feasible end).
-    It is never below ``_MIN_NOISE_MULTIPLIER``.
+    It is never below ``_MIN_NOISE_MULTIPLIER``. ``events_of(sigma)``: the run's events.
     """
-    hi = 1.0
-    while eps_of_sigma(hi) > epsilon:
-        hi *= 2.0
-        if hi > 1e6:
+    eps_of_sigma = events_epsilon(events_of, delta)
+
+    def ok(sigma: float) -> bool:
+        return eps_of_sigma(sigma) <= epsilon
+
+    def too_much(sigma: float) -> None:
+        if sigma > 1e6:
             raise ValueError(f"epsilon={epsilon!r} cannot be met with any noise level")
-    lo = hi / 2.0
-    while eps_of_sigma(lo) <= epsilon:
-        if lo <= _MIN_NOISE_MULTIPLIER:
-            return _MIN_NOISE_MULTIPLIER
-        hi, lo = lo, max(lo / 2.0, _MIN_NOISE_MULTIPLIER)
-    while hi / lo > 1.001:
-        mid = math.sqrt(lo * hi)
-        if eps_of_sigma(mid) > epsilon:
-            lo = mid
-        else:
-            hi = mid
-    return hi
+
+    # Bracket on powers of two: up from 1 while infeasible, then down while feasible.
+    _, hi = expand(ok, 1.0, lambda s: 2.0 * s, while_ok=False, limit=too_much)
+    prev, lo = expand(
+        ok,
+        hi / 2.0,
+        lambda s: max(s / 2.0, _MIN_NOISE_MULTIPLIER),
+        while_ok=True,
+        last=lambda s: s <= _MIN_NOISE_MULTIPLIER,
+    )
+    if lo is None:
+        return _MIN_NOISE_MULTIPLIER
+    if prev is not None:
+        hi = prev
+    return solve(ok, Bisect(hi, lo, "geometric", stop=lambda h, low: h / low <= 1.001))
 
 
 @functools.lru_cache(maxsize=256)
@@ -231,10 +173,7 @@ def calibrate_poisson_subsampled_noise(
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_delta(delta)
     return _calibrate(
-        lambda s: poisson_subsampled_gaussian_epsilon(
-            [PoissonSubsampledGaussian(s, sampling_rate, count)], delta
-        ),
-        epsilon,
+        lambda s: [PoissonSubsampledGaussian(s, sampling_rate, count)], delta, epsilon
     )
 
 
@@ -245,9 +184,4 @@ def calibrate_wor_subsampled_noise(
     """Noise multiplier so that ``count`` WOR-subsampled Gaussians are (epsilon, delta)-DP."""
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_delta(delta)
-    return _calibrate(
-        lambda s: wor_subsampled_gaussian_epsilon(
-            [WORSubsampledGaussian(s, n, batch_size, count)], delta
-        ),
-        epsilon,
-    )
+    return _calibrate(lambda s: [WORSubsampledGaussian(s, n, batch_size, count)], delta, epsilon)

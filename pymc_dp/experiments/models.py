@@ -8,11 +8,11 @@ score the private samplers and must never be published as a result.
 References
 ----------
 .. [1] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte
-   Carlo. Sec. 4 (banana and 10-d Gaussian models). (shared/papers/000, 003)
+   Carlo. Sec. 4 (banana and 10-d Gaussian models). [DPHMC]
 .. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Definition 8 and Theorem 5 (d-dimensional tempered banana posterior). (shared/papers/001)
+   Definition 8 and Theorem 5 (d-dimensional tempered banana posterior). [Raisa2021]
 .. [3] Zhang, W. and Zhang, R. DP-Fast MH, ICML 2023, Sec. 6.1 (truncated Gaussian mixture).
-   (shared/papers/004)
+   [ZhangZhang2023]
 .. [4] Fair, R. C. (1978). A theory of extramarital affairs. J. Political Economy 86.
 """
 

@@ -1,7 +1,7 @@
 """Run the papers' experiment protocol with pymc_dp's step methods.
 
 Protocol of the DP-HMC paper (Räisä, Koskela & Honkela, Sec. 4; settings in
-``shared/notes/reference-experiments.md``): for each (method, epsilon, repeat), 4 chains that
+docs/results.md): for each (method, epsilon, repeat), 4 chains that
 share one privacy budget start around the true parameter (std = mean of the reference
 posterior's componentwise sds); the second halves of the chains are pooled and compared with
 1000 exact reference draws by the MMD and the distance of the means.

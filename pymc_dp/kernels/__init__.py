@@ -12,9 +12,12 @@ from pymc_dp.kernels.fastmh import (
 )
 from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
+    DPHMCInfo,
     DualAveraging,
     HaltonSequence,
     LeapfrogResult,
+    calibrate_dphmc_noise,
+    dphmc_transition,
     gradient_noise_std,
     kinetic_energy,
     noisy_leapfrog,
@@ -34,6 +37,13 @@ from pymc_dp.kernels.sgmcmc import (
     sgnht_update,
     total_noise_multiplier,
 )
+from pymc_dp.kernels.subsampled_penalty import (
+    SubsampledPenaltyInfo,
+    minibatch_estimate,
+    subsampled_penalty_log_acceptance,
+    subsampled_penalty_sensitivity,
+    subsampled_penalty_transition,
+)
 
 __all__ = [
     "SGNHTState",
@@ -46,6 +56,7 @@ __all__ = [
     "sgnht_intrinsic_noise_multiplier",
     "sgnht_update",
     "total_noise_multiplier",
+    "DPHMCInfo",
     "DiagonalMassAdaptation",
     "DualAveraging",
     "FastMHInfo",
@@ -53,17 +64,24 @@ __all__ = [
     "HaltonSequence",
     "IndexSampler",
     "LeapfrogResult",
+    "SubsampledPenaltyInfo",
     "accept",
+    "calibrate_dphmc_noise",
     "calibrate_fastmh",
+    "dphmc_transition",
     "fastmh_transition",
     "gradient_noise_std",
     "keep_probability",
     "kinetic_energy",
+    "minibatch_estimate",
     "minibatch_sensitivity",
     "noisy_leapfrog",
     "penalty_log_acceptance",
     "penalty_noise_std",
     "sample_momentum",
+    "subsampled_penalty_log_acceptance",
+    "subsampled_penalty_sensitivity",
+    "subsampled_penalty_transition",
     "tuna_log_ratio",
     "warmup_windows",
 ]

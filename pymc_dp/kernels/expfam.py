@@ -1,22 +1,24 @@
 r"""Exponential-family penalty test with noisy sufficient statistics (pure numpy).
 
 For i.i.d. records whose likelihood is an exponential family,
-:math:`\log p(x_i \mid \theta) = \eta(\theta)^\top T(x_i) - A(\theta) + h(x_i)`, the
+$\log p(x_i \mid \theta) = \eta(\theta)^\top T(x_i) - A(\theta) + h(x_i)$, the
 log-likelihood ratio of the whole dataset depends on the data only through the sufficient
-statistic :math:`S = \sum_i T(x_i)`:
+statistic $S = \sum_i T(x_i)$:
 
-.. math:: \lambda(\theta, \theta') = (\eta(\theta') - \eta(\theta))^\top S
-          - n\,(A(\theta') - A(\theta))
+$$
+\lambda(\theta, \theta') = (\eta(\theta') - \eta(\theta))^\top S
+- n\,(A(\theta') - A(\theta))
+$$
 
 (Yildirim & Ermis, Sec. 3.3, eq. 7). Each iteration releases a fresh
-:math:`\tilde S = S + \zeta`, :math:`\zeta \sim N(0, \sigma_S^2 I)`; the noisy ratio then
-has noise variance :math:`\sigma_S^2 \|\eta(\theta') - \eta(\theta)\|^2` (eq. 8), which the
-penalty test subtracts half of (Algorithm 3). With every record's :math:`T(x_i)` clipped to
-L2 norm :math:`C`, :math:`S` has replace-one sensitivity :math:`2C` and one release with
-:math:`\sigma_S = z \cdot 2C` is a Gaussian mechanism with :math:`\mu = 1/(2z^2)`.
+$\tilde S = S + \zeta$, $\zeta \sim N(0, \sigma_S^2 I)$; the noisy ratio then
+has noise variance $\sigma_S^2 \|\eta(\theta') - \eta(\theta)\|^2$ (eq. 8), which the
+penalty test subtracts half of (Algorithm 3). With every record's $T(x_i)$ clipped to
+L2 norm $C$, $S$ has replace-one sensitivity $2C$ and one release with
+$\sigma_S = z \cdot 2C$ is a Gaussian mechanism with $\mu = 1/(2z^2)$.
 
-This module holds the statistics :math:`T`, the natural parameters :math:`\eta`, the
-log-normalisers :math:`A` and the norm bounds of :math:`T` from a data box for each supported
+This module holds the statistics $T$, the natural parameters $\eta$, the
+log-normalisers $A$ and the norm bounds of $T$ from a data box for each supported
 family, and the noisy test. It never imports PyMC; randomness is passed in.
 
 References
@@ -52,8 +54,8 @@ __all__ = [
 def normal_linear_stats(y: np.ndarray, X: np.ndarray) -> np.ndarray:
     r"""Sufficient statistics of ``y_i ~ N(a + x_i^T b, sigma^2)``, one row per record.
 
-    With :math:`x_i \in R^k` the row is
-    :math:`(y_i,\ y_i x_i,\ y_i^2,\ x_i,\ (x_{ij} x_{il})_{j \le l})`, of length
+    With $x_i \in R^k$ the row is
+    $(y_i,\ y_i x_i,\ y_i^2,\ x_i,\ (x_{ij} x_{il})_{j \le l})$, of length
     ``2 + 2k + k(k+1)/2`` (the constant ``1`` of the intercept is the public ``n``).
 
     Parameters
@@ -71,9 +73,9 @@ def normal_linear_natural(w: np.ndarray, sigma: float) -> tuple[np.ndarray, floa
     r"""Natural parameters and per-record log-normaliser of the linear-Gaussian model.
 
     ``w = (a, b)`` (intercept and slopes), ``sigma`` the noise scale. Expanding
-    :math:`-(y - a - x^\top b)^2 / (2\sigma^2) - \log\sigma` gives
-    :math:`\eta = (a, b, -1/2, -a b, -(b_j b_l)(2 - [j = l])/2) / \sigma^2` matched with
-    :func:`normal_linear_stats`, and :math:`A = \log\sigma + a^2/(2\sigma^2)`.
+    $-(y - a - x^\top b)^2 / (2\sigma^2) - \log\sigma$ gives
+    $\eta = (a, b, -1/2, -a b, -(b_j b_l)(2 - [j = l])/2) / \sigma^2$ matched with
+    `normal_linear_stats`, and $A = \log\sigma + a^2/(2\sigma^2)$.
     """
     w = np.asarray(w, dtype=float).ravel()
     a, b = w[0], w[1:]
@@ -85,7 +87,7 @@ def normal_linear_natural(w: np.ndarray, sigma: float) -> tuple[np.ndarray, floa
 
 
 def normal_linear_stat_bound(y_max: float, x_max: np.ndarray) -> float:
-    """L2 bound of :func:`normal_linear_stats` rows for ``|y| <= y_max``, ``|x_j| <= x_max[j]``."""
+    """L2 bound of `normal_linear_stats` rows for ``|y| <= y_max``, ``|x_j| <= x_max[j]``."""
     x = np.asarray(x_max, dtype=float).ravel()
     j, jj = np.triu_indices(x.size)
     sq = y_max**2 + y_max**2 * np.sum(x**2) + y_max**4 + np.sum(x**2) + np.sum((x[j] * x[jj]) ** 2)
@@ -238,12 +240,14 @@ def expfam_log_acceptance(
 ) -> float | np.ndarray:
     r"""Noisy, penalty-corrected log acceptance ratio of the exponential-family test.
 
-    Draws a fresh release :math:`\tilde S = S + \zeta`, :math:`\zeta \sim N(0, \sigma_S^2 I)`
+    Draws a fresh release $\tilde S = S + \zeta$, $\zeta \sim N(0, \sigma_S^2 I)$
     (``size`` independent releases when given, for vectorised audits) and returns
 
-    .. math:: \Delta\eta^\top \tilde S - n \Delta A + \log\frac{p(\theta')}{p(\theta)}
-              + \log\frac{q(\theta|\theta')}{q(\theta'|\theta)}
-              - \tfrac12 \sigma_S^2 \|\Delta\eta\|^2
+    $$
+    \Delta\eta^\top \tilde S - n \Delta A + \log\frac{p(\theta')}{p(\theta)}
+    + \log\frac{q(\theta|\theta')}{q(\theta'|\theta)}
+    - \tfrac12 \sigma_S^2 \|\Delta\eta\|^2
+    $$
 
     (Yildirim & Ermis, Algorithm 3; the last term is half the variance of eq. 8, the penalty
     correction that keeps the chain exact).
@@ -258,7 +262,7 @@ def expfam_log_acceptance(
         ``n (A(theta') - A(theta))``.
     log_prior_ratio, log_proposal_ratio : float
     stat_noise_std : float
-        ``sigma_S`` (see :func:`expfam_noise_std`).
+        ``sigma_S`` (see `expfam_noise_std`).
     rng : numpy Generator
     size : int, optional
         Number of independent releases (returns an array); ``None`` for one (a float).

@@ -1,6 +1,6 @@
 r"""DP-Fast MH: the TunaMH minibatch test with Gaussian noise, and its privacy (pure numpy).
 
-This module implements the pieces of Zhang & Zhang's DP-Fast MH (shared/papers/004,
+This module implements the pieces of Zhang & Zhang's DP-Fast MH ([ZhangZhang2023],
 Algorithm 2) that do not know about PyMC: Poisson batch sizes, index sampling with
 probabilities $c_i/C$, the TunaMH thinning and the artanh estimator (Algorithm 1), the
 noisy penalty-corrected acceptance test, and the data-free privacy bounds of one iteration.
@@ -98,7 +98,7 @@ chosen adaptively); the minibatch branch is not a Gaussian mechanism, so a tight
 
 *"Privacy for free".* Without noise, the accept/reject bit has
 $P(\text{reject}|D) - P(\text{reject}|D') \le 1 - e^{-s}$ when the log-ratio moves by
-$s$ (shared/notes/pitfalls.md): the bit is only $(\varepsilon, 1 - e^{-s})$-DP
+$s$: the bit is only $(\varepsilon, 1 - e^{-s})$-DP
 for every $\varepsilon \ge 0$, not $(\varepsilon, 0)$ as the paper claims. For the
 minibatch the same coupling gives $\delta = \sum_k P(k)(1 - e^{-k s})$.
 
@@ -109,7 +109,7 @@ References
 ----------
 .. [1] W. Zhang, R. Zhang, "DP-Fast MH: Private, Fast, and Accurate Metropolis-Hastings for
    Large-Scale Bayesian Inference", ICML 2023, Algorithms 1-2, Lemma 1, Theorems 2-3.
-   (shared/papers/004)
+   [ZhangZhang2023]
 .. [2] R. Zhang, A. F. Cooper, C. De Sa, "Asymptotically optimal exact minibatch
    Metropolis-Hastings", NeurIPS 2020 (TunaMH).
 .. [3] B. Balle, G. Barthe, M. Gaboardi, "Privacy amplification by subsampling: tight
@@ -141,6 +141,7 @@ from pymc_dp.accounting import (
     gaussian_delta,
     gaussian_epsilon,
 )
+from pymc_dp.accounting.calibration import Bisect, calibrate, expand, solve
 
 __all__ = [
     "FastMHCalibration",
@@ -499,22 +500,19 @@ def minibatch_mu(law: Multiplicity, epsilon: float, delta: float) -> float:
             "the minibatch branch cannot meet this per-iteration delta (the multiplicity tail "
             "alone exceeds it); increase delta"
         )
-    lo, hi = math.log(1e-12), math.log(1.0)
-    while minibatch_delta(law, math.exp(lo), epsilon) > delta:
-        lo -= 5.0
-    while minibatch_delta(law, math.exp(hi), epsilon) <= delta:
-        if hi > 600.0:  # no record can be drawn (e.g. K = 1 with the paper's rule)
-            return math.exp(hi)
-        lo, hi = hi, hi + 5.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if minibatch_delta(law, math.exp(mid), epsilon) <= delta:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12:
-            break
-    return math.exp(lo)
+
+    def ok(log_mu: float) -> bool:
+        return minibatch_delta(law, math.exp(log_mu), epsilon) <= delta
+
+    _, lo = expand(ok, math.log(1e-12), lambda x: x - 5.0, while_ok=False)
+    # no record can be drawn beyond log mu = 600 (e.g. K = 1 with the paper's rule)
+    prev, hi = expand(ok, math.log(1.0), lambda x: x + 5.0, while_ok=True, last=lambda x: x > 600)
+    if hi is None:
+        return math.exp(prev)
+    if prev is not None:
+        lo = prev
+    search = Bisect(lo, hi, "arithmetic", stop=lambda a, b: b - a < 1e-12, max_steps=100)
+    return math.exp(solve(ok, search))
 
 
 def minibatch_epsilon(law: Multiplicity, mu: float, delta: float) -> float:
@@ -524,21 +522,24 @@ def minibatch_epsilon(law: Multiplicity, mu: float, delta: float) -> float:
     """
     if minibatch_delta(law, mu, 0.0) <= delta:
         return 0.0
-    hi = 1.0
-    while minibatch_delta(law, mu, hi) > delta:
-        hi *= 2.0
-        if hi > 1e4:
-            return math.inf
-    lo = 0.0
-    for _ in range(200):
-        mid = 0.5 * (lo + hi)
-        if minibatch_delta(law, mu, mid) <= delta:
-            hi = mid
-        else:
-            lo = mid
-        if hi - lo <= 1e-13 * hi:
-            break
-    return hi
+
+    def ok(eps: float) -> bool:
+        return minibatch_delta(law, mu, eps) <= delta
+
+    def too_large(eps: float) -> None:
+        if eps > 1e4:
+            raise _NoEpsilon
+
+    try:
+        _, hi = expand(ok, 1.0, lambda e: 2.0 * e, while_ok=False, limit=too_large)
+    except _NoEpsilon:
+        return math.inf
+    search = Bisect(hi, 0.0, "arithmetic", stop=lambda h, lo: h - lo <= 1e-13 * h, max_steps=200)
+    return solve(ok, search)
+
+
+class _NoEpsilon(Exception):
+    """No finite epsilon meets the delta (raised inside `minibatch_epsilon`)."""
 
 
 def noise_free_delta(law: Multiplicity | None, shift: float) -> float:
@@ -659,15 +660,18 @@ def calibrate_fastmh(
         best = None
         for frac in (0.05, 0.2, 0.5, 0.8, 0.95):
             d_try = -math.expm1(math.log1p(-frac * delta) / T)
-            lo, hi = 0.0, float(epsilon)
-            while _run_epsilon(hi, d_try, T, delta) <= epsilon:
-                lo, hi = hi, 2.0 * hi
-            for _ in range(48):  # relative precision 2^-48 of eps_it
-                mid = 0.5 * (lo + hi)
-                if _run_epsilon(mid, d_try, T, delta) <= epsilon:
-                    lo = mid
-                else:
-                    hi = mid
+
+            def run_eps(eps_it: float, d_try: float = d_try) -> float:
+                return _run_epsilon(eps_it, d_try, T, delta)
+
+            def ok(eps_it: float, run_eps=run_eps) -> bool:
+                return run_eps(eps_it) <= epsilon
+
+            # eps_it = 0 meets any target; double up from the run's epsilon while feasible
+            prev, hi = expand(ok, float(epsilon), lambda e: 2.0 * e, while_ok=True)
+            lo = 0.0 if prev is None else prev
+            # relative precision 2^-48 of eps_it
+            lo = calibrate(run_eps, epsilon, Bisect(lo, hi, "arithmetic", max_steps=48))
             if lo <= 0.0:
                 continue
             try:

@@ -1,4 +1,4 @@
-"""Pure-numpy pieces of DP-HMC: the noisy clipped leapfrog and its warmup adaptation.
+"""Pure-numpy pieces of DP-HMC: one transition, the noisy clipped leapfrog, warmup adaptation.
 
 Never imports PyMC; every random draw comes from a ``numpy.random.Generator`` passed in.
 
@@ -9,8 +9,7 @@ log target ``log pi(q) = -U(q)``, so a momentum half step is ``p <- p + (h/2) (g
 References
 ----------
 .. [1] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte
-   Carlo. Algorithm 1 and Theorem 3.5 (shared/papers/000); Sec. 3, eq. (1)
-   (shared/papers/003).
+   Carlo. Algorithm 1 and Theorem 3.5; Sec. 3, eq. (1). [DPHMC]
 .. [2] Neal, R. M. (2011). MCMC using Hamiltonian dynamics. Handbook of MCMC, ch. 5.
 .. [3] Hoffman, M. D. and Gelman, A. (2014). The No-U-Turn sampler. JMLR 15,
    Sec. 3.2 (dual averaging of the step size).
@@ -23,14 +22,26 @@ References
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from scipy.stats import qmc
 
+from pymc_dp._validation import check_positive, check_target, check_unit_interval
+from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.accounting.calibration import Nudge, calibrate
+from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
+
 __all__ = [
+    "DPHMCInfo",
     "DiagonalMassAdaptation",
+    "MAX_ENERGY_CHANGE",
+    "calibrate_dphmc_noise",
+    "dphmc_mu_per_iteration",
+    "dphmc_transition",
     "DualAveraging",
     "HaltonSequence",
     "LeapfrogResult",
@@ -162,6 +173,197 @@ def noisy_leapfrog(
 
 
 # -- step-size jitter ---------------------------------------------------------------------------
+# -- calibration of the two noise multipliers for a run target -----------------------------------
+#: Relative safety margin of the calibration against rounding in the report's sum of the
+#: per-iteration mu over (up to ~1e6) iterations.
+_MU_MARGIN = 1e-9
+_MAX_NUDGES = 200
+
+
+def calibrate_dphmc_noise(
+    epsilon: float,
+    delta: float,
+    iterations: int,
+    n_leapfrog: int,
+    grad_budget_fraction: float = 0.5,
+) -> tuple[float, float]:
+    r"""Noise multipliers ``(z_l, z_g)`` of DP-HMC for a target (epsilon, delta).
+
+    A run of ``k`` iterations (all chains, warmup included) with ``L`` leapfrog steps has
+    total privacy-loss parameter (DP-HMC paper Theorem 3.5 [DPHMC])
+
+    $$
+    \mu = \frac{k}{2 z_l^2} + \frac{k (L + 1)}{2 z_g^2}.
+    $$
+
+    The largest $\mu^*$ with $\epsilon(\mu^*, \delta) \le \epsilon$ (tight
+    Gaussian bound, `gaussian_mu_for_epsilon`) is split: a
+    fraction ``f = grad_budget_fraction`` goes to the ``k (L + 1)`` gradient releases and
+    ``1 - f`` to the ``k`` log-likelihood-ratio releases, i.e.
+    $z_g = \sqrt{k (L + 1) / (2 f \mu^*)}$, $z_l = \sqrt{k / (2 (1 - f) \mu^*)}$.
+    Both are then nudged up until the run's epsilon (with a ``1e-9`` relative margin on
+    ``mu`` for rounding in the report's sum) is at most the target.
+
+    Parameters
+    ----------
+    epsilon, delta : float
+        Target of the whole run.
+    iterations : int
+        ``k``: iterations over all chains, warmup included.
+    n_leapfrog : int
+        ``L``.
+    grad_budget_fraction : float
+        ``f`` in (0, 1).
+
+    Returns
+    -------
+    (float, float)
+        ``(z_l, z_g)``.
+    """
+    eps, d = check_target(epsilon, delta)
+    k = check_positive(iterations, "iterations", integer=True, coerce=True)
+    n_grad = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True) + 1
+    f = check_unit_interval(grad_budget_fraction, "grad_budget_fraction")
+    mu_star = gaussian_mu_for_epsilon(eps, d)
+    z_l = math.sqrt(k / (2.0 * (1.0 - f) * mu_star))
+    z_g = math.sqrt(k * n_grad / (2.0 * f * mu_star))
+
+    def run_epsilon(zs: tuple[float, float]) -> float:
+        mu = k * dphmc_mu_per_iteration(zs[0], zs[1], n_grad - 1)
+        return gaussian_epsilon(mu * (1.0 + _MU_MARGIN), d)
+
+    return calibrate(
+        run_epsilon, eps, Nudge((z_l, z_g), 1.0 + 1e-12, _MAX_NUDGES, "calibrate_dphmc_noise")
+    )
+
+
+def dphmc_mu_per_iteration(z_l: float, z_g: float, n_leapfrog: int) -> float:
+    """``1 / (2 z_l^2) + (L + 1) / (2 z_g^2)`` (DP-HMC paper Theorem 3.5, one iteration)."""
+    return GaussianEvent(z_l).mu + GaussianEvent(z_g, n_leapfrog + 1).mu
+
+
+#: Noisy energy change beyond which an iteration is flagged as diverging (as PyMC's Emax).
+MAX_ENERGY_CHANGE = 1000.0
+
+
+class DPHMCInfo(NamedTuple):
+    """Outcome of one DP-HMC iteration (`dphmc_transition`).
+
+    ``n_grad_clipped`` and ``n_llr_clipped`` are counted from the data without noise: never
+    publish them (the step emits them only behind ``nonprivate_diagnostics``). Everything
+    else is data-free or a post-processing of the noisy releases.
+    """
+
+    accepted: bool
+    #: Noisy log acceptance ratio (penalty-corrected).
+    log_accept: float
+    #: ``min(1, exp(log_accept))`` (0 when not finite).
+    accept_prob: float
+    #: Noisy energy change ``-(log_accept + sigma_l^2 / 2)`` (inf when not finite).
+    energy_change: float
+    diverging: bool
+    #: ``||q' - q||_2`` of the proposal.
+    step_norm: float
+    #: Noise std ``sigma_l`` of the log-likelihood-ratio release.
+    llr_noise_std: float
+    #: Gradient releases of the trajectory (``L + 1``).
+    n_grad: int
+    n_grad_clipped: int
+    n_llr_clipped: int
+
+
+def dphmc_transition(
+    rng: np.random.Generator,
+    q: np.ndarray,
+    *,
+    step_size: float,
+    n_leapfrog: int,
+    mass_diag: np.ndarray,
+    inv_mass: np.ndarray,
+    grad_clip_bound: float,
+    grad_noise_std: float,
+    llr_clip_bound: float,
+    llr_noise_multiplier: float,
+    clipped_grad_sum: Callable[[np.ndarray, float], tuple[np.ndarray, int]],
+    prior_logp_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
+    clipped_loglik_ratio_sum: Callable[[np.ndarray, np.ndarray, float], tuple[float, int]],
+) -> tuple[np.ndarray, DPHMCInfo]:
+    r"""One DP-HMC iteration (DP-HMC paper, Algorithm 1 [DPHMC]): ``(q_next, info)``.
+
+    Draws ``p ~ N(0, M)``, runs ``L`` noisy leapfrog steps of size ``step_size`` (``L + 1``
+    gradient releases: the clipped per-record sum ``clipped_grad_sum(x, b_g)`` plus the
+    exact, data-free ``prior_logp_and_grad``, with noise ``N(0, grad_noise_std^2 I)``), then
+    one release of the clipped log-likelihood ratio (bound ``b_l ||q' - q||``) in the penalty
+    test [YildirimErmis2019]. A proposal outside the prior's support is rejected without
+    reading the data. Random draws, in this order: momentum, leapfrog noise, ratio noise,
+    accept uniform.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    q : ndarray
+        Current position.
+    step_size : float
+        ``eta h_i`` of this iteration.
+    n_leapfrog : int
+    mass_diag, inv_mass : ndarray
+        Diagonals of ``M`` and ``M^{-1}``.
+    grad_clip_bound, grad_noise_std : float
+        ``b_g`` and ``sigma_g = 2 z_g b_g``.
+    llr_clip_bound, llr_noise_multiplier : float
+        ``b_l`` and ``z_l``.
+    clipped_grad_sum, prior_logp_and_grad, clipped_loglik_ratio_sum : callable
+        The model's per-record functions (`pymc_dp.model.RecordFunctions`).
+    """
+    p = sample_momentum(mass_diag, rng)
+    n_grad_clipped = 0
+    prior_lp: list[float] = []
+
+    def grad_fn(x: np.ndarray) -> np.ndarray:
+        # One gradient release (noisy_leapfrog adds the noise): clipped per-record sum of
+        # log-likelihood gradients plus the exact, data-free prior/log-Jacobian gradient.
+        nonlocal n_grad_clipped
+        g, k = clipped_grad_sum(x, grad_clip_bound)
+        n_grad_clipped += k
+        lp, g_prior = prior_logp_and_grad(x)
+        prior_lp.append(lp)
+        return g + g_prior
+
+    # -- L + 1 gradient releases ---------------------------------------------------------------
+    traj = noisy_leapfrog(q, p, step_size, n_leapfrog, grad_fn, inv_mass, grad_noise_std, rng)
+    q1, p1 = traj.q, traj.p
+    norm = float(np.linalg.norm(q1 - q))
+    # The first gradient is evaluated at q, the last at q1 (data-free prior terms).
+    lp0 = prior_lp[0]
+    lp1 = prior_lp[-1] if np.all(np.isfinite(q1)) else -np.inf
+    lp1 = lp1 if np.isfinite(lp1) else -np.inf
+    # -- one log-likelihood-ratio release (the penalty test) -----------------------------------
+    if np.isfinite(lp1):
+        llr, n_llr_clipped = clipped_loglik_ratio_sum(q1, q, llr_clip_bound * norm)
+    else:  # outside the prior's support: rejected whatever the data say (no data access)
+        llr, n_llr_clipped = 0.0, 0
+    sigma_l = penalty_noise_std(llr_noise_multiplier, llr_clip_bound, norm)
+    d_kinetic = kinetic_energy(p, inv_mass) - kinetic_energy(p1, inv_mass)
+    log_a = penalty_log_acceptance(llr, lp1 - lp0, d_kinetic, sigma_l, rng)
+    # -- everything below is post-processing of the released values ----------------------------
+    accepted = accept(log_a, rng)
+    accept_prob = float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0
+    energy_change = -(log_a + 0.5 * sigma_l * sigma_l) if np.isfinite(log_a) else np.inf
+    info = DPHMCInfo(
+        accepted=bool(accepted),
+        log_accept=float(log_a),
+        accept_prob=accept_prob,
+        energy_change=float(energy_change),
+        diverging=bool(not np.isfinite(log_a) or energy_change > MAX_ENERGY_CHANGE),
+        step_norm=norm,
+        llr_noise_std=sigma_l,
+        n_grad=traj.n_grad,
+        n_grad_clipped=n_grad_clipped,
+        n_llr_clipped=n_llr_clipped,
+    )
+    return (q1 if accepted else q), info
+
+
 def _halton_engine(seed: int) -> qmc.Halton:
     params = inspect.signature(qmc.Halton).parameters
     key = "rng" if "rng" in params else "seed"  # scipy >= 1.15 renamed seed to rng

@@ -5,9 +5,9 @@ References
 .. [1] Ceperley, D. M. and Dewing, M. (1999). The penalty method for random walks with
    uncertain energies. J. Chem. Phys. 110(20).
 .. [2] Yildirim, S. and Ermis, B. (2019). Exact MCMC with differentially private moves.
-   Statistics and Computing 29(5). (shared/papers/002)
+   Statistics and Computing 29(5). [YildirimErmis2019]
 .. [3] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte Carlo,
-   Sec. 3, acceptance probability alpha_DP. (shared/papers/003)
+   Sec. 3, acceptance probability alpha_DP. [DPHMC]
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ References
    sampling using stochastic gradient thermostats. NeurIPS 27, Algorithm 1 (SGNHT).
 .. [5] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte Carlo,
    Sec. 4 (DP-SGLD and DP-SGNHT baselines, Poisson-subsampled Gaussian accounting).
-   (shared/papers/000)
+   [DPHMC]
 """
 
 from __future__ import annotations

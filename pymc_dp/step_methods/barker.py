@@ -5,7 +5,7 @@ References
 .. [1] Heikkilä, M., Jälkö, J., Dikmen, O. and Honkela, A. (2019). Differentially private
    Markov chain Monte Carlo. NeurIPS.
 .. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 3.2, Algorithm 2, Theorem 8. (shared/papers/001)
+   Sec. 3.2, Algorithm 2, Theorem 8. [Raisa2021]
 .. [3] Seita, D., Pan, X., Chen, H. and Canny, J. (2017). An efficient minibatch acceptance
    test for Metropolis-Hastings. UAI.
 """
@@ -17,21 +17,20 @@ from collections.abc import Callable
 import numpy as np
 import pymc as pm
 
+from pymc_dp._validation import (
+    check_positive,
+    check_positive_vector,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.kernels.barker import (
     barker_clip_bound,
     barker_log_test,
     calibrate_barker_batch_size,
 )
-from pymc_dp.model import count_records
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    ScaleAdaptation,
-    check_positive,
-    check_target,
-    make_plan,
-)
-from pymc_dp.step_methods.subsampled_penalty import minibatch_estimate
+from pymc_dp.kernels.subsampled_penalty import minibatch_estimate
+from pymc_dp.records import count_records
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 
 __all__ = ["DPBarker", "barker_runner"]
 
@@ -50,7 +49,8 @@ class DPBarker(ScaleAdaptation, DPStep):
     $$
 
     (Algorithm 2), $\sigma_b^2$ the batch variance (`minibatch_estimate`, at most 1 after
-    clipping) and $\hat V_{corr}$ the shipped Gaussian-mixture correction
+    clipping) and
+    $\hat V_{corr}$ the shipped Gaussian-mixture correction
     (`pymc_dp.kernels.barker`).
 
     **Privacy.** No noise multiplier: Theorem 8 fixes the per-iteration RDP
@@ -127,30 +127,30 @@ class DPBarker(ScaleAdaptation, DPStep):
         compile_kwargs=None,
         blocked: bool = True,
     ) -> None:
-        check_positive("tempering", tempering)
-        self.scaling = check_positive("scaling", scaling)
-        self.target_accept = float(target_accept)
-        if not 0 < self.target_accept < 1:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
+        check_positive(tempering, "tempering", coerce=True)
+        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         n = count_records(pm.modelcontext(model))
-        if (batch_size is None) == (epsilon is None):
-            raise ValueError(
-                "give exactly one of batch_size or epsilon (with delta, draws, tune, chains): "
-                "DP Barker's privacy is set by its batch size (thesis Theorem 8)"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            b = calibrate_barker_batch_size(epsilon, delta, n, plan.iterations)
-        else:
-            b = check_positive("batch_size", batch_size, integer=True)
+
+        def given_batch() -> int:
+            b = check_positive(batch_size, "batch_size", integer=True, coerce=True)
             if not 11 <= b <= n:
                 raise ValueError(
                     f"batch_size must be between 11 (Theorem 8 needs order 2 < b/5) and the "
                     f"number of records n = {n}; got {batch_size!r}"
                 )
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+            return b
+
+        b, plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=batch_size is not None,
+            message="give exactly one of batch_size or epsilon (with delta, draws, tune, chains): "
+            "DP Barker's privacy is set by its batch size (thesis Theorem 8)",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=given_batch,
+            calibrate=lambda run, eps, d: calibrate_barker_batch_size(eps, d, n, run.iterations),
+        )
         self.batch_size = int(b)
         self.epsilon = epsilon
         self._mu_per_iteration = 0.0
@@ -170,11 +170,9 @@ class DPBarker(ScaleAdaptation, DPStep):
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
         )
-        d = self._fns.ndim
-        s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
-        if not np.all(np.isfinite(s) & (s > 0)):
-            raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
-        self.proposal_scale = s
+        self.proposal_scale = check_positive_vector(
+            proposal_scale, "proposal_scale", self._fns.ndim
+        )
         self.clip_bound = barker_clip_bound(n, self.batch_size)
 
     def _reset_chain_state(self) -> None:
@@ -193,17 +191,14 @@ class DPBarker(ScaleAdaptation, DPStep):
         # -- post-processing of the released decision -----------------------------------------
         if self.tune:
             self._adapt_scaling(accepted)
-        npd = self.nonprivate_diagnostics
         stats = {
             "accepted": float(accepted),
             "scaling": self.scaling,
             "step_norm": float(np.linalg.norm(q1 - q)),
             "dp_barker_batch": b,
             "dp_barker_n": n,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                float(np.mean(~(np.abs(r) <= self.clip_bound))) if npd else np.nan
-            ),
-            "batch_var" + NONPRIVATE_SUFFIX: float(var) if npd else np.nan,
+            "clip_fraction" + NONPRIVATE_SUFFIX: float(np.mean(~(np.abs(r) <= self.clip_bound))),
+            "batch_var" + NONPRIVATE_SUFFIX: float(var),
         }
         return (q1 if accepted else q), stats
 

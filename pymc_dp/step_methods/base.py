@@ -1,16 +1,15 @@
 """Shared machinery of the pymc_dp step methods.
 
-A DP step is a thin PyMC :class:`~pymc.step_methods.arraystep.ArrayStepShared`: it wires a
-pure kernel (:mod:`pymc_dp.kernels`) to the per-record model functions
-(:mod:`pymc_dp.model`), declares its sampler stats, and records in every iteration the
-privacy it spent (data-free constants), from which :func:`pymc_dp.privacy_report` composes the
+A DP step is a thin PyMC `ArrayStepShared`: it wires a
+pure kernel (`pymc_dp.kernels`) to the per-record model functions
+(`pymc_dp.model`), declares its sampler stats, and records in every iteration the
+privacy it spent (data-free constants), from which `pymc_dp.privacy_report` composes the
 spend of a whole run. The step never does privacy math beyond calling
-:mod:`pymc_dp.accounting`.
+`pymc_dp.accounting`.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -20,7 +19,9 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence
 from pymc.util import get_value_vars_from_user_vars
 
-from pymc_dp.model import build_record_functions, count_records, deterministics_reading_data
+from pymc_dp._validation import check_positive as _check_positive
+from pymc_dp._validation import check_target
+from pymc_dp.records import build_record_functions, count_records, deterministics_reading_data
 
 __all__ = [
     "BudgetExceededError",
@@ -41,41 +42,12 @@ class BudgetExceededError(RuntimeError):
 
 
 def check_positive(name: str, value: Any, *, integer: bool = False, allow_zero: bool = False):
-    """Validate a positive finite number; the error names the parameter and the fix.
+    """Validate a positive finite number (argument order of the original step API).
 
-    Strings and booleans are refused even where ``float()`` would convert them
-    (``epsilon="1"`` is a mistake to report, not to guess).
+    Kept for compatibility: `pymc_dp._validation.check_positive` (``value, name``) is
+    the one implementation.
     """
-    if isinstance(value, str | bytes | bool | np.bool_):
-        raise ValueError(f"{name} must be a number, not {type(value).__name__}; got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number; got {value!r}") from None
-    ok = math.isfinite(v) and (v >= 0 if allow_zero else v > 0)
-    if integer:
-        ok = ok and float(int(v)) == v
-    if not ok:
-        kind = "integer" if integer else "finite number"
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{name} must be a {kind} {bound}; got {value!r}")
-    return int(v) if integer else v
-
-
-def check_target(epsilon: Any, delta: Any) -> tuple[float, float]:
-    """Validate a privacy target (epsilon > 0 finite, 0 < delta < 1)."""
-    eps = check_positive("epsilon", epsilon)
-    if isinstance(delta, str | bytes | bool | np.bool_):
-        raise ValueError(
-            f"delta must be a number in (0, 1), not {type(delta).__name__}; got {delta!r}"
-        )
-    try:
-        d = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(f"delta must be a number in (0, 1); got {delta!r}") from None
-    if not (0.0 < d < 1.0):
-        raise ValueError(f"delta must be in (0, 1), typically below 1/n; got {delta!r}")
-    return eps, d
+    return _check_positive(value, name, integer=integer, allow_zero=allow_zero, coerce=True)
 
 
 class RunPlan:
@@ -84,7 +56,7 @@ class RunPlan:
     Parameters
     ----------
     draws, tune, chains : int
-        As passed to :func:`pymc.sample`. Warmup (``tune``) iterations read the data and are
+        As passed to `pymc.sample`. Warmup (``tune``) iterations read the data and are
         charged like any other iteration.
     """
 
@@ -125,8 +97,8 @@ class DPStep(ArrayStepShared):
     """Base class of the differentially private step methods.
 
     Subclasses set ``self._mu_per_iteration`` and ``self._releases_per_iteration`` (data-free
-    constants) before calling :meth:`_setup`, implement :meth:`_dp_astep` and extend
-    ``stats_dtypes_shapes``. Every iteration calls :meth:`_begin_iteration` before it reads the
+    constants) before calling `_setup`, implement `_dp_astep` and extend
+    ``stats_dtypes_shapes``. Every iteration calls `_begin_iteration` before it reads the
     data, which enforces the calibrated plan.
     """
 
@@ -297,6 +269,12 @@ class DPStep(ArrayStepShared):
         self._begin_iteration()
         q, stats = self._dp_astep(q0)
         stats.update(self._privacy_stats())
+        if not self.nonprivate_diagnostics:
+            # The one place non-private stats are blanked: every *_NONPRIVATE stat a step
+            # computes is NaN unless the user asked for them (nonprivate_diagnostics=True).
+            for key in stats:
+                if key.endswith(NONPRIVATE_SUFFIX):
+                    stats[key] = np.nan
         return q, [stats]
 
     def _dp_astep(self, q0):  # pragma: no cover - abstract
@@ -309,7 +287,7 @@ class ScaleAdaptation:
     Robbins-Monro on the log scale toward ``target_accept``: post-processing of released
     decisions, so it costs nothing beyond the charged warmup iterations. Mixed into the
     random-walk steps; they set ``scaling`` and ``target_accept`` before calling
-    :meth:`_reset_scaling`.
+    `_reset_scaling`.
     """
 
     scaling: float

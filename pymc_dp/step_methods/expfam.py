@@ -41,37 +41,39 @@ _TARGET_ACCEPT = {"gaussian": 0.234, "coordinate": 0.44, "guided": 0.44}
 class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     r"""Differentially private penalty MCMC for exponential-family likelihoods, O(1) in n.
 
-    When :math:`\log p(x_i|\theta) = \eta(\theta)^\top T(x_i) - A(\theta) + h(x_i)`, the
-    log-likelihood ratio depends on the data only through :math:`S = \sum_i T(x_i)`
-    (Yildirim & Ermis, Sec. 3.3, eq. 7). :math:`S` is computed once, in one chunked pass over
-    the records, with every :math:`T(x_i)` clipped to L2 norm :math:`C`; each iteration then
-    releases a fresh :math:`\tilde S = S + N(0, \sigma_S^2 I)`, :math:`\sigma_S = z\,2C`, and
-    accepts the random-walk proposal :math:`\theta'` if
+    When $\log p(x_i|\theta) = \eta(\theta)^\top T(x_i) - A(\theta) + h(x_i)$, the
+    log-likelihood ratio depends on the data only through $S = \sum_i T(x_i)$
+    (Yildirim & Ermis, Sec. 3.3, eq. 7). $S$ is computed once, in one chunked pass over
+    the records, with every $T(x_i)$ clipped to L2 norm $C$; each iteration then
+    releases a fresh $\tilde S = S + N(0, \sigma_S^2 I)$, $\sigma_S = z\,2C$, and
+    accepts the random-walk proposal $\theta'$ if
 
-    .. math:: \log u < (\eta(\theta') - \eta(\theta))^\top \tilde S
-              - n (A(\theta') - A(\theta)) + \log\frac{p(\theta')}{p(\theta)}
-              - \tfrac12 \sigma_S^2 \|\eta(\theta') - \eta(\theta)\|^2
+    $$
+    \log u < (\eta(\theta') - \eta(\theta))^\top \tilde S
+    - n (A(\theta') - A(\theta)) + \log\frac{p(\theta')}{p(\theta)}
+    - \tfrac12 \sigma_S^2 \|\eta(\theta') - \eta(\theta)\|^2
+    $$
 
     (Algorithm 3; the last term is half the noise variance of eq. 8, the penalty correction).
     The cost of an iteration does not depend on ``n``.
 
-    **Privacy.** Under replace-one neighbours :math:`S` has L2 sensitivity :math:`2C`, so one
-    release is a Gaussian mechanism with :math:`\mu = (2C)^2 / (2\sigma_S^2) = 1/(2z^2)`;
-    a run of :math:`k` iterations over all chains composes to :math:`\mu = k/(2z^2)`
+    **Privacy.** Under replace-one neighbours $S$ has L2 sensitivity $2C$, so one
+    release is a Gaussian mechanism with $\mu = (2C)^2 / (2\sigma_S^2) = 1/(2z^2)$;
+    a run of $k$ iterations over all chains composes to $\mu = k/(2z^2)$
     (Corollary 1 with the tight Gaussian composition). The prior ratio and
-    :math:`\eta, A` are data-free.
+    $\eta, A$ are data-free.
 
     **Exactness.** With clipping inactive (every record inside the public bounds, so
-    :math:`\|T(x_i)\| \le C`) the chain targets the exact posterior. Records whose
-    :math:`T(x_i)` is clipped are down-weighted: the chain then targets the posterior of the
+    $\|T(x_i)\| \le C$) the chain targets the exact posterior. Records whose
+    $T(x_i)$ is clipped are down-weighted: the chain then targets the posterior of the
     clipped statistics.
 
     The likelihood's form is found from the PyMC model (see
-    :data:`pymc_dp.expfam.SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
+    `pymc_dp.expfam.SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
     covariates (with a scale that may be unknown), or, without covariates, Normal, Bernoulli,
     Binomial (known trials), Poisson, Exponential, Gamma (known shape), Categorical, MvNormal
     (known covariance). Other models are refused with
-    :class:`~pymc_dp.ModelNotSupportedError`.
+    `ModelNotSupportedError`.
 
     Parameters
     ----------
@@ -92,7 +94,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     draws, tune, chains : int, optional
         The planned run; a chain may not run longer (it stops before reading the data again).
     proposal : {"gaussian", "coordinate", "guided"}
-        As in :class:`~pymc_dp.DPPenaltyMetropolis`.
+        As in `DPPenaltyMetropolis`.
     proposal_scale : float or array
         Per-coordinate proposal std (transformed space).
     scaling : float

@@ -4,7 +4,7 @@ References
 ----------
 .. [1] W. Zhang, R. Zhang, "DP-Fast MH: Private, Fast, and Accurate Metropolis-Hastings for
    Large-Scale Bayesian Inference", ICML 2023, Algorithm 2, Lemma 1, Theorems 2-3.
-   (shared/papers/004)
+   [ZhangZhang2023]
 .. [2] R. Zhang, A. F. Cooper, C. De Sa, "Asymptotically optimal exact minibatch
    Metropolis-Hastings", NeurIPS 2020 (TunaMH, the paper's Algorithm 1).
 .. [3] B. Balle, G. Barthe, M. Gaboardi, "Privacy amplification by subsampling: tight analyses
@@ -26,6 +26,7 @@ import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
 from scipy import stats
 
+from pymc_dp._validation import check_positive, check_target, check_unit_interval
 from pymc_dp.kernels.fastmh import (
     FastMHSettings,
     IndexSampler,
@@ -34,15 +35,8 @@ from pymc_dp.kernels.fastmh import (
     fastmh_transition,
     truncate_step,
 )
-from pymc_dp.model import count_records
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    ScaleAdaptation,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.records import count_records
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 
 __all__ = ["DPFastMH"]
 
@@ -60,50 +54,40 @@ def _dimension(model: pm.Model, vars, initial_point) -> int:
     return int(sum(np.size(point[v.name]) for v in vs))
 
 
-def _check_iter_delta(value: Any) -> float:
-    try:
-        d = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"iter_delta must be a number in (0, 1); got {value!r}") from None
-    if not 0.0 < d < 1.0:
-        raise ValueError(f"iter_delta must be in (0, 1); got {value!r}")
-    return d
-
-
 class DPFastMH(ScaleAdaptation, DPStep):
     r"""Differentially private minibatch Metropolis-Hastings (DP-Fast MH, Algorithm 2).
 
-    Each iteration proposes a truncated Gaussian random walk :math:`\theta' = \theta + \Delta`,
-    :math:`\Delta = s\,S \odot \zeta` radially shrunk to :math:`\|\Delta\|_2 \le A` (symmetric,
-    so the log proposal ratio is 0; Assumption 2), sets :math:`M = \|\theta' - \theta\|_2` and
-    clips every record's log-likelihood difference to :math:`\pm c_i M` (Assumption 1 by
-    construction). With :math:`\Lambda = \lambda + CM`, :math:`C = \sum_i c_i`:
+    Each iteration proposes a truncated Gaussian random walk $\theta' = \theta + \Delta$,
+    $\Delta = s\,S \odot \zeta$ radially shrunk to $\|\Delta\|_2 \le A$ (symmetric,
+    so the log proposal ratio is 0; Assumption 2), sets $M = \|\theta' - \theta\|_2$ and
+    clips every record's log-likelihood difference to $\pm c_i M$ (Assumption 1 by
+    construction). With $\Lambda = \lambda + CM$, $C = \sum_i c_i$:
 
-    - **minibatch branch**: :math:`B \sim \mathrm{Poisson}(\Lambda)` indices drawn with
-      replacement with probabilities :math:`c_i / C`, each kept with TunaMH's probability,
-      :math:`\ell_1 = 2\sum_{\text{kept}}\operatorname{artanh}(\cdot)`, noise
-      :math:`\xi \sim N(0, \sigma_1^2)`, :math:`\sigma_1 = z_1 \Delta(\ell_1)`,
-      :math:`\Delta(\ell_1) = 2\log(1 + CM/\lambda)`. Only the :math:`B` sampled rows are read.
-    - **full-batch branch** (when the branch draw is :math:`\ge K`): the clipped sum
-      :math:`\ell_2` over all records, :math:`\sigma_2 = z_2 \Delta(\ell_2)`,
-      :math:`\Delta(\ell_2) = 2\max_i c_i M`.
+    - **minibatch branch**: $B \sim \mathrm{Poisson}(\Lambda)$ indices drawn with
+      replacement with probabilities $c_i / C$, each kept with TunaMH's probability,
+      $\ell_1 = 2\sum_{\text{kept}}\operatorname{artanh}(\cdot)$, noise
+      $\xi \sim N(0, \sigma_1^2)$, $\sigma_1 = z_1 \Delta(\ell_1)$,
+      $\Delta(\ell_1) = 2\log(1 + CM/\lambda)$. Only the $B$ sampled rows are read.
+    - **full-batch branch** (when the branch draw is $\ge K$): the clipped sum
+      $\ell_2$ over all records, $\sigma_2 = z_2 \Delta(\ell_2)$,
+      $\Delta(\ell_2) = 2\max_i c_i M$.
 
-    Accept if :math:`\log u < \ell + \xi - \sigma^2/2 + \log\frac{p(\theta')}{p(\theta)} +
-    \log\frac{q(\theta|\theta')}{q(\theta'|\theta)}` (the penalty correction keeps the chain
+    Accept if $\log u < \ell + \xi - \sigma^2/2 + \log\frac{p(\theta')}{p(\theta)} +
+    \log\frac{q(\theta|\theta')}{q(\theta'|\theta)}$ (the penalty correction keeps the chain
     exact when clipping is inactive).
 
-    Privacy (replace-one neighbours; proofs in :mod:`pymc_dp.kernels.fastmh`):
-    everything but the data (proposal, :math:`M`, :math:`B`, the branch, the sampled indices,
+    Privacy (replace-one neighbours; proofs in `pymc_dp.kernels.fastmh`):
+    everything but the data (proposal, $M$, $B$, the branch, the sampled indices,
     the thinning uniforms) is data-free and coupled between neighbours. Full batch: by
-    Lemma 1 (eq. 2) :math:`\ell_2` moves by at most :math:`\Delta(\ell_2)`, a Gaussian
-    mechanism with :math:`\mu_2 = 1/(2z_2^2)`. Minibatch: by Lemma 1 (eq. 1) each drawn copy of
-    the changed record moves :math:`\ell_1` by at most :math:`\Delta(\ell_1)` *whether it is
-    kept or dropped* (both lie in :math:`[-\Delta/2, \Delta/2]`), so :math:`k` copies move it
-    by :math:`k\Delta(\ell_1)`; :math:`k` is a data-free Poisson (or binomial) count, and
+    Lemma 1 (eq. 2) $\ell_2$ moves by at most $\Delta(\ell_2)$, a Gaussian
+    mechanism with $\mu_2 = 1/(2z_2^2)$. Minibatch: by Lemma 1 (eq. 1) each drawn copy of
+    the changed record moves $\ell_1$ by at most $\Delta(\ell_1)$ *whether it is
+    kept or dropped* (both lie in $[-\Delta/2, \Delta/2]$), so $k$ copies move it
+    by $k\Delta(\ell_1)$; $k$ is a data-free Poisson (or binomial) count, and
     privacy amplification by subsampling (Balle, Barthe & Gaboardi 2018, Thm 2, with the exact
     Gaussian curve of Balle & Wang 2018) gives a per-iteration (epsilon, delta) bound. The
     branch choice is data-free, so every iteration is (``iter_epsilon``, ``iter_delta``)-DP
-    with constants computed at construction, and :func:`pymc_dp.privacy_report` composes all
+    with constants computed at construction, and `pymc_dp.privacy_report` composes all
     iterations of all chains, warmup included, with the optimal homogeneous composition theorem
     of Kairouz, Oh & Viswanath (stats ``dp_iter_epsilon`` / ``dp_iter_delta``; ``dp_mu`` is 0:
     the minibatch branch is not a Gaussian mechanism, so it is not charged as one).
@@ -111,14 +95,14 @@ class DPFastMH(ScaleAdaptation, DPStep):
     Differences from the paper, each on purpose:
 
     - noise scales from the analytic Gaussian curve (valid for every epsilon), not
-      :math:`\sqrt{2\ln(1.25/\delta)}/\epsilon`; the amplification bound above replaces the
-      paper's :math:`6K\max c_i/C` factor;
+      $\sqrt{2\ln(1.25/\delta)}/\epsilon$; the amplification bound above replaces the
+      paper's $6K\max c_i/C$ factor;
     - ``branching="independent"`` (default) chooses the branch with an independent Poisson
-      draw: Algorithm 2's shared :math:`B` makes the chain reversible only up to
-      :math:`P(B \ge K)` (see :mod:`pymc_dp.kernels.fastmh`); ``branching="paper"`` keeps it;
+      draw: Algorithm 2's shared $B$ makes the chain reversible only up to
+      $P(B \ge K)$ (see `pymc_dp.kernels.fastmh`); ``branching="paper"`` keeps it;
     - ``privacy_for_free`` is off by default and, when on, charged honestly;
-    - the prior ratio is in the test (the reference code leaves it out); the :math:`c_i` must be
-      data-free (the paper's :math:`c_i = \|x_i\|` would make the sampling probabilities
+    - the prior ratio is in the test (the reference code leaves it out); the $c_i$ must be
+      data-free (the paper's $c_i = \|x_i\|$ would make the sampling probabilities
       depend on the private records).
 
     Parameters
@@ -126,44 +110,44 @@ class DPFastMH(ScaleAdaptation, DPStep):
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
     clip_bound : float or array of shape (n,)
-        The per-record bounds :math:`c_i` of the (tempered) log-likelihood differences:
-        :math:`|\log p(x_i|\theta') - \log p(x_i|\theta)| \le c_i \|\theta' - \theta\|_2`,
+        The per-record bounds $c_i$ of the (tempered) log-likelihood differences:
+        $|\log p(x_i|\theta') - \log p(x_i|\theta)| \le c_i \|\theta' - \theta\|_2$,
         enforced by clipping. A scalar means the same bound for every record. They must be
         **public**: a Lipschitz bound from the model and the public range of the data, never
         computed from the private records (they set the sampling probabilities).
     max_step : float, optional
-        :math:`A`: proposals are truncated to :math:`\|\theta' - \theta\|_2 \le A`
-        (Assumption 2); the privacy bound is computed at :math:`M = A`. Default: twice the norm
-        of the initial proposal std, :math:`2 s \|S\|_2`.
+        $A$: proposals are truncated to $\|\theta' - \theta\|_2 \le A$
+        (Assumption 2); the privacy bound is computed at $M = A$. Default: twice the norm
+        of the initial proposal std, $2 s \|S\|_2$.
     lam : float, optional
-        :math:`\lambda > 0` of the batch size :math:`B \sim \mathrm{Poisson}(\lambda + CM)`.
-        TunaMH's efficiency needs roughly :math:`\lambda \gtrsim (CM)^2` (the spectral-gap factor
-        :math:`\exp(-C^2M^2/\lambda)` of the paper's Theorem 4). Default
-        :math:`\max(10, (CA)^2)`; with global bounds :math:`c_i` this is often more than
-        :math:`n` (the step warns): choose smaller steps or a smaller ``lam`` for speed.
+        $\lambda > 0$ of the batch size $B \sim \mathrm{Poisson}(\lambda + CM)$.
+        TunaMH's efficiency needs roughly $\lambda \gtrsim (CM)^2$ (the spectral-gap factor
+        $\exp(-C^2M^2/\lambda)$ of the paper's Theorem 4). Default
+        $\max(10, (CA)^2)$; with global bounds $c_i$ this is often more than
+        $n$ (the step warns): choose smaller steps or a smaller ``lam`` for speed.
     max_batch : int, optional
-        :math:`K`: the full-batch branch is taken when the branch draw is :math:`\ge K`.
-        Default: the smallest :math:`K` with :math:`P(\mathrm{Poisson}(\lambda + CA) \ge K) \le
-        10^{-3}`, i.e. the full batch in at most 0.1 % of the iterations.
+        $K$: the full-batch branch is taken when the branch draw is $\ge K$.
+        Default: the smallest $K$ with $P(\mathrm{Poisson}(\lambda + CA) \ge K) \le
+        10^{-3}$, i.e. the full batch in at most 0.1 % of the iterations.
     iter_epsilon, iter_delta : float, optional
         The paper's per-iteration target (Theorem 2): both branches are calibrated to be
         (iter_epsilon, iter_delta)-DP.
     noise_multiplier : float or (float, float), optional
-        :math:`(z_1, z_2)` given directly (a scalar is used for both); with ``iter_delta`` the
+        $(z_1, z_2)$ given directly (a scalar is used for both); with ``iter_delta`` the
         per-iteration epsilon is then computed.
     epsilon, delta : float, optional
         Target privacy of the whole planned run (all chains, warmup included); requires
         ``draws``, ``tune`` and ``chains``.
     draws, tune, chains : int, optional
         The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        :class:`~pymc_dp.step_methods.base.BudgetExceededError` before it reads the data again.
+        `BudgetExceededError` before it reads the data again.
     branching : {"independent", "paper"}
         How the full-batch branch is chosen (see above).
     privacy_for_free : bool
         Reproduce the paper's rule: no noise when the branch's sensitivity is below the
-        per-iteration epsilon (times :math:`C/(6K\max c_i)` for the minibatch). Such an
-        iteration's accept/reject bit is only :math:`(\epsilon, 1 - e^{-\Delta})`-DP, and that is
-        what is charged (with :math:`\Delta` at :math:`M = A`, capped at the threshold): the
+        per-iteration epsilon (times $C/(6K\max c_i)$ for the minibatch). Such an
+        iteration's accept/reject bit is only $(\epsilon, 1 - e^{-\Delta})$-DP, and that is
+        what is charged (with $\Delta$ at $M = A$, capped at the threshold): the
         report shows a large delta. Warns at construction. Off by default.
     proposal_scale : float or array
         Per-coordinate proposal std ``S`` (transformed space), before truncation.
@@ -172,7 +156,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
     target_accept : float
         Target acceptance rate of the warmup adaptation.
     tempering : float
-        Likelihood temperature ``T`` (the :math:`c_i` bound the tempered log-likelihood).
+        Likelihood temperature ``T`` (the $c_i$ bound the tempered log-likelihood).
     chunk_size : int, optional
         Records per call of the compiled likelihood in the full-batch branch.
     data_free_potentials : bool
@@ -184,7 +168,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
 
     Notes
     -----
-    Published stats: ``batch_size`` (:math:`B`, or :math:`n` in the full-batch branch),
+    Published stats: ``batch_size`` ($B$, or $n$ in the full-batch branch),
     ``full_batch`` and ``noise_free`` are data-free; ``accept`` is a post-processing of the
     noisy release (NaN in noise-free iterations, where it would be exact). The thinned
     minibatch size depends on the data and is never published (except behind
@@ -243,10 +227,8 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if branching not in _BRANCHING:
             raise ValueError(f"branching must be one of {_BRANCHING}; got {branching!r}")
         self.branching = branching
-        self.scaling = check_positive("scaling", scaling)
-        if not 0 < float(target_accept) < 1:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
-        self.target_accept = float(target_accept)
+        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         s = np.asarray(proposal_scale, dtype=float)
         if s.size == 0 or not np.all(np.isfinite(s) & (s > 0)):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
@@ -259,14 +241,14 @@ class DPFastMH(ScaleAdaptation, DPStep):
             d = _dimension(m, vars, initial_point)
             s_full = np.broadcast_to(s.ravel(), (d,)) if s.size == 1 else s.ravel()
             max_step = 2.0 * self.scaling * float(np.linalg.norm(s_full))
-        self.max_step = check_positive("max_step", max_step)
+        self.max_step = check_positive(max_step, "max_step", coerce=True)
         if lam is None:
             lam = max(10.0, (C * self.max_step) ** 2)
-        self.lam = check_positive("lam", lam)
+        self.lam = check_positive(lam, "lam", coerce=True)
         default_k = max_batch is None
         if default_k:
             max_batch = default_max_batch(self.lam + C * self.max_step)
-        self.max_batch = check_positive("max_batch (K)", max_batch, integer=True)
+        self.max_batch = check_positive(max_batch, "max_batch (K)", integer=True, coerce=True)
         modes = (
             ("iter_epsilon", iter_epsilon),
             ("noise_multiplier", noise_multiplier),
@@ -292,9 +274,9 @@ class DPFastMH(ScaleAdaptation, DPStep):
                 )
             if iter_delta is None:
                 raise ValueError(f"{given[0]} needs iter_delta (the per-iteration delta)")
-            kw["iter_delta"] = _check_iter_delta(iter_delta)
+            kw["iter_delta"] = check_unit_interval(iter_delta, "iter_delta")
             if iter_epsilon is not None:
-                kw["iter_epsilon"] = check_positive("iter_epsilon", iter_epsilon)
+                kw["iter_epsilon"] = check_positive(iter_epsilon, "iter_epsilon", coerce=True)
             else:
                 z = np.broadcast_to(np.asarray(noise_multiplier, dtype=float), (2,))
                 if not np.all(np.isfinite(z) & (z > 0)):
@@ -408,7 +390,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
     @staticmethod
     def _check_clip_bound(clip_bound, n: int) -> float | np.ndarray:
         if np.ndim(clip_bound) == 0:
-            return check_positive("clip_bound", clip_bound)
+            return check_positive(clip_bound, "clip_bound", coerce=True)
         try:
             c = np.asarray(clip_bound, dtype=float)
         except (TypeError, ValueError):
@@ -484,7 +466,6 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if self.tune:
             self._adapt_scaling(accepted)
         log_a = info.log_accept
-        diag = self.nonprivate_diagnostics
         stats = {
             "accepted": float(accepted),
             "accept": (
@@ -498,9 +479,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
             "batch_size": info.batch_size,
             "full_batch": info.full_batch,
             "noise_free": info.noise_free,
-            "kept" + NONPRIVATE_SUFFIX: float(info.kept) if diag else math.nan,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                info.n_clipped / max(info.batch_size, 1) if diag else math.nan
-            ),
+            "kept" + NONPRIVATE_SUFFIX: float(info.kept),
+            "clip_fraction" + NONPRIVATE_SUFFIX: info.n_clipped / max(info.batch_size, 1),
         }
         return (q1 if accepted else q), stats

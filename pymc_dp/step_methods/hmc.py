@@ -4,11 +4,11 @@ References
 ----------
 .. [1] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte
    Carlo. Algorithm 1 (DP-HMC), Theorem 3.3 (invariant distribution), Theorem 3.4
-   (ergodicity), Theorem 3.5 (privacy). (shared/papers/000; short version 003, Sec. 3)
+   (ergodicity), Theorem 3.5 (privacy). [DPHMC]
 .. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 5.2 (DP-HMC and its PLD accounting). (shared/papers/001)
+   Sec. 5.2 (DP-HMC and its PLD accounting). [Raisa2021]
 .. [3] Yildirim, S. and Ermis, B. (2019). Exact MCMC with differentially private moves.
-   Statistics and Computing 29(5). (the penalty test; shared/papers/002)
+   Statistics and Computing 29(5). (the penalty test) [YildirimErmis2019]
 .. [4] Sommer, D. M., Meiser, S. and Mohammadi, E. (2019). Privacy loss classes: the central
    limit theorem in differential privacy. PoPETs 2019(2), Lemma 12.
 .. [5] Hoffman, M. D. and Gelman, A. (2014). The No-U-Turn sampler. JMLR 15, Sec. 3.2.
@@ -16,115 +16,32 @@ References
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
 
-from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
+from pymc_dp._validation import (
+    check_positive,
+    check_positive_vector,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
     DualAveraging,
     HaltonSequence,
+    calibrate_dphmc_noise,
+    dphmc_transition,
     gradient_noise_std,
-    kinetic_energy,
-    noisy_leapfrog,
-    sample_momentum,
 )
-from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
 
-#: Relative safety margin of the calibration against rounding in the report's sum of the
-#: per-iteration mu over (up to ~1e6) iterations.
-_MU_MARGIN = 1e-9
-_MAX_NUDGES = 200
-#: Noisy energy change beyond which an iteration is flagged as diverging (as PyMC's Emax).
-_MAX_ENERGY_CHANGE = 1000.0
-
-
-def calibrate_dphmc_noise(
-    epsilon: float,
-    delta: float,
-    iterations: int,
-    n_leapfrog: int,
-    grad_budget_fraction: float = 0.5,
-) -> tuple[float, float]:
-    r"""Noise multipliers ``(z_l, z_g)`` of DP-HMC for a target (epsilon, delta).
-
-    A run of ``k`` iterations (all chains, warmup included) with ``L`` leapfrog steps has
-    total privacy-loss parameter (DP-HMC paper Theorem 3.5)
-
-    $$
-    \mu = \frac{k}{2 z_l^2} + \frac{k (L + 1)}{2 z_g^2}.
-    $$
-
-    The largest $\mu^*$ with $\epsilon(\mu^*, \delta) \le \epsilon$ (tight
-    Gaussian bound, `gaussian_mu_for_epsilon`) is split: a
-    fraction ``f = grad_budget_fraction`` goes to the ``k (L + 1)`` gradient releases and
-    ``1 - f`` to the ``k`` log-likelihood-ratio releases, i.e.
-    $z_g = \sqrt{k (L + 1) / (2 f \mu^*)}$, $z_l = \sqrt{k / (2 (1 - f) \mu^*)}$.
-    Both are then nudged up until the run's epsilon (with a ``1e-9`` relative margin on
-    ``mu`` for rounding in the report's sum) is at most the target.
-
-    Parameters
-    ----------
-    epsilon, delta : float
-        Target of the whole run.
-    iterations : int
-        ``k``: iterations over all chains, warmup included.
-    n_leapfrog : int
-        ``L``.
-    grad_budget_fraction : float
-        ``f`` in (0, 1).
-
-    Returns
-    -------
-    (float, float)
-        ``(z_l, z_g)``.
-    """
-    eps, d = check_target(epsilon, delta)
-    k = check_positive("iterations", iterations, integer=True)
-    n_grad = check_positive("n_leapfrog", n_leapfrog, integer=True) + 1
-    f = _check_fraction(grad_budget_fraction)
-    mu_star = gaussian_mu_for_epsilon(eps, d)
-    z_l = math.sqrt(k / (2.0 * (1.0 - f) * mu_star))
-    z_g = math.sqrt(k * n_grad / (2.0 * f * mu_star))
-    factor = 1.0 + 1e-12
-    for _ in range(_MAX_NUDGES):
-        mu = k * _mu_per_iteration(z_l, z_g, n_grad - 1)
-        if gaussian_epsilon(mu * (1.0 + _MU_MARGIN), d) <= eps:
-            return z_l, z_g
-        z_l, z_g = z_l * factor, z_g * factor
-        factor = 1.0 + 2.0 * (factor - 1.0)
-    raise RuntimeError(  # pragma: no cover
-        "calibrate_dphmc_noise failed to find safe noise multipliers; please report this"
-    )
-
-
-def _mu_per_iteration(z_l: float, z_g: float, n_leapfrog: int) -> float:
-    """``1 / (2 z_l^2) + (L + 1) / (2 z_g^2)`` (DP-HMC paper Theorem 3.5, one iteration)."""
-    return GaussianEvent(z_l).mu + GaussianEvent(z_g, n_leapfrog + 1).mu
-
 
 def _check_fraction(value) -> float:
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"grad_budget_fraction must be a number in (0, 1); got {value!r}"
-        ) from None
-    if not (0.0 < f < 1.0):
-        raise ValueError(f"grad_budget_fraction must be in (0, 1); got {value!r}")
-    return f
+    return check_unit_interval(value, "grad_budget_fraction")
 
 
 class DPHMC(DPStep):
@@ -283,19 +200,13 @@ class DPHMC(DPStep):
         blocked: bool = True,
     ) -> None:
         # -- validate everything before the data is touched ------------------------------------
-        self.llr_clip_bound = check_positive("llr_clip_bound", llr_clip_bound)
-        self.grad_clip_bound = check_positive("grad_clip_bound", grad_clip_bound)
-        self.n_leapfrog = check_positive("n_leapfrog", n_leapfrog, integer=True)
+        self.llr_clip_bound = check_positive(llr_clip_bound, "llr_clip_bound", coerce=True)
+        self.grad_clip_bound = check_positive(grad_clip_bound, "grad_clip_bound", coerce=True)
+        self.n_leapfrog = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True)
         self.grad_budget_fraction = _check_fraction(grad_budget_fraction)
         if step_size is not None:
-            step_size = check_positive("step_size", step_size)
-        try:
-            ta = float(target_accept)
-        except (TypeError, ValueError):
-            ta = math.nan
-        if not 0.0 < ta < 1.0:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
-        self.target_accept = ta
+            step_size = check_positive(step_size, "step_size", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         self.adapt_step_size = bool(adapt_step_size)
         self.adapt_mass_matrix = bool(adapt_mass_matrix)
 
@@ -306,23 +217,22 @@ class DPHMC(DPStep):
                 "delta, draws, tune, chains), not both: the noise is set either directly or by "
                 "a target for a planned run"
             )
-        if epsilon is None and not all(given):
-            raise ValueError(
-                "give both llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
-                "delta, draws, tune, chains): the noise is set either directly or by a target "
-                "for a planned run"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            z_l, z_g = calibrate_dphmc_noise(
-                epsilon, delta, plan.iterations, self.n_leapfrog, self.grad_budget_fraction
-            )
-        else:
-            z_l = check_positive("llr_noise_multiplier", llr_noise_multiplier)
-            z_g = check_positive("grad_noise_multiplier", grad_noise_multiplier)
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+        (z_l, z_g), plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=all(given),
+            message="give both llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
+            "delta, draws, tune, chains): the noise is set either directly or by a target "
+            "for a planned run",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=lambda: (
+                check_positive(llr_noise_multiplier, "llr_noise_multiplier", coerce=True),
+                check_positive(grad_noise_multiplier, "grad_noise_multiplier", coerce=True),
+            ),
+            calibrate=lambda run, eps, d: calibrate_dphmc_noise(
+                eps, d, run.iterations, self.n_leapfrog, self.grad_budget_fraction
+            ),
+        )
         self.llr_noise_multiplier = float(z_l)
         self.grad_noise_multiplier = float(z_g)
         self.epsilon = epsilon
@@ -392,64 +302,39 @@ class DPHMC(DPStep):
         tune = bool(self.tune)
         eta = self._dual.current(tune) if self.adapt_step_size else self._initial_step_size
         h = eta * self._halton.next()
-        p = sample_momentum(self._mass_diag, self.rng)
-        n_grad_clipped = 0
-        prior_lp: list[float] = []
-        b_g = self.grad_clip_bound
-
-        def grad_fn(x: np.ndarray) -> np.ndarray:
-            # One gradient release (the kernel adds the noise): clipped per-record sum of
-            # log-likelihood gradients plus the exact, data-free prior/log-Jacobian gradient.
-            nonlocal n_grad_clipped
-            g, k = fns.clipped_grad_sum(x, b_g)
-            n_grad_clipped += k
-            lp, g_prior = fns.prior_logp_and_grad(x)
-            prior_lp.append(lp)
-            return g + g_prior
-
-        # -- L + 1 gradient releases -----------------------------------------------------------
-        traj = noisy_leapfrog(
-            q, p, h, self.n_leapfrog, grad_fn, self._inv_mass, self.grad_noise_std, self.rng
+        # -- L + 1 gradient releases and one log-likelihood-ratio release (the kernel) ---------
+        q_next, info = dphmc_transition(
+            self.rng,
+            q,
+            step_size=h,
+            n_leapfrog=self.n_leapfrog,
+            mass_diag=self._mass_diag,
+            inv_mass=self._inv_mass,
+            grad_clip_bound=self.grad_clip_bound,
+            grad_noise_std=self.grad_noise_std,
+            llr_clip_bound=self.llr_clip_bound,
+            llr_noise_multiplier=self.llr_noise_multiplier,
+            clipped_grad_sum=fns.clipped_grad_sum,
+            prior_logp_and_grad=fns.prior_logp_and_grad,
+            clipped_loglik_ratio_sum=fns.clipped_loglik_ratio_sum,
         )
-        q1, p1 = traj.q, traj.p
-        norm = float(np.linalg.norm(q1 - q))
-        # The first gradient is evaluated at q, the last at q1 (data-free prior terms).
-        lp0 = prior_lp[0]
-        lp1 = prior_lp[-1] if np.all(np.isfinite(q1)) else -np.inf
-        lp1 = lp1 if np.isfinite(lp1) else -np.inf
-        # -- one log-likelihood-ratio release (the penalty test) --------------------------------
-        if np.isfinite(lp1):
-            llr, n_llr_clipped = fns.clipped_loglik_ratio_sum(q1, q, self.llr_clip_bound * norm)
-        else:  # outside the prior's support: rejected whatever the data say (no data access)
-            llr, n_llr_clipped = 0.0, 0
-        sigma_l = penalty_noise_std(self.llr_noise_multiplier, self.llr_clip_bound, norm)
-        d_kinetic = kinetic_energy(p, self._inv_mass) - kinetic_energy(p1, self._inv_mass)
-        log_a = penalty_log_acceptance(llr, lp1 - lp0, d_kinetic, sigma_l, self.rng)
         # -- everything below is post-processing of the released values --------------------------
-        accepted = accept(log_a, self.rng)
-        accept_prob = float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0
-        energy_change = -(log_a + 0.5 * sigma_l * sigma_l) if np.isfinite(log_a) else np.inf
-        q_next = q1 if accepted else q
         if tune:
-            self._adapt(q_next, accepted, accept_prob)
+            self._adapt(q_next, info.accepted, info.accept_prob)
         n = fns.n_records
         stats = {
-            "accepted": float(accepted),
-            "accept": accept_prob,
+            "accepted": float(info.accepted),
+            "accept": info.accept_prob,
             "step_size": h,
             "step_size_bar": self._dual.current(False) if self.adapt_step_size else eta,
             "n_leapfrog": self.n_leapfrog,
-            "energy_change": float(energy_change),
-            "diverging": bool(not np.isfinite(log_a) or energy_change > _MAX_ENERGY_CHANGE),
-            "step_norm": norm,
-            "llr_noise_std": sigma_l,
+            "energy_change": info.energy_change,
+            "diverging": info.diverging,
+            "step_norm": info.step_norm,
+            "llr_noise_std": info.llr_noise_std,
             "grad_noise_std": self.grad_noise_std,
-            "grad_clip_fraction" + NONPRIVATE_SUFFIX: (
-                n_grad_clipped / (traj.n_grad * n) if self.nonprivate_diagnostics else np.nan
-            ),
-            "llr_clip_fraction" + NONPRIVATE_SUFFIX: (
-                n_llr_clipped / n if self.nonprivate_diagnostics else np.nan
-            ),
+            "grad_clip_fraction" + NONPRIVATE_SUFFIX: info.n_grad_clipped / (info.n_grad * n),
+            "llr_clip_fraction" + NONPRIVATE_SUFFIX: info.n_llr_clipped / n,
         }
         return q_next, stats
 
@@ -483,7 +368,4 @@ def _check_mass_matrix(mass_matrix, d: int) -> np.ndarray:
         raise ValueError(
             f"mass_matrix has length {m.shape[0]}, but the step samples {d} parameters"
         )
-    m = np.broadcast_to(m, (d,)).copy()
-    if not np.all(np.isfinite(m) & (m > 0)):
-        raise ValueError("mass_matrix must be finite and > 0 in every coordinate")
-    return m
+    return check_positive_vector(m, "mass_matrix", d)

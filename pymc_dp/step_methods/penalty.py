@@ -3,9 +3,9 @@
 References
 ----------
 .. [1] Yildirim, S. and Ermis, B. (2019). Exact MCMC with differentially private moves.
-   Statistics and Computing 29(5), 947-963. (shared/papers/002)
+   Statistics and Computing 29(5), 947-963. [YildirimErmis2019]
 .. [2] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 3.1, Theorems 6-7. (shared/papers/001)
+   Sec. 3.1, Theorems 6-7. [Raisa2021]
 .. [3] Räisä, Koskela, Honkela. Differentially Private Hamiltonian Monte Carlo, Sec. 3.
 """
 
@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from pymc_dp._validation import (
+    check_positive,
+    check_positive_vector,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
 from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    ScaleAdaptation,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 
 __all__ = ["DPPenaltyMetropolis"]
 
@@ -126,29 +125,24 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         blocked: bool = True,
     ) -> None:
         # Validate everything before the data is touched.
-        self.clip_bound = check_positive("clip_bound", clip_bound)
+        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
         if proposal not in _PROPOSALS:
             raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
         self.proposal = proposal
-        self.scaling = check_positive("scaling", scaling)
-        self.target_accept = (
-            _TARGET_ACCEPT[proposal] if target_accept is None else float(target_accept)
+        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.target_accept = check_unit_interval(
+            _TARGET_ACCEPT[proposal] if target_accept is None else target_accept, "target_accept"
         )
-        if not 0 < self.target_accept < 1:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
-        if (noise_multiplier is None) == (epsilon is None):
-            raise ValueError(
-                "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
-                "chains): the noise is set either directly or by a target for a planned run"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            z = calibrate_noise_multiplier(epsilon, delta, plan.iterations)
-        else:
-            z = check_positive("noise_multiplier", noise_multiplier)
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+        z, plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=noise_multiplier is not None,
+            message="give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
+            "chains): the noise is set either directly or by a target for a planned run",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=lambda: check_positive(noise_multiplier, "noise_multiplier", coerce=True),
+            calibrate=lambda run, eps, d: calibrate_noise_multiplier(eps, d, run.iterations),
+        )
         self.noise_multiplier = float(z)
         self.epsilon = epsilon
         self._mu_per_iteration = GaussianEvent(self.noise_multiplier).mu
@@ -168,11 +162,9 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
         )
-        d = self._fns.ndim
-        s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
-        if not np.all(np.isfinite(s) & (s > 0)):
-            raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
-        self.proposal_scale = s
+        self.proposal_scale = check_positive_vector(
+            proposal_scale, "proposal_scale", self._fns.ndim
+        )
         self._reset_chain_state()
 
     def _reset_chain_state(self) -> None:
@@ -215,8 +207,6 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             "scaling": self.scaling,
             "step_norm": norm,
             "noise_std": sigma,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                n_clipped / self._fns.n_records if self.nonprivate_diagnostics else np.nan
-            ),
+            "clip_fraction" + NONPRIVATE_SUFFIX: n_clipped / self._fns.n_records,
         }
         return (q1 if accepted else q), stats

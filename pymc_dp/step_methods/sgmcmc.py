@@ -16,7 +16,7 @@ References
 .. [4] Ding, N., Fang, Y., Babbush, R., Chen, C., Skeel, R. D. and Neven, H. (2014). Bayesian
    sampling using stochastic gradient thermostats. NeurIPS 27, Algorithm 1.
 .. [5] Räisä, O., Koskela, A. and Honkela, A. Differentially Private Hamiltonian Monte Carlo,
-   Sec. 4 and its experiment code (shared/papers/000; shared/notes/reference-experiments.md).
+   Sec. 4 and its experiment code (settings in docs/results.md). [DPHMC]
 .. [6] Koskela, A., Jälkö, J. and Honkela, A. (2020). Computing tight differential privacy
    guarantees using FFT. AISTATS. (PLD accounting of the subsampled Gaussian mechanism)
 """
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pymc as pm
 
+from pymc_dp._validation import check_positive, resolve_noise_or_target
 from pymc_dp.accounting import (
     PoissonSubsampledGaussian,
     calibrate_poisson_subsampled_noise,
@@ -47,14 +48,8 @@ from pymc_dp.kernels.sgmcmc import (
     sgnht_update,
     total_noise_multiplier,
 )
-from pymc_dp.model import count_records
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    check_positive,
-    check_target,
-    make_plan,
-)
+from pymc_dp.records import count_records
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
 
 __all__ = ["DPSGLD", "DPSGNHT", "sgld_runner", "sgnht_runner"]
 
@@ -67,7 +62,7 @@ def _check_rate(batch_size, sampling_rate, n: int) -> tuple[float, float]:
             "sampling_rate (q, the probability that a record is read in an iteration)"
         )
     if batch_size is not None:
-        b = check_positive("batch_size", batch_size, integer=True)
+        b = check_positive(batch_size, "batch_size", integer=True, coerce=True)
         if b > n:
             raise ValueError(
                 f"batch_size must be at most the number of records n = {n}; got {batch_size!r}"
@@ -115,32 +110,33 @@ class _SGMCMCStep(DPStep):
         Returns ``(model, plan, delta)`` for `DPStep._setup`, which the subclass calls
         itself (so that the base class's warnings point at the user's code).
         """
-        self.clip_bound = check_positive("clip_bound", clip_bound)
-        self.step_size = check_positive("step_size", step_size)
+        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
+        self.step_size = check_positive(step_size, "step_size", coerce=True)
         model = pm.modelcontext(model)
         n = count_records(model)
         self.sampling_rate, self.batch_size = _check_rate(batch_size, sampling_rate, n)
-        if (noise_multiplier is None) == (epsilon is None):
-            raise ValueError(
-                "give either noise_multiplier (the added DP noise; 0 relies on the sampler's own "
-                "diffusion noise) or epsilon (with delta, draws, tune, chains: a target for a "
-                "planned run), not both and not neither"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
         z_int = self._intrinsic_noise_multiplier()
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            z_target = calibrate_poisson_subsampled_noise(
-                epsilon, delta, self.sampling_rate, plan.iterations
-            )
-            sigma = added_noise_multiplier(z_target, z_int)
-            if z_int > z_target:
-                self._warn_underspent(epsilon, delta, z_target, z_int, plan)
-        else:
-            z_target = None
-            sigma = check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+
+        def calibrate(run, eps: float, d: float):
+            z = calibrate_poisson_subsampled_noise(eps, d, self.sampling_rate, run.iterations)
+            if z_int > z:
+                self._warn_underspent(eps, d, z, z_int, run)
+            return z, added_noise_multiplier(z, z_int)
+
+        (z_target, sigma), plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=noise_multiplier is not None,
+            message="give either noise_multiplier (the added DP noise; 0 relies on the sampler's "
+            "own diffusion noise) or epsilon (with delta, draws, tune, chains: a target for a "
+            "planned run), not both and not neither",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=lambda: (
+                None,
+                check_positive(noise_multiplier, "noise_multiplier", allow_zero=True, coerce=True),
+            ),
+            calibrate=calibrate,
+        )
         self.epsilon = epsilon
         #: Total noise multiplier the target calls for (None without a target).
         self.calibrated_noise_multiplier = z_target
@@ -199,15 +195,15 @@ class _SGMCMCStep(DPStep):
     def _noisy_gradient(self, q: np.ndarray) -> tuple[np.ndarray, float]:
         """One release: the DP minibatch gradient of the log posterior at ``q``.
 
-        Returns the gradient and the non-private clipped fraction (NaN unless
-        ``nonprivate_diagnostics``).
+        Returns the gradient and the non-private clipped fraction (``DPStep.astep`` blanks
+        it unless ``nonprivate_diagnostics``).
         """
         fns = self._fns
         idx = poisson_subsample(fns.n_records, self.sampling_rate, self.rng)
         s, k = fns.clipped_grad_sum_subset(q, self.clip_bound, idx)
         _, g_prior = fns.prior_logp_and_grad(q)
         g = noisy_gradient(s, g_prior, self.sampling_rate, self.grad_noise_std, self.rng)
-        frac = k / max(idx.size, 1) if self.nonprivate_diagnostics else math.nan
+        frac = k / max(idx.size, 1)
         return g, frac
 
     def _common_stats(self, q_new: np.ndarray, frac: float) -> dict[str, Any]:
@@ -503,7 +499,7 @@ class DPSGNHT(_SGMCMCStep):
         compile_kwargs=None,
         blocked: bool = True,
     ) -> None:
-        self.diffusion = check_positive("diffusion", diffusion)
+        self.diffusion = check_positive(diffusion, "diffusion", coerce=True)
         self._state: SGNHTState | None = None
         model, plan, delta = self._init_common(
             clip_bound=clip_bound,

@@ -7,7 +7,7 @@ Dewing (1999) and Yildirim & Ermis (2019); subsampled RDP of Wang, Balle, Kasivi
 References
 ----------
 .. [1] Räisä, O. (2021). Differentially Private Markov Chain Monte Carlo. MSc thesis,
-   Sec. 4.1. (shared/papers/001)
+   Sec. 4.1. [Raisa2021]
 .. [2] Wang, Y.-X., Balle, B. and Kasiviswanathan, S. (2019). Subsampled Rényi differential
    privacy and analytical moments accountant. AISTATS (Theorem 9; dp-accounting implements
    the strengthened Theorem 27 for Gaussian mechanisms).
@@ -20,17 +20,22 @@ from collections.abc import Callable
 import numpy as np
 import pymc as pm
 
+from pymc_dp._validation import (
+    check_positive,
+    check_positive_vector,
+    check_unit_interval,
+    resolve_noise_or_target,
+)
 from pymc_dp.accounting import calibrate_wor_subsampled_noise
 from pymc_dp.kernels.penalty import accept
-from pymc_dp.model import count_records
-from pymc_dp.step_methods.base import (
-    NONPRIVATE_SUFFIX,
-    DPStep,
-    ScaleAdaptation,
-    check_positive,
-    check_target,
-    make_plan,
+from pymc_dp.kernels.subsampled_penalty import (
+    minibatch_estimate,
+    subsampled_penalty_log_acceptance,
+    subsampled_penalty_sensitivity,
+    subsampled_penalty_transition,
 )
+from pymc_dp.records import count_records
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 
 __all__ = [
     "DPSubsampledPenalty",
@@ -39,81 +44,6 @@ __all__ = [
     "subsampled_penalty_log_acceptance",
     "subsampled_penalty_runner",
 ]
-
-
-def minibatch_estimate(r, n: int, bound: float) -> tuple[np.ndarray, np.ndarray]:
-    r"""Minibatch estimate of the log-likelihood ratio and its batch variance.
-
-    For per-record (tempered) ratios ``r`` of a batch of ``b`` records drawn without
-    replacement from ``n``, clipped to ``[-bound, bound]`` (NaN counts as 0, as in the
-    full-data steps):
-
-    $$
-    \hat\lambda = \frac{n}{b}\sum_{j\in B} r_j, \qquad
-    \sigma_b^2 = \Bigl(1 - \frac{b}{n}\Bigr)\Bigl(\frac{n}{b}\Bigr)^2
-    \sum_{j\in B}(r_j - \bar r)^2 .
-    $$
-
-    $\sigma_b^2$ is the thesis' estimate (Sec. 4.1; Heikkilä et al. 2019) times the
-    finite-population correction $1 - b/n$ of sampling without replacement, which makes
-    it vanish at ``b = n`` (the full-data test, exact) and only shrinks every sensitivity bound
-    by the same factor (so Lemma 1 and Theorem 8 hold as stated). ``r`` may have a leading
-    trials axis: shape ``(..., b)``.
-    """
-    r = np.asarray(r, dtype=float)
-    r = np.clip(np.where(np.isnan(r), 0.0, r), -bound, bound)
-    b = r.shape[-1]
-    scale = n / b
-    lam = scale * r.sum(axis=-1)
-    ss = np.sum((r - r.mean(axis=-1, keepdims=True)) ** 2, axis=-1)
-    var = (1.0 - b / n) * scale * scale * ss
-    return lam, var
-
-
-def subsampled_penalty_sensitivity(n: int, b: int, clip_bound: float, step_norm: float) -> float:
-    r"""Replace-one sensitivity ``c = Delta_lambda + Delta_sigma`` of ``lambda - sigma_b^2 / 2``.
-
-    Thesis Theorem 9 with Lemma 1, for tempered ratios clipped to $\pm L h$
-    ($h = \|\theta'-\theta\|_2$, tempering already inside the ratios):
-
-    $$
-    \Delta_\lambda = \frac{2 n L h}{b}, \qquad
-    \Delta_\sigma = \kappa \Bigl(\frac{n}{b}\Bigr)^2 L^2 h^2
-    \Bigl[\Bigl|1 - \frac1b\Bigr| + \frac{2(b-1)}{b}\Bigr],
-    $$
-
-    with $\kappa = 1 - b/n$ the finite-population factor of `minibatch_estimate`
-    (Lemma 1 bounds half the sensitivity of the variance estimate without it; its first term
-    is twice what the proof needs, which keeps it a valid upper bound).
-    """
-    lh = clip_bound * step_norm
-    kappa = 1.0 - b / n
-    d_lam = 2.0 * n * lh / b
-    d_sig = kappa * (n / b) ** 2 * lh * lh * (abs(1.0 - 1.0 / b) + 2.0 * (b - 1) / b)
-    return d_lam + d_sig
-
-
-def subsampled_penalty_log_acceptance(
-    lam, batch_var, log_prior_ratio: float, sigma: float, rng: np.random.Generator
-):
-    r"""Noisy, penalty-corrected log acceptance of the subsampled test (thesis Sec. 4.1).
-
-    $$
-    \hat\lambda - \tfrac12\sigma_b^2 + \xi + \log\frac{p(\theta')}{p(\theta)}
-    - \tfrac12\sigma^2, \qquad \xi\sim N(0, \sigma^2).
-    $$
-
-    The released quantity is $\hat\lambda - \sigma_b^2/2 + \xi$: a Gaussian mechanism on
-    the minibatch with sensitivity ``c`` (`subsampled_penalty_sensitivity`) and noise
-    ``sigma = z c``. If $\hat\lambda \sim N(\lambda, \sigma_b^2)$ (CLT) with the
-    variance known, $E[\exp(\hat\lambda - \lambda - \sigma_b^2/2 + \xi - \sigma^2/2)] = 1$
-    and the test is the exact penalty test (Ceperley & Dewing 1999); both the normality and
-    the plug-in variance are approximations (exact at ``b = n``). Elementwise on arrays.
-    """
-    lam = np.asarray(lam, dtype=float)
-    xi = rng.normal(size=lam.shape) * sigma
-    out = lam - 0.5 * np.asarray(batch_var) + xi + log_prior_ratio - 0.5 * sigma * sigma
-    return out if out.shape else float(out)
 
 
 class DPSubsampledPenalty(ScaleAdaptation, DPStep):
@@ -165,10 +95,9 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
     draws, tune, chains : int, optional
         The planned run; a chain never runs longer.
     proposal_scale : float or array
-        Per-coordinate proposal std ``S`` of the random walk ``s S xi``, as in
-        `DPPenaltyMetropolis`.
+        Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
     scaling : float
-        Initial global scale ``s``; adapted in warmup from the DP decisions only.
+        Initial global scale ``s``; adapted in warmup from the DP accept decisions.
     target_accept : float
         Target acceptance rate of the warmup adaptation.
     tempering : float
@@ -219,32 +148,29 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         blocked: bool = True,
     ) -> None:
         # Validate everything before the data is touched (n is public: counted from shapes).
-        self.clip_bound = check_positive("clip_bound", clip_bound)
-        self.batch_size = check_positive("batch_size", batch_size, integer=True)
-        check_positive("tempering", tempering)
-        self.scaling = check_positive("scaling", scaling)
-        self.target_accept = float(target_accept)
-        if not 0 < self.target_accept < 1:
-            raise ValueError(f"target_accept must be in (0, 1); got {target_accept!r}")
+        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
+        self.batch_size = check_positive(batch_size, "batch_size", integer=True, coerce=True)
+        check_positive(tempering, "tempering", coerce=True)
+        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.target_accept = check_unit_interval(target_accept, "target_accept")
         n = count_records(pm.modelcontext(model))
         if not 2 <= self.batch_size <= n:
             raise ValueError(
                 f"batch_size must be between 2 and the number of records n = {n}; got "
                 f"{batch_size!r}"
             )
-        if (noise_multiplier is None) == (epsilon is None):
-            raise ValueError(
-                "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
-                "chains): the noise is set either directly or by a target for a planned run"
-            )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
-        if epsilon is not None:
-            epsilon, delta = check_target(epsilon, delta)
-            z = calibrate_wor_subsampled_noise(epsilon, delta, n, self.batch_size, plan.iterations)
-        else:
-            z = check_positive("noise_multiplier", noise_multiplier)
-            if delta is not None:
-                _, delta = check_target(1.0, delta)
+        z, plan, epsilon, delta = resolve_noise_or_target(
+            epsilon,
+            delta,
+            noise_given=noise_multiplier is not None,
+            message="give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
+            "chains): the noise is set either directly or by a target for a planned run",
+            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
+            noise=lambda: check_positive(noise_multiplier, "noise_multiplier", coerce=True),
+            calibrate=lambda run, eps, d: calibrate_wor_subsampled_noise(
+                eps, d, n, self.batch_size, run.iterations
+            ),
+        )
         self.noise_multiplier = float(z)
         self.epsilon = epsilon
         self._mu_per_iteration = 0.0
@@ -264,11 +190,9 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
         )
-        d = self._fns.ndim
-        s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
-        if not np.all(np.isfinite(s) & (s > 0)):
-            raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
-        self.proposal_scale = s
+        self.proposal_scale = check_positive_vector(
+            proposal_scale, "proposal_scale", self._fns.ndim
+        )
 
     def _reset_chain_state(self) -> None:
         self._reset_scaling()
@@ -278,32 +202,33 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         q1 = q + self.scaling * self.proposal_scale * self.rng.normal(size=q.size)
         norm = float(np.linalg.norm(q1 - q))
         n, b = self._fns.n_records, self.batch_size
-        bound = self.clip_bound * norm
         lpr = self._fns.prior_logp(q1) - self._fns.prior_logp(q)
-        sigma = self.noise_multiplier * subsampled_penalty_sensitivity(n, b, self.clip_bound, norm)
-        # -- the one data access: a Gaussian mechanism on a minibatch drawn w/o replacement ---
-        idx = np.sort(self.rng.choice(n, size=b, replace=False))
-        r = self._fns.loglik_ratio_subset(q1, q, idx)
-        lam, var = minibatch_estimate(r, n, bound)
-        log_a = subsampled_penalty_log_acceptance(lam, var, lpr, sigma, self.rng)
+        info = subsampled_penalty_transition(
+            self.rng,
+            n_records=n,
+            batch_size=b,
+            clip_bound=self.clip_bound,
+            noise_multiplier=self.noise_multiplier,
+            step_norm=norm,
+            log_prior_ratio=lpr,
+            minibatch_ratios=lambda idx: self._fns.loglik_ratio_subset(q1, q, idx),
+        )
         # -- post-processing of the noisy release ---------------------------------------------
-        accepted = accept(log_a, self.rng)
+        accepted = info.accepted
         if self.tune:
             self._adapt_scaling(accepted)
-        npd = self.nonprivate_diagnostics
+        log_a = info.log_accept
         stats = {
             "accepted": float(accepted),
             "accept": float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0,
             "scaling": self.scaling,
             "step_norm": norm,
-            "noise_std": sigma,
+            "noise_std": info.noise_std,
             "dp_wor_sigma": self.noise_multiplier,
             "dp_wor_batch": b,
             "dp_wor_n": n,
-            "clip_fraction" + NONPRIVATE_SUFFIX: (
-                float(np.mean(~(np.abs(r) <= bound))) if npd else np.nan
-            ),
-            "batch_var" + NONPRIVATE_SUFFIX: float(var) if npd else np.nan,
+            "clip_fraction" + NONPRIVATE_SUFFIX: info.clip_fraction,
+            "batch_var" + NONPRIVATE_SUFFIX: info.batch_var,
         }
         return (q1 if accepted else q), stats
 

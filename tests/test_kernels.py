@@ -1,0 +1,152 @@
+"""The transition kernels are pure functions of (rng, state, model functions) -> info record."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import numpy as np
+import pytest
+
+import pymc_dp.kernels as K
+from pymc_dp.kernels.hmc import DPHMCInfo, dphmc_transition
+from pymc_dp.kernels.penalty import accept
+from pymc_dp.kernels.subsampled_penalty import (
+    SubsampledPenaltyInfo,
+    minibatch_estimate,
+    subsampled_penalty_log_acceptance,
+    subsampled_penalty_sensitivity,
+    subsampled_penalty_transition,
+)
+
+
+def test_kernels_never_import_pymc():
+    root = pathlib.Path(K.__file__).parent
+    for path in root.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            for name in names:
+                assert name.split(".")[0] not in {"pymc", "pytensor"}, (path.name, name)
+                assert not name.startswith(("pymc_dp.model", "pymc_dp.step_methods")), name
+
+
+# -- DP-HMC ---------------------------------------------------------------------------------------
+
+X = np.linspace(-1.0, 1.0, 30)
+
+
+def _gaussian_fns(calls: list):
+    """x_i ~ N(theta, 1), flat prior: per-record functions as RecordFunctions provides them."""
+
+    def clipped_grad_sum(q, b):
+        calls.append("grad")
+        g = X[:, None] - q[None, :]
+        norm = np.linalg.norm(g, axis=1)
+        scale = np.minimum(1.0, b / np.maximum(norm, 1e-300))
+        return (g * scale[:, None]).sum(axis=0), int(np.sum(norm > b))
+
+    def prior_logp_and_grad(q):
+        return 0.0, np.zeros_like(q)
+
+    def clipped_loglik_ratio_sum(q1, q, bound):
+        calls.append("llr")
+        r = -0.5 * (X - q1[0]) ** 2 + 0.5 * (X - q[0]) ** 2
+        return float(np.sum(np.clip(r, -bound, bound))), int(np.sum(np.abs(r) > bound))
+
+    return {
+        "clipped_grad_sum": clipped_grad_sum,
+        "prior_logp_and_grad": prior_logp_and_grad,
+        "clipped_loglik_ratio_sum": clipped_loglik_ratio_sum,
+    }
+
+
+def _dphmc(rng, q, calls, **kw):
+    args = dict(
+        step_size=0.05,
+        n_leapfrog=4,
+        mass_diag=np.ones(1),
+        inv_mass=np.ones(1),
+        grad_clip_bound=1e6,
+        grad_noise_std=0.0,
+        llr_clip_bound=1e6,
+        llr_noise_multiplier=1e-9,
+    )
+    args.update(kw)
+    return dphmc_transition(rng, q, **args, **_gaussian_fns(calls))
+
+
+def test_dphmc_transition_returns_an_info_record_and_reads_the_data_l_plus_2_times():
+    calls: list = []
+    q_next, info = _dphmc(np.random.default_rng(0), np.array([0.3]), calls)
+    assert isinstance(info, DPHMCInfo)
+    assert calls == ["grad"] * 5 + ["llr"]  # L + 1 gradient releases, one ratio release
+    assert info.n_grad == 5 and info.n_grad_clipped == 0 and info.n_llr_clipped == 0
+    # no clipping, (almost) no noise, a small step: exact HMC, energy nearly conserved
+    assert info.accept_prob > 0.99 and not info.diverging
+    assert info.accepted == (q_next[0] != 0.3)
+
+
+def test_dphmc_transition_is_reproducible_from_its_generator():
+    a = _dphmc(np.random.default_rng(5), np.array([0.1]), [], grad_noise_std=3.0)
+    b = _dphmc(np.random.default_rng(5), np.array([0.1]), [], grad_noise_std=3.0)
+    assert np.array_equal(a[0], b[0]) and a[1] == b[1]
+
+
+def test_dphmc_transition_rejects_outside_the_prior_without_reading_the_data():
+    calls: list = []
+    fns = _gaussian_fns(calls)
+    prior_calls: list = []
+
+    def prior(x):  # finite at the start only: the end point is outside the support
+        prior_calls.append(1)
+        return (0.0 if len(prior_calls) == 1 else -np.inf), np.zeros(1)
+
+    fns["prior_logp_and_grad"] = prior
+    q = np.array([0.3])
+    q_next, info = dphmc_transition(
+        np.random.default_rng(1),
+        q,
+        step_size=0.5,
+        n_leapfrog=2,
+        mass_diag=np.ones(1),
+        inv_mass=np.ones(1),
+        grad_clip_bound=1e6,
+        grad_noise_std=0.0,
+        llr_clip_bound=1.0,
+        llr_noise_multiplier=1.0,
+        **fns,
+    )
+    assert "llr" not in calls and calls == ["grad"] * 3
+    assert not info.accepted and q_next is q and info.accept_prob == 0.0
+
+
+# -- subsampled penalty -----------------------------------------------------------------------
+
+
+def test_subsampled_penalty_transition_draws_as_the_step_did():
+    """Same draws, same order: batch, noise, accept uniform (the step's former inline code)."""
+    r_all = np.random.default_rng(3).normal(scale=0.01, size=50)
+    n, b, L, z, h, lpr = 50, 12, 1.0, 1.5, 0.2, -0.1
+    info = subsampled_penalty_transition(
+        np.random.default_rng(9),
+        n_records=n,
+        batch_size=b,
+        clip_bound=L,
+        noise_multiplier=z,
+        step_norm=h,
+        log_prior_ratio=lpr,
+        minibatch_ratios=lambda idx: r_all[idx],
+    )
+    assert isinstance(info, SubsampledPenaltyInfo)
+    rng = np.random.default_rng(9)
+    sigma = z * subsampled_penalty_sensitivity(n, b, L, h)
+    idx = np.sort(rng.choice(n, size=b, replace=False))
+    lam, var = minibatch_estimate(r_all[idx], n, L * h)
+    log_a = subsampled_penalty_log_acceptance(lam, var, lpr, sigma, rng)
+    assert info.log_accept == pytest.approx(log_a, rel=0, abs=0)
+    assert info.accepted == bool(accept(log_a, rng))
+    assert info.noise_std == sigma and info.batch_var == float(var)
