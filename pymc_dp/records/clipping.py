@@ -1,0 +1,118 @@
+"""The clipping layout shared by every clipped-gradient route, and the route object.
+
+Every route reduces a chunk of ``m`` records to ``(sum_i clip_b(g_i), n_clipped)`` the same
+way: the squared norms of the per-record gradients give one 1-D vector of clip weights
+``w_i = min(1, b / ||g_i||)`` (0 for a record whose gradient is not finite), and the clipped
+sum is a matrix-vector product ``G^T w`` (or a segment sum for group-indexed blocks). A
+non-finite entry of ``G`` makes that product non-finite even where ``w_i = 0`` (``0 * nan``);
+then, and only then, the *masked* version of the same function (every non-finite record's
+gradient replaced by 0 before the product) is called. Both versions give the same result:
+a record whose gradient is not finite contributes 0 and counts as clipped.
+
+Norms are formed from squared norms, never as ``sqrt(sqr(.))``: pytensor < 2.39 rewrites
+``sqrt(sqr(x))`` to ``switch(x >= 0, x, nan)`` (pytensor PR #1952).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytensor.tensor as pt
+
+from pymc_dp.records.backend import compile_function
+
+__all__ = ["ClipRoute", "clip_weights", "verify_route"]
+
+_HUGE = np.finfo(np.float64).max
+
+
+def clip_weights(sq_norms, bound):
+    """``(finite, w, n_clipped)`` from the per-record squared norms (1-D).
+
+    ``finite`` flags records whose squared norm is finite, ``w`` are the clip weights
+    ``min(1, b / ||g_i||)`` (0 where not finite) and ``n_clipped`` counts the records with
+    ``||g_i|| > b`` or a non-finite norm.
+    """
+    finite = pt.le(sq_norms, _HUGE)
+    inv_norm = pt.minimum(1.0, bound / pt.sqrt(pt.maximum(sq_norms, 1e-300)))
+    w = pt.switch(finite, inv_norm, 0.0)
+    n_clipped = pt.sum(pt.invert(pt.le(sq_norms, bound * bound)))
+    return finite, w, n_clipped
+
+
+def mask_rows(block, finite):
+    """``block`` with the rows of non-finite records set to 0 (the masked version)."""
+    cond = finite if block.ndim == 1 else pt.shape_padright(finite, block.ndim - 1)
+    return pt.switch(cond, block, 0.0)
+
+
+@dataclass
+class ClipRoute:
+    """A compiled clipped-gradient-sum route (picklable).
+
+    ``fast(q, b, *prep, *chunk)`` and ``masked(...)`` return ``(sum, n_clipped)``; ``masked``
+    is compiled on first need from ``masked_graph = (inputs, outputs)``. ``prepare(*chunk)``
+    (or ``None``) gives data-only per-chunk arrays ``prep`` (e.g. row norms of the design
+    matrix), cached by the runtime; a ``prepare`` result of ``None`` means: use the generic
+    route for this chunk.
+    """
+
+    name: str
+    fast: Any
+    masked_graph: tuple
+    compile_kwargs: dict = field(default_factory=dict)
+    prepare: Any | None = None
+    masked: Any | None = None
+
+    def prepared(self, chunk) -> list | None:
+        """The per-chunk data-only arrays (``[]`` when the route needs none)."""
+        if self.prepare is None:
+            return []
+        r = [np.asarray(a) for a in self.prepare(*chunk)]
+        # a non-finite data row: the generic route zeroes that record's gradient
+        return r if all(np.all(np.isfinite(a)) for a in r) else None
+
+    def __call__(self, q, bound, prep, chunk) -> tuple[np.ndarray, int]:
+        s, k = self.fast(q, bound, *prep, *chunk)
+        s = np.asarray(s)
+        if not np.all(np.isfinite(s)):
+            if self.masked is None:
+                ins, outs = self.masked_graph
+                self.masked = compile_function(
+                    ins, outs, self.compile_kwargs, on_unused_input="ignore"
+                )
+            s, k = self.masked(q, bound, *prep, *chunk)
+            s = np.asarray(s)
+        return s, int(k)
+
+
+def verify_route(route: ClipRoute, reference: ClipRoute, batch, d: int, dtype) -> bool:
+    """Whether ``route`` gives the reference's clipped sums and counts on stand-in records.
+
+    Data-free: 8 stand-in records with the dtypes and trailing shapes of the data
+    (:func:`pymc_dp.records.fakes.fake_rows`; integer entries 0 or 1, valid group indices for
+    two or more groups), at two parameter points, with and without clipping. The check must
+    see a finite, nonzero sum at least once.
+    """
+    from pymc_dp.records.fakes import fake_rows
+
+    if any(None in b.type.shape[1:] for b in batch):
+        return False
+    templates = [np.zeros((1, *b.type.shape[1:]), dtype=b.dtype) for b in batch]
+    fake = fake_rows(templates, 8)
+    prep = route.prepared(fake)
+    if prep is None:
+        return False
+    checked = False
+    for q in (np.zeros(d), 0.1 + 0.05 * np.arange(d)):
+        for b in (1e-3, 1e6):
+            g1, k1 = reference(q.astype(dtype), b, [], fake)
+            g2, k2 = route(q.astype(dtype), b, prep, fake)
+            if k1 != k2 or g1.shape != g2.shape:
+                return False
+            if not np.allclose(g1, g2, rtol=1e-9, atol=1e-12, equal_nan=True):
+                return False
+            checked = checked or bool(np.all(np.isfinite(g1)) and np.any(g1 != 0))
+    return checked
