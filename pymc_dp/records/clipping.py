@@ -15,7 +15,7 @@ Norms are formed from squared norms, never as ``sqrt(sqr(.))``: pytensor < 2.39 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,7 +23,14 @@ import pytensor.tensor as pt
 
 from pymc_dp.records.backend import compile_function
 
-__all__ = ["ClipRoute", "clip_weights", "verify_route"]
+__all__ = [
+    "ClipRoute",
+    "LazyFunction",
+    "clip_weights",
+    "mask_rows",
+    "reference_clipped_sum",
+    "verify_route",
+]
 
 _HUGE = np.finfo(np.float64).max
 
@@ -48,53 +55,76 @@ def mask_rows(block, finite):
     return pt.switch(cond, block, 0.0)
 
 
+class LazyFunction:
+    """A compiled function that is compiled on its first call (picklable either way)."""
+
+    def __init__(self, inputs, outputs, compile_kwargs: dict | None = None, **kwargs) -> None:
+        self._args = (list(inputs), outputs, dict(compile_kwargs or {}), kwargs)
+        self._f = None
+
+    def __call__(self, *args):
+        if self._f is None:
+            inputs, outputs, ck, kw = self._args
+            self._f = compile_function(inputs, outputs, ck, **kw)
+        return self._f(*args)
+
+
 @dataclass
 class ClipRoute:
-    """A compiled clipped-gradient-sum route (picklable).
+    """A clipped-gradient-sum route (picklable).
 
     ``fast(q, b, *prep, *chunk)`` and ``masked(...)`` return ``(sum, n_clipped)``; ``masked``
-    is compiled on first need from ``masked_graph = (inputs, outputs)``. ``prepare(*chunk)``
+    (every non-finite record's gradient set to 0 before the product) is called only when
+    ``fast`` gives a non-finite sum, and is compiled on that first need. ``prepare(*chunk)``
     (or ``None``) gives data-only per-chunk arrays ``prep`` (e.g. row norms of the design
-    matrix), cached by the runtime; a ``prepare`` result of ``None`` means: use the generic
-    route for this chunk.
+    matrix), cached by the runtime; see :meth:`prepared`.
     """
 
     name: str
     fast: Any
-    masked_graph: tuple
-    compile_kwargs: dict = field(default_factory=dict)
+    masked: Any
     prepare: Any | None = None
-    masked: Any | None = None
 
     def prepared(self, chunk) -> list | None:
-        """The per-chunk data-only arrays (``[]`` when the route needs none)."""
+        """The per-chunk data-only arrays (``[]`` when the route needs none); ``None`` when
+        they are not finite (then the generic route serves the chunk)."""
         if self.prepare is None:
             return []
         r = [np.asarray(a) for a in self.prepare(*chunk)]
-        # a non-finite data row: the generic route zeroes that record's gradient
         return r if all(np.all(np.isfinite(a)) for a in r) else None
 
     def __call__(self, q, bound, prep, chunk) -> tuple[np.ndarray, int]:
         s, k = self.fast(q, bound, *prep, *chunk)
         s = np.asarray(s)
         if not np.all(np.isfinite(s)):
-            if self.masked is None:
-                ins, outs = self.masked_graph
-                self.masked = compile_function(
-                    ins, outs, self.compile_kwargs, on_unused_input="ignore"
-                )
             s, k = self.masked(q, bound, *prep, *chunk)
             s = np.asarray(s)
         return s, int(k)
 
 
-def verify_route(route: ClipRoute, reference: ClipRoute, batch, d: int, dtype) -> bool:
-    """Whether ``route`` gives the reference's clipped sums and counts on stand-in records.
+def reference_clipped_sum(grads: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
+    """The clipped sum and count of per-record gradients ``grads`` (``m x d``), in numpy.
 
-    Data-free: 8 stand-in records with the dtypes and trailing shapes of the data
-    (:func:`pymc_dp.records.fakes.fake_rows`; integer entries 0 or 1, valid group indices for
-    two or more groups), at two parameter points, with and without clipping. The check must
-    see a finite, nonzero sum at least once.
+    The definition every route must reproduce: a record whose gradient is not finite
+    contributes 0 and counts as clipped.
+    """
+    grads = np.asarray(grads, dtype=float)
+    with np.errstate(invalid="ignore", over="ignore"):
+        sq = np.sum(grads * grads, axis=1)
+        finite = sq <= _HUGE
+        w = np.where(finite, np.minimum(1.0, bound / np.sqrt(np.maximum(sq, 1e-300))), 0.0)
+        total = (np.where(finite[:, None], grads, 0.0) * w[:, None]).sum(axis=0)
+    return total, int(np.sum(~(sq <= bound * bound)))
+
+
+def verify_route(route: ClipRoute, f_grad_ref, batch, d: int, dtype) -> bool:
+    """Whether ``route`` reproduces :func:`reference_clipped_sum` on stand-in records.
+
+    ``f_grad_ref(q, *chunk)`` gives the generic route's per-record gradients. Data-free:
+    8 stand-in records with the dtypes and trailing shapes of the data
+    (:func:`pymc_dp.records.fakes.fake_rows`; integer entries 0 or 1, valid group indices
+    for two or more groups), at two parameter points, with and without clipping. The check
+    must see a finite, nonzero sum at least once.
     """
     from pymc_dp.records.fakes import fake_rows
 
@@ -107,8 +137,9 @@ def verify_route(route: ClipRoute, reference: ClipRoute, batch, d: int, dtype) -
         return False
     checked = False
     for q in (np.zeros(d), 0.1 + 0.05 * np.arange(d)):
+        grads = np.asarray(f_grad_ref(q.astype(dtype), *fake))
         for b in (1e-3, 1e6):
-            g1, k1 = reference(q.astype(dtype), b, [], fake)
+            g1, k1 = reference_clipped_sum(grads, b)
             g2, k2 = route(q.astype(dtype), b, prep, fake)
             if k1 != k2 or g1.shape != g2.shape:
                 return False

@@ -38,7 +38,7 @@ from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.tensor.subtensor import Subtensor
 
 from pymc_dp.records.backend import compile_function
-from pymc_dp.records.clipping import ClipRoute, clip_weights, mask_rows
+from pymc_dp.records.clipping import ClipRoute, LazyFunction, clip_weights, mask_rows
 from pymc_dp.records.gathers import gather_parts, lift_gathers, unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
 
@@ -168,10 +168,9 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
     )
     ck = dict(compile_kwargs or {})
     ins = [x, bound, *batch]
-    fast = compile_function(ins, [out, n_clipped], ck, on_unused_input="ignore")
+    kw = {"on_unused_input": "ignore"}
     return ClipRoute(
         name="indexed",
-        fast=fast,
-        masked_graph=(ins, [out_masked, n_clipped]),
-        compile_kwargs=ck,
+        fast=compile_function(ins, [out, n_clipped], ck, **kw),
+        masked=LazyFunction(ins, [out_masked, n_clipped], ck, **kw),
     )
