@@ -19,7 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytensor.scalar as ps
 import pytensor.tensor as pt
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.elemwise import Elemwise
 
 from pymc_dp.records.backend import compile_function
 
@@ -27,6 +30,7 @@ __all__ = [
     "ClipRoute",
     "LazyFunction",
     "clip_weights",
+    "factor_rows",
     "mask_rows",
     "reference_clipped_sum",
     "verify_route",
@@ -53,6 +57,36 @@ def mask_rows(block, finite):
     """``block`` with the rows of non-finite records set to 0 (the masked version)."""
     cond = finite if block.ndim == 1 else pt.shape_padright(finite, block.ndim - 1)
     return pt.switch(cond, block, 0.0)
+
+
+def factor_rows(block, x):
+    """``(M, v)`` with ``block = M * v[:, None]`` and ``M`` data-only (not reading ``x``), else
+    None: the GLM factorisation of a per-record gradient block (``m x k``)."""
+    node = block.owner
+    if (
+        node is not None
+        and isinstance(node.op, Elemwise)
+        and isinstance(node.op.scalar_op, ps.TrueDiv)
+        and node.inputs[1].type.broadcastable[1]
+    ):  # (M * v) / u with u constant along the block: M * (v / u)
+        f = factor_rows(node.inputs[0], x)
+        return None if f is None else (f[0], f[1] / node.inputs[1][:, 0])
+    if not (
+        node is not None
+        and isinstance(node.op, Elemwise)
+        and isinstance(node.op.scalar_op, ps.Mul)
+        and block.ndim == 2
+        and block.type.shape[1] not in (None, 1)
+    ):
+        return None
+    full = [i for i in node.inputs if i.type.broadcastable == (False, False)]
+    rest = [i for i in node.inputs if i.type.broadcastable[1]]
+    if len(full) != 1 or len(full) + len(rest) != len(node.inputs):
+        return None
+    if x in ancestors([full[0]]):
+        return None
+    v = pt.mul(*rest) if rest else pt.ones((1, 1))
+    return full[0], v[:, 0]
 
 
 class LazyFunction:
@@ -94,7 +128,8 @@ class ClipRoute:
         return r if all(np.all(np.isfinite(a)) for a in r) else None
 
     def __call__(self, q, bound, prep, chunk) -> tuple[np.ndarray, int]:
-        s, k = self.fast(q, bound, *prep, *chunk)
+        with np.errstate(invalid="ignore", over="ignore"):  # 0 * inf: handled below
+            s, k = self.fast(q, bound, *prep, *chunk)
         s = np.asarray(s)
         if not np.all(np.isfinite(s)):
             s, k = self.masked(q, bound, *prep, *chunk)

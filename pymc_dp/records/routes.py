@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytensor
-import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.rewriting.utils import rewrite_graph
-from pytensor.graph.traversal import ancestors, io_toposort
-from pytensor.tensor.elemwise import Elemwise
+from pytensor.graph.traversal import io_toposort
 from pytensor.tensor.subtensor import Subtensor
 
 from pymc_dp.records.backend import compile_function
@@ -29,6 +27,7 @@ from pymc_dp.records.clipping import (
     ClipRoute,
     LazyFunction,
     clip_weights,
+    factor_rows,
     mask_rows,
     verify_route,
 )
@@ -71,8 +70,9 @@ def compile_likelihood(graphs: RecordGraphs, compile_kwargs: dict | None = None)
     nan = pt.isnan(r)
     llr_sum = pt.sum(pt.switch(nan, 0.0, pt.clip(r, -bound, bound)))
     llr_count = pt.sum(pt.or_(nan, pt.gt(pt.abs(r), bound)))
-    f_ll = compile_function([x, *batch], ll_batch, compile_kwargs)
-    f_llr = compile_function([x_new, x, bound, *batch], [llr_sum, llr_count], compile_kwargs)
+    ck = compile_kwargs
+    f_ll = compile_function([x, *batch], ll_batch, ck, kind="loglik")
+    f_llr = compile_function([x_new, x, bound, *batch], [llr_sum, llr_count], ck, kind="loglik")
     return f_ll, f_llr
 
 
@@ -135,35 +135,6 @@ def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
     return f_grad, {"generic": generic, "route": chosen}
 
 
-def _factor(block, x):
-    """``(M, v)`` with ``block = M * v[:, None]`` and M data-only, else None."""
-    node = block.owner
-    if (
-        node is not None
-        and isinstance(node.op, Elemwise)
-        and isinstance(node.op.scalar_op, ps.TrueDiv)
-        and node.inputs[1].type.broadcastable[1]
-    ):  # (M * v) / u with u constant along the block: M * (v / u)
-        f = _factor(node.inputs[0], x)
-        return None if f is None else (f[0], f[1] / node.inputs[1][:, 0])
-    if not (
-        node is not None
-        and isinstance(node.op, Elemwise)
-        and isinstance(node.op.scalar_op, ps.Mul)
-        and block.ndim == 2
-        and block.type.shape[1] not in (None, 1)
-    ):
-        return None
-    full = [i for i in node.inputs if i.type.broadcastable == (False, False)]
-    rest = [i for i in node.inputs if i.type.broadcastable[1]]
-    if len(full) != 1 or len(full) + len(rest) != len(node.inputs):
-        return None
-    if x in ancestors([full[0]]):
-        return None
-    v = pt.mul(*rest) if rest else pt.ones((1, 1))
-    return full[0], v[:, 0]
-
-
 def build_glm_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
     """The GLM route of ``graphs`` (a :class:`ClipRoute`), or None when it does not apply."""
     x, batch = graphs.x, graphs.batch
@@ -192,7 +163,7 @@ def build_glm_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
         rewrite_graph(b, include=("canonicalize",), exclude=("constant_folding",)) for b in blocks
     ]
     blocks = [b[:, None] if b.ndim == 1 else b for b in blocks]
-    split = [_factor(b, x) for b in blocks]
+    split = [factor_rows(b, x) for b in blocks]
     if not any(split):
         return None
     bound = pt.dscalar("grad_clip_bound")

@@ -204,9 +204,8 @@ class RecordFunctions:
         The minibatch gradient of DP-SGLD / DP-SGNHT. Returns the sum (shape ``(d,)``) and the
         number of clipped records (non-private, as in :meth:`clipped_grad_sum`). One
         fancy-indexing read per data array, in chunks of ``chunk_size``, through the chosen
-        route when it needs no per-chunk arrays (indexed, generic), else the generic route
-        (the GLM route's cached row norms are per full chunk); an empty subsample reads
-        nothing and gives 0.
+        route (its data-only per-chunk arrays computed for the rows read); an empty subsample
+        reads nothing and gives 0.
         """
         total = np.zeros(self.ndim)
         count = 0
@@ -215,12 +214,12 @@ class RecordFunctions:
             return total, count
         self._ensure_grad()
         route = self._c.grad_clipped["route"]
-        if route.prepare is not None:
-            route = self._c.grad_clipped["generic"]
+        generic = self._c.grad_clipped["generic"]
         step = self.chunk_size or idx.size
         for start in range(0, idx.size, step):
             rows = self._records.take(idx[start : start + step])
-            g, k = route(q, bound, [], rows)
+            prep = route.prepared(rows)
+            g, k = generic(q, bound, [], rows) if prep is None else route(q, bound, prep, rows)
             total += g
             count += k
         return total, count

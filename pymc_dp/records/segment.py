@@ -18,7 +18,10 @@ its own groups. This route
    blocks plus, for two gathers of the same source, ``2 <g_ik, g_ik'> [idx_ik == idx_ik']``
    (their entries coincide when the indices do);
 4. sums the clipped shared blocks as matrix-vector products and the clipped group blocks as
-   segment sums (an indexed increment into ``d`` entries, ``np.add.at`` semantics).
+   segment sums (an indexed increment into ``d`` entries, ``np.add.at`` semantics). Shared
+   blocks that factorise as ``v_i(q) m_i`` with ``m_i`` data-only (the fixed effects of a
+   GLM with random effects) take the GLM route's form: ``||m_i||^2`` once per chunk,
+   ``M^T (w v)`` per call.
 
 It applies only when every gather with a data index reads a plain selection of ``q`` with a
 one-element index per record, the selections of different sources are disjoint and disjoint
@@ -34,11 +37,18 @@ import pytensor
 import pytensor.tensor as pt
 from pytensor.graph.basic import Constant
 from pytensor.graph.replace import clone_replace, vectorize_graph
+from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors, graph_inputs, io_toposort
 from pytensor.tensor.subtensor import Subtensor
 
 from pymc_dp.records.backend import compile_function
-from pymc_dp.records.clipping import ClipRoute, LazyFunction, clip_weights, mask_rows
+from pymc_dp.records.clipping import (
+    ClipRoute,
+    LazyFunction,
+    clip_weights,
+    factor_rows,
+    mask_rows,
+)
 from pymc_dp.records.gathers import gather_parts, lift_gathers, unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
 
@@ -144,8 +154,27 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
             g = pt.broadcast_to(g.reshape((1, -1)), (m, p[0].size))
         blocks_g.append(_flat2(g, m))
     idx_vec = [pt.flatten(i, ndim=1) for i in v_idx]
-
-    sq = [pt.sum(pt.sqr(b), axis=1) for b in blocks_p + blocks_g]
+    # Shared blocks that factorise as M * v[:, None] with M data-only (the GLM part of a
+    # GLM with random effects): squared norms v^2 ||m_i||^2 with ||m_i||^2 prepared once per
+    # chunk, sums M^T (w v).
+    split = []
+    for b in blocks_p:
+        f = None
+        if b.type.shape[1] not in (None, 1):
+            b = rewrite_graph(b, include=("canonicalize",), exclude=("constant_folding",))
+            f = factor_rows(b, x)
+        split.append(f)
+    row_sq_in, row_sq_out = [], []
+    sq = []
+    for b, f in zip(blocks_p, split, strict=True):
+        if f is None:
+            sq.append(pt.sum(pt.sqr(b), axis=1))
+        else:
+            r = pt.vector(f"row_sq{len(row_sq_in)}", dtype="float64")
+            row_sq_in.append(r)
+            row_sq_out.append(pt.cast(pt.sum(pt.sqr(f[0]), axis=1), "float64"))
+            sq.append(pt.sqr(f[1]) * r)
+    sq += [pt.sum(pt.sqr(b), axis=1) for b in blocks_g]
     for k in range(len(gathers)):
         for j in range(k):
             if np.array_equal(pos_g[k], pos_g[j]):
@@ -153,24 +182,29 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
                 sq.append(2.0 * same * pt.sum(blocks_g[k] * blocks_g[j], axis=1))
     finite, w, n_clipped = clip_weights(pt.add(*sq) if len(sq) > 1 else sq[0], bound)
 
-    def clipped_sum(bp, bg):
+    def clipped_sum(bp, bg, masked):
         out = pt.zeros((d,), dtype="float64")
-        for b, p in zip(bp, pos_p, strict=True):
-            out = pt.inc_subtensor(out[p.ravel()], pt.dot(w, b))
+        for b, f, p in zip(bp, split, pos_p, strict=True):
+            if f is None:
+                part = pt.dot(w, b)
+            else:  # the data-only factor is finite (prepare checks it)
+                part = pt.dot(w * (mask_rows(f[1], finite) if masked else f[1]), f[0])
+            out = pt.inc_subtensor(out[p.ravel()], part)
         for b, p, i in zip(bg, pos_g, idx_vec, strict=True):
             flat = pt.as_tensor_variable(p.reshape(p.shape[0], -1))[i]  # (m, k) entries
             out = pt.inc_subtensor(out[flat.ravel()], (w[:, None] * b).ravel())
         return out
 
-    out = clipped_sum(blocks_p, blocks_g)
+    out = clipped_sum(blocks_p, blocks_g, False)
     out_masked = clipped_sum(
-        [mask_rows(b, finite) for b in blocks_p], [mask_rows(b, finite) for b in blocks_g]
+        [mask_rows(b, finite) for b in blocks_p], [mask_rows(b, finite) for b in blocks_g], True
     )
     ck = dict(compile_kwargs or {})
-    ins = [x, bound, *batch]
+    ins = [x, bound, *row_sq_in, *batch]
     kw = {"on_unused_input": "ignore"}
     return ClipRoute(
         name="indexed",
         fast=compile_function(ins, [out, n_clipped], ck, **kw),
         masked=LazyFunction(ins, [out_masked, n_clipped], ck, **kw),
+        prepare=compile_function(list(batch), row_sq_out, ck, **kw) if row_sq_out else None,
     )
