@@ -191,7 +191,11 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
                 part = pt.dot(w * (mask_rows(f[1], finite) if masked else f[1]), f[0])
             out = pt.inc_subtensor(out[p.ravel()], part)
         for b, p, i in zip(bg, pos_g, idx_vec, strict=True):
-            flat = pt.as_tensor_variable(p.reshape(p.shape[0], -1))[i]  # (m, k) entries
+            k = int(p[0].size)
+            if np.array_equal(p.ravel(), p.flat[0] + np.arange(p.size)):  # a contiguous block
+                flat = i + int(p.flat[0]) if k == 1 else i[:, None] * k + (p.flat[0] + np.arange(k))
+            else:
+                flat = pt.as_tensor_variable(p.reshape(p.shape[0], -1))[i]  # (m, k) entries
             out = pt.inc_subtensor(out[flat.ravel()], (w[:, None] * b).ravel())
         return out
 
