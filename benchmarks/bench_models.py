@@ -333,8 +333,8 @@ def run_model(name: str, n: int, blocks: int, block_s: float, compile_kwargs, ki
     for fn, key in (("clipped grad sum", "grad"), ("clipped LLR sum", "llr")):
         a, b = t[f"{key}_pkg"], t[f"{key}_np"]
         rows.append(
-            f"{'function':<20} {name:<9} {n:>8,d} {d:>4} | {fn:<28} {a * 1e3:>9.3f} "
-            f"{b * 1e3:>9.3f} {a / b:>7.2f} | route {route}; agree {agree}"
+            f"{'function':<20} {name:<9} {n:>8,d} {d:>4} | {fn:<28} {a * 1e3:>9.4f} "
+            f"{b * 1e3:>9.4f} {a / b:>7.2f} | route {route}; agree {agree}"
         )
     # 2. steps against PyMC's (DP step and PyMC step interleaved)
     for kind in kinds:
@@ -346,8 +346,8 @@ def run_model(name: str, n: int, blocks: int, block_s: float, compile_kwargs, ki
         ratio = tt["dp"] / (tt["pymc"] / props)
         what = "DPHMC/pm.HMC per iter" if kind == "DPHMC" else "Penalty/pm.Metropolis per prop"
         rows.append(
-            f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {tt['dp'] * 1e3:>9.3f} "
-            f"{tt['pymc'] / props * 1e3:>9.3f} {ratio:>7.2f} | "
+            f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {tt['dp'] * 1e3:>9.4f} "
+            f"{tt['pymc'] / props * 1e3:>9.4f} {ratio:>7.2f} | "
             + (f"route {dp._fns.gradient_route}" if kind == "DPHMC" else f"PyMC prop/it {props}")
         )
     return rows

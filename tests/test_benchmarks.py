@@ -111,6 +111,6 @@ def test_bench_models_tiny():
         for r in rows:
             # package ms, reference ms and their ratio follow the second "|"
             pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
-            assert ratio == pytest.approx(pkg / ref, rel=0.02, abs=0.01)
+            assert ratio == pytest.approx(pkg / ref, rel=0.05, abs=0.01)
         assert all("agree True" in r for r in rows if r.startswith("function"))
     assert "route indexed" in out and "route generic" in out
