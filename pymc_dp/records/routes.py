@@ -190,7 +190,7 @@ def build_glm_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
 
     ck = dict(compile_kwargs or {})
     ins = [x, bound, *row_sq_in, *batch]
-    kw = {"on_unused_input": "ignore"}
+    kw = {"on_unused_input": "ignore", "kind": "glm"}
     return ClipRoute(
         name="GLM fast",
         fast=compile_function(ins, [clipped(False), n_clipped], ck, **kw),

@@ -205,7 +205,8 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
     )
     ck = dict(compile_kwargs or {})
     ins = [x, bound, *row_sq_in, *batch]
-    kw = {"on_unused_input": "ignore"}
+    # a route with GLM blocks compiles like the GLM route (backend choice, see backend.py)
+    kw = {"on_unused_input": "ignore", "kind": "glm" if row_sq_out else "other"}
     return ClipRoute(
         name="indexed",
         fast=compile_function(ins, [out, n_clipped], ck, **kw),
