@@ -71,6 +71,10 @@ def _model(pattern: str, D: dict) -> pm.Model:
         elif pattern == "same_source":
             a = pm.Normal("a", 0, 1, shape=J)
             pm.Normal("y", a[g] - a[h], s, observed=y)
+        elif pattern == "negative_index":  # numpy semantics: -1 is the last group
+            a = pm.Normal("a", 0, 1, shape=J)
+            g_neg = np.where(np.arange(N) % 2 == 1, g - J, g)
+            pm.Normal("y", a[g_neg] + 2.0 * a[h], s, observed=y)
         elif pattern == "poisson":
             beta = pm.Normal("beta", 0, 1, shape=2)
             a = pm.Normal("a", 0, 1, shape=J)
@@ -87,6 +91,7 @@ PATTERNS = (
     "noncentred_data",
     "matrix_param",
     "same_source",
+    "negative_index",
     "poisson",
 )
 

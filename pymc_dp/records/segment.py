@@ -153,7 +153,11 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
         if g.ndim == p.ndim:
             g = pt.broadcast_to(g.reshape((1, -1)), (m, p[0].size))
         blocks_g.append(_flat2(g, m))
-    idx_vec = [pt.flatten(i, ndim=1) for i in v_idx]
+    # numpy semantics: a negative index -k is the group J - k
+    idx_vec = []
+    for i, p in zip(v_idx, pos_g, strict=True):
+        i = pt.flatten(i, ndim=1)
+        idx_vec.append(pt.switch(pt.lt(i, 0), i + int(p.shape[0]), i))
     # Shared blocks that factorise as M * v[:, None] with M data-only (the GLM part of a
     # GLM with random effects): squared norms v^2 ||m_i||^2 with ||m_i||^2 prepared once per
     # chunk, sums M^T (w v).
