@@ -113,3 +113,20 @@ def test_bench_expfam_tiny():
     for step in ("DPExpFamilyPenalty", "DPPenaltyMetropolis"):
         (row,) = [r for r in _rows(out, "summary") if r[1] == step]
         assert "epsilon" in row
+
+
+def test_bench_models_tiny():
+    models = ("hier50", "poisson", "banana")
+    out = _run(
+        "bench_models.py",
+        *("--n", "400", "--blocks", "1", "--block-seconds", "0.01", "--models", *models),
+    )
+    for model in models:
+        rows = [r for r in out.splitlines() if f" {model} " in r and "|" in r]
+        assert len(rows) == 4, out  # two functions vs numpy, DPHMC, DPPenaltyMetropolis
+        for r in rows:
+            # package ms, reference ms and their ratio follow the second "|"
+            pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
+            assert ratio == pytest.approx(pkg / ref, rel=0.05, abs=0.01)
+        assert all("agree True" in r for r in rows if r.startswith("function"))
+    assert "route indexed" in out and "route generic" in out

@@ -14,23 +14,30 @@ methods work in, as functions of one flat parameter vector ``q``:
 
 The modules follow the data flow, and raw data values enter only in the store:
 
-| module | responsibility |
-| --- | --- |
-| `errors` | `ModelNotSupportedError` |
-| `graph_facts` | graph facts from structure and static shapes (data nodes, `n`, what reads data) |
-| `guards` | what is refused and why (model support, privacy policy) |
-| `rewrite` | graph -> graph (`OpFromGraph` inlining, shape pins, canonicalize) |
-| `graphs` | the per-record graphs as frozen data (`RecordGraphs`) |
-| `fakes` | data-free stand-in records and the separability check |
-| `backend` | the one compile call (C / Numba / JAX via `compile_kwargs["mode"]`) |
-| `routes` | graphs -> compiled functions: generic and GLM routes |
-| `store` | where records live (`InMemoryRecords`: chunks, take, map-reduce) |
-| `runtime` | `RecordFunctions` (routes mapped over a store), `RecordSource` (Protocol) |
-| `build` | orchestration: `build_record_functions` |
+==================  ========================================================================
+``errors``          `ModelNotSupportedError`
+``graph_facts``     graph facts from structure and static shapes (data nodes, ``n``, reads)
+``guards``          what is refused and why (model support, privacy policy)
+``rewrite``         graph -> graph (``OpFromGraph`` inlining, shape pins, canonicalize)
+``graphs``          the per-record graphs as frozen data (`RecordGraphs`)
+``fakes``           data-free stand-in records and the separability check
+``backend``         the one compile call; the backend (C / Numba / JAX): automatic per kind of
+                    function, or ``compile_kwargs["mode"]``
+``clipping``        the clipping layout every route shares, `ClipRoute`, the numpy
+                    reference of the clipped sum, the check of a route on stand-ins
+``gathers``         ``theta[g_i]`` kept one vectorised gather (lift, un-Blockwise)
+``segment``         the indexed route (group-indexed models: segment sums)
+``routes``          graphs -> compiled functions: generic, GLM and indexed routes (registry)
+``store``           where records live (`InMemoryRecords`: chunks, take, map-reduce)
+``runtime``         `RecordFunctions` (routes mapped over a store), `RecordSource`
+``build``           orchestration: `build_record_functions`
+==================  ========================================================================
 
 Per-record gradients are built without ``pytensor.gradient.jacobian`` (which needs ``n x n``
 memory or a scan over records): the likelihood graph is rewritten to the graph of a single
-record, differentiated, and vectorised over the data rows with ``vectorize_graph``.
+record, differentiated, and vectorised over the data rows with ``vectorize_graph``; a gather
+``theta[g_i]`` stays one batched index (never a per-record ``Blockwise``), and group-indexed
+models sum their group blocks with segment sums instead of an ``n x J`` matrix.
 Models that cannot be mapped to records are refused with `ModelNotSupportedError`
 before any data value is read.
 """

@@ -48,6 +48,9 @@ class RecordGraphs:
     shared : dict
         The shared replacements of the free variables this step does not sample.
     n_records : int
+    n_params : int or None
+        Dimension ``d`` of ``q`` (from the initial point: ``x``'s static shape can be unknown
+        when a variable's length is a shared dimension).
     """
 
     x: Any
@@ -59,11 +62,12 @@ class RecordGraphs:
     data_nodes: list
     shared: dict
     n_records: int
+    n_params: int | None = None
 
     @property
     def ndim(self) -> int:
         """Dimension ``d`` of ``q``."""
-        return int(self.x.type.shape[0])
+        return int(self.n_params if self.n_params is not None else self.x.type.shape[0])
 
 
 def per_record_graphs(
@@ -146,4 +150,5 @@ def per_record_graphs(
         data_nodes=nodes,
         shared=shared,
         n_records=n,
+        n_params=int(sum(np.size(initial_point[v.name]) for v in vars)),
     )

@@ -169,32 +169,31 @@ class RecordFunctions:
 
         Returns the sum (shape ``(d,)``) and the number of clipped records (non-private: see
         `clipped_loglik_ratio_sum`). A record whose gradient is not finite contributes
-        0 (and counts as clipped). Models whose per-record gradient factorises as
-        ``v_i(q) x_i`` per parameter block (GLMs) take a faster route with the same result
-        (see `pymc_dp.records.routes.compile_gradients`); its per-chunk row norms of the
-        data are computed on first use and cached.
+        0 (and counts as clipped). The route (`gradient_route`: GLM, indexed or
+        generic; see `pymc_dp.records.routes.compile_gradients`) is chosen on
+        data-free stand-in records; the data-only per-chunk arrays a route needs (the GLM
+        route's row norms of the design matrix) are computed on first use and cached.
         """
         self._ensure_grad()
-        fs = self._c.grad_clipped
+        route = self._c.grad_clipped["route"]
+        generic = self._c.grad_clipped["generic"]
         step = self.chunk_size or self.n_records
         cache = self.__dict__.setdefault("_grad_row_sq", {})
         total = np.zeros(self.ndim)
         count = 0
         for start, c in zip(range(0, self.n_records, step), self._chunks(), strict=True):
-            row_sq = None
-            if fs["fast"] is not None:
+            prep = []
+            if route.prepare is not None:
                 key = (step, start)
                 if key not in cache:
-                    r = [np.asarray(a) for a in fs["row_sq"](*c)]
-                    # a non-finite data row: the generic route zeroes that record's gradient
-                    cache[key] = r if all(np.all(np.isfinite(a)) for a in r) else None
-                row_sq = cache[key]
-            if row_sq is None:
-                g, k = fs["generic"](q, bound, *c)
+                    cache[key] = route.prepared(c)
+                prep = cache[key]
+            if prep is None:
+                g, k = generic(q, bound, [], c)
             else:
-                g, k = fs["fast"](q, bound, *row_sq, *c)
+                g, k = route(q, bound, prep, c)
             total += g
-            count += int(k)
+            count += k
         return total, count
 
     def clipped_grad_sum_subset(
@@ -204,9 +203,9 @@ class RecordFunctions:
 
         The minibatch gradient of DP-SGLD / DP-SGNHT. Returns the sum (shape ``(d,)``) and the
         number of clipped records (non-private, as in `clipped_grad_sum`). One
-        fancy-indexing read per data array, in chunks of ``chunk_size``, through the generic
-        clipped-gradient function (the fast route's cached row norms are per full chunk); an
-        empty subsample reads nothing and gives 0.
+        fancy-indexing read per data array, in chunks of ``chunk_size``, through the chosen
+        route (its data-only per-chunk arrays computed for the rows read); an empty subsample
+        reads nothing and gives 0.
         """
         total = np.zeros(self.ndim)
         count = 0
@@ -214,24 +213,26 @@ class RecordFunctions:
         if idx.size == 0:
             return total, count
         self._ensure_grad()
-        f = self._c.grad_clipped["generic"]
+        route = self._c.grad_clipped["route"]
+        generic = self._c.grad_clipped["generic"]
         step = self.chunk_size or idx.size
         for start in range(0, idx.size, step):
             rows = self._records.take(idx[start : start + step])
-            g, k = f(q, bound, *rows)
-            total += np.asarray(g)
-            count += int(k)
+            prep = route.prepared(rows)
+            g, k = generic(q, bound, [], rows) if prep is None else route(q, bound, prep, rows)
+            total += g
+            count += k
         return total, count
 
     @property
     def gradient_route(self) -> str:
-        """Route of `clipped_grad_sum`: ``"GLM fast"``, ``"generic"`` or ``"not compiled"``
-        (the gradient functions are compiled on first use). Structural, not data-dependent:
-        the fast route is chosen on data-free stand-in records."""
+        """Route of `clipped_grad_sum`: ``"GLM fast"``, ``"indexed"``, ``"generic"`` or
+        ``"not compiled"`` (the gradient functions are compiled on first use). Structural,
+        not data-dependent: a faster route is chosen on data-free stand-in records."""
         fs = self._c.grad_clipped
         if fs is None:
             return "not compiled"
-        return "GLM fast" if fs["fast"] is not None else "generic"
+        return fs["route"].name
 
     def check_start(self, q: np.ndarray) -> None:
         """Refuse a start point where some record's log-likelihood is NaN or -inf.

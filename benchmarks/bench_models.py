@@ -1,0 +1,396 @@
+"""The models PyMC users write: pymc_dp's steps and per-record functions against PyMC and numpy.
+
+Models (``n = 10^5`` records by default):
+
+* ``hier50``, ``hier500``: hierarchical normal, ``y_i ~ N(a[g_i], s)``, ``a ~ N(mu, tau)`` with
+  50 and 500 groups (varying intercepts; the group index a record-length integer array);
+* ``slopes``: varying intercepts and slopes, ``y_i ~ N(a[g_i] + b[g_i] x_i, s)``, 50 groups;
+* ``poisson``: Poisson GLM with a random intercept, ``y_i ~ Poisson(exp(x_i . beta + a[g_i]))``,
+  ``d = 5`` covariates, 50 groups, the index in ``pm.Data``;
+* ``studentt``: StudentT regression (``nu = 4``), ``d = 10``, scale ``s``;
+* ``logistic``: logistic regression, ``d = 10``, rows of unit norm;
+* ``banana``: the DP-HMC paper's banana likelihood (as in ``bench_vs_pymc.py``).
+
+For each model, side by side in one process (interleaved blocks, medians, one BLAS thread):
+
+1. ``DPHMC`` / ``pm.HamiltonianMC`` per iteration: the same ``L = 10`` leapfrog steps and step
+   size (settings of ``bench_vs_pymc.py``);
+2. ``DPPenaltyMetropolis`` / ``pm.Metropolis`` per proposal (``pm.Metropolis`` updates a vector
+   variable one coordinate at a time: one of its iterations is ``d`` proposals);
+3. each package per-record function (the clipped gradient sum of DP-HMC, the clipped
+   log-likelihood-ratio sum of the penalty tests) against a hand-written numpy version of the
+   same function on the same data and parameter vector (checked to agree before timing).
+
+Per *iteration* is what is measured, not per effective sample. Usage::
+
+    python benchmarks/bench_models.py               # n = 100 000
+    python benchmarks/bench_models.py --quick       # n = 5 000, short blocks
+    python benchmarks/bench_models.py --models hier50 banana --mode NUMBA
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message=".*BLAS.*")
+
+import numpy as np  # noqa: E402
+import pymc as pm  # noqa: E402
+from scipy.special import expit, gammaln  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from bench_vs_pymc import (  # noqa: E402
+    N_LEAPFROG,
+    STEP_SIZE,
+    Runner,
+    limit_blas,
+    make_pymc_step,
+    print_header,
+    pymc_proposals_per_iteration,
+    time_interleaved,
+)
+
+import pymc_dp  # noqa: E402
+from pymc_dp.records import build_record_functions  # noqa: E402
+
+NU = 4.0  # StudentT degrees of freedom (fixed)
+BANANA_VAR1, BANANA_VAR2, BANANA_A = 2000.0, 2500.0, 20.0
+
+
+# -- models: (pm.Model, data dict) ------------------------------------------------------------
+def hier(n: int, groups: int, rng):
+    g = rng.integers(0, groups, n)
+    a_true = rng.normal(0.0, 1.0, groups)
+    y = rng.normal(a_true[g], 1.0)
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0.0, 10.0)
+        tau = pm.HalfNormal("tau", 5.0)
+        a = pm.Normal("a", mu, tau, shape=groups)
+        s = pm.HalfNormal("s", 5.0)
+        pm.Normal("y", a[g], s, observed=y)
+    return m, {"g": g, "y": y, "J": groups}
+
+
+def slopes(n: int, rng, groups: int = 50):
+    g = rng.integers(0, groups, n)
+    x = rng.uniform(-1.0, 1.0, n)
+    y = rng.normal(rng.normal(size=groups)[g] + rng.normal(size=groups)[g] * x, 1.0)
+    with pm.Model() as m:
+        mu_a = pm.Normal("mu_a", 0.0, 10.0)
+        mu_b = pm.Normal("mu_b", 0.0, 10.0)
+        a = pm.Normal("a", mu_a, 1.0, shape=groups)
+        b = pm.Normal("b", mu_b, 1.0, shape=groups)
+        s = pm.HalfNormal("s", 5.0)
+        pm.Normal("y", a[g] + b[g] * x, s, observed=y)
+    return m, {"g": g, "x": x, "y": y, "J": groups}
+
+
+def poisson(n: int, rng, groups: int = 50, d: int = 5):
+    g = rng.integers(0, groups, n)
+    X = rng.uniform(-1.0, 1.0, (n, d)) / np.sqrt(d)
+    y = rng.poisson(np.exp(X @ rng.normal(size=d) + 0.3 * rng.normal(size=groups)[g]))
+    with pm.Model() as m:
+        beta = pm.Normal("beta", 0.0, 1.0, shape=d)
+        sd_a = pm.HalfNormal("sd_a", 1.0)
+        a = pm.Normal("a", 0.0, sd_a, shape=groups)
+        gi = pm.Data("g", g)
+        pm.Poisson("y", pm.math.exp(pm.math.dot(X, beta) + a[gi]), observed=y)
+    return m, {"g": g, "X": X, "y": y, "J": groups, "x_sq": np.sum(X * X, axis=1)}
+
+
+def studentt(n: int, rng, d: int = 10):
+    X = rng.normal(size=(n, d)) / np.sqrt(d)
+    y = X @ rng.normal(size=d) + rng.standard_t(NU, n)
+    with pm.Model() as m:
+        beta = pm.Normal("beta", 0.0, 10.0, shape=d)
+        s = pm.HalfNormal("s", 5.0)
+        pm.StudentT("y", nu=NU, mu=pm.math.dot(X, beta), sigma=s, observed=y)
+    return m, {"X": X, "y": y, "x_sq": np.sum(X * X, axis=1)}
+
+
+def logistic(n: int, rng, d: int = 10):
+    X = rng.normal(size=(n, d))
+    X /= np.linalg.norm(X, axis=1, keepdims=True)
+    y = (rng.uniform(size=n) < expit(X @ rng.normal(scale=3.0, size=d))).astype(np.int8)
+    with pm.Model() as m:
+        b = pm.Normal("beta", 0.0, 10.0, shape=d)
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, b), observed=y)
+    return m, {"X": X, "y": y, "x_sq": np.sum(X * X, axis=1)}
+
+
+def banana(n: int, rng):
+    x1 = rng.normal(0.0, np.sqrt(BANANA_VAR1), size=n)
+    x2 = rng.normal(3.0, np.sqrt(BANANA_VAR2), size=n)
+    with pm.Model() as m:
+        theta = pm.Normal("theta", 0.0, np.sqrt(1000.0), shape=2)
+        pm.Normal("x1", theta[0], np.sqrt(BANANA_VAR1), observed=x1)
+        pm.Normal("x2", theta[1] + BANANA_A * theta[0] ** 2, np.sqrt(BANANA_VAR2), observed=x2)
+    return m, {"x1": x1, "x2": x2}
+
+
+MODELS = {
+    "hier50": lambda n, rng: hier(n, 50, rng),
+    "hier500": lambda n, rng: hier(n, 500, rng),
+    "slopes": slopes,
+    "poisson": poisson,
+    "studentt": studentt,
+    "logistic": logistic,
+    "banana": banana,
+}
+GLMS = ("studentt", "logistic")
+
+
+# -- hand-written numpy versions (transformed space, q in PyMC's value-variable order) --------
+def _clip(sq, b):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        finite = sq <= np.finfo(float).max
+        w = np.where(finite, np.minimum(1.0, b / np.sqrt(np.maximum(sq, 1e-300))), 0.0)
+    return w, int(np.sum(~(sq <= b * b)))
+
+
+def _llr(ll_new, ll_old, b):
+    r = ll_new - ll_old
+    nan = np.isnan(r)
+    return float(np.sum(np.where(nan, 0.0, np.clip(r, -b, b)))), int(np.sum(nan | (np.abs(r) > b)))
+
+
+class Numpy:
+    """Hand-written numpy per-record functions of one model (``sl``: slices of q by name)."""
+
+    def __init__(self, name: str, data: dict, sl: dict, d: int) -> None:
+        self.name, self.D, self.sl, self.d = name, data, sl, d
+
+    def p(self, q, name):
+        return q[self.sl[name]]
+
+    def loglik(self, q):
+        D, p, nm = self.D, self.p, self.name
+        if nm.startswith("hier") or nm == "slopes":
+            s = np.exp(p(q, "s_log__")[0])
+            mean = p(q, "a")[D["g"]]
+            if nm == "slopes":
+                mean = mean + p(q, "b")[D["g"]] * D["x"]
+            r = (D["y"] - mean) / s
+            return -0.5 * np.log(2 * np.pi) - np.log(s) - 0.5 * r * r
+        if nm == "poisson":
+            eta = D["X"] @ p(q, "beta") + p(q, "a")[D["g"]]
+            return D["y"] * eta - np.exp(eta) - gammaln(D["y"] + 1.0)
+        if nm == "studentt":
+            s = np.exp(p(q, "s_log__")[0])
+            r = (D["y"] - D["X"] @ p(q, "beta")) / s
+            c = gammaln((NU + 1) / 2) - gammaln(NU / 2) - 0.5 * np.log(NU * np.pi)
+            return c - np.log(s) - (NU + 1) / 2 * np.log1p(r * r / NU)
+        if nm == "logistic":
+            eta = D["X"] @ p(q, "beta")
+            return D["y"] * eta - np.logaddexp(0.0, eta)
+        t = p(q, "theta")
+        r1, r2 = D["x1"] - t[0], D["x2"] - t[1] - BANANA_A * t[0] ** 2
+        c = -0.5 * np.log(2 * np.pi * BANANA_VAR1) - 0.5 * np.log(2 * np.pi * BANANA_VAR2)
+        return c - 0.5 * r1 * r1 / BANANA_VAR1 - 0.5 * r2 * r2 / BANANA_VAR2
+
+    def clipped_llr_sum(self, q_new, q_old, b):
+        return _llr(self.loglik(q_new), self.loglik(q_old), b)
+
+    def clipped_grad_sum(self, q, b):
+        D, p, nm, sl = self.D, self.p, self.name, self.sl
+        out = np.zeros(self.d)
+        if nm.startswith("hier") or nm == "slopes":
+            s = np.exp(p(q, "s_log__")[0])
+            mean = p(q, "a")[D["g"]]
+            if nm == "slopes":
+                mean = mean + p(q, "b")[D["g"]] * D["x"]
+            r = (D["y"] - mean) / s
+            e_a, e_s = r / s, r * r - 1.0
+            sq = e_a * e_a * (1.0 + (D["x"] ** 2 if nm == "slopes" else 0.0)) + e_s * e_s
+            w, k = _clip(sq, b)
+            out[sl["a"]] = np.bincount(D["g"], w * e_a, minlength=D["J"])
+            if nm == "slopes":
+                out[sl["b"]] = np.bincount(D["g"], w * e_a * D["x"], minlength=D["J"])
+            out[sl["s_log__"]] = w @ e_s
+            return out, k
+        if nm == "poisson":
+            v = D["y"] - np.exp(D["X"] @ p(q, "beta") + p(q, "a")[D["g"]])
+            w, k = _clip(v * v * (D["x_sq"] + 1.0), b)
+            out[sl["beta"]] = (w * v) @ D["X"]
+            out[sl["a"]] = np.bincount(D["g"], w * v, minlength=D["J"])
+            return out, k
+        if nm == "studentt":
+            s = np.exp(p(q, "s_log__")[0])
+            r = (D["y"] - D["X"] @ p(q, "beta")) / s
+            u = (NU + 1) / (NU + r * r)
+            v, e_s = u * r / s, u * r * r - 1.0
+            w, k = _clip(v * v * D["x_sq"] + e_s * e_s, b)
+            out[sl["beta"]] = (w * v) @ D["X"]
+            out[sl["s_log__"]] = w @ e_s
+            return out, k
+        if nm == "logistic":
+            v = D["y"] - expit(D["X"] @ p(q, "beta"))
+            w, k = _clip(v * v * D["x_sq"], b)
+            out[sl["beta"]] = (w * v) @ D["X"]
+            return out, k
+        t = p(q, "theta")
+        r1 = (D["x1"] - t[0]) / BANANA_VAR1
+        r2 = (D["x2"] - t[1] - BANANA_A * t[0] ** 2) / BANANA_VAR2
+        g1 = r1 + r2 * 2 * BANANA_A * t[0]
+        w, k = _clip(g1 * g1 + r2 * r2, b)
+        out[sl["theta"]] = [w @ g1, w @ r2]
+        return out, k
+
+
+# -- measurements ---------------------------------------------------------------------------
+def slices(model):
+    ip = model.initial_point()
+    sl, start = {}, 0
+    for v in model.value_vars:
+        size = int(np.size(ip[v.name]))
+        sl[v.name] = slice(start, start + size)
+        start += size
+    q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
+    return sl, q0
+
+
+def make_dp(kind: str, model, compile_kwargs):
+    rng = np.random.default_rng(1)
+    kw = {"compile_kwargs": compile_kwargs} if compile_kwargs else {}
+    with model:
+        if kind == "DPHMC":
+            return pymc_dp.DPHMC(
+                llr_clip_bound=1.0,
+                grad_clip_bound=1.0,
+                llr_noise_multiplier=1.0,
+                grad_noise_multiplier=1.0,
+                n_leapfrog=N_LEAPFROG,
+                step_size=STEP_SIZE,
+                adapt_step_size=False,
+                adapt_mass_matrix=False,
+                rng=rng,
+                **kw,
+            )
+        return pymc_dp.DPPenaltyMetropolis(
+            clip_bound=1.0, noise_multiplier=1.0, proposal_scale=1e-3, rng=rng, **kw
+        )
+
+
+def time_functions(fs: dict, blocks: int, block_seconds: float) -> dict:
+    """Median seconds per call of each ``f()``, interleaved blocks."""
+    reps = {}
+    for k, f in fs.items():
+        f()
+        t = time.perf_counter()
+        f()
+        reps[k] = int(np.clip(block_seconds / max(time.perf_counter() - t, 1e-7), 2, 10_000))
+    times = {k: [] for k in fs}
+    for _ in range(blocks):
+        for k, f in fs.items():
+            t = time.perf_counter()
+            for _ in range(reps[k]):
+                f()
+            times[k].append((time.perf_counter() - t) / reps[k])
+    return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def run_model(name: str, n: int, blocks: int, block_s: float, compile_kwargs, kinds) -> list[str]:
+    rng = np.random.default_rng(0)
+    model, data = MODELS[name](n, rng)
+    sl, q0 = slices(model)
+    d = q0.size
+    rows = []
+    # 1. per-record functions against numpy (same data, same q)
+    fns, _ = build_record_functions(
+        model, model.value_vars, model.initial_point(), compile_kwargs=compile_kwargs
+    )
+    ref = Numpy(name, data, sl, d)
+    q = q0 + 0.05 * np.sin(np.arange(d) + 1.0)
+    q2 = q + 0.01 * np.cos(np.arange(d))
+    bound = 1.0
+    g_pkg, k_pkg = fns.clipped_grad_sum(q, bound)
+    g_np, k_np = ref.clipped_grad_sum(q, bound)
+    l_pkg, kl_pkg = fns.clipped_loglik_ratio_sum(q2, q, 0.01)
+    l_np, kl_np = ref.clipped_llr_sum(q2, q, 0.01)
+    agree = (
+        np.allclose(g_pkg, g_np, rtol=1e-7, atol=1e-9)
+        and k_pkg == k_np
+        and np.isclose(l_pkg, l_np, rtol=1e-7, atol=1e-9)
+        and kl_pkg == kl_np
+    )
+    t = time_functions(
+        {
+            "grad_pkg": lambda: fns.clipped_grad_sum(q, bound),
+            "grad_np": lambda: ref.clipped_grad_sum(q, bound),
+            "llr_pkg": lambda: fns.clipped_loglik_ratio_sum(q2, q, 0.01),
+            "llr_np": lambda: ref.clipped_llr_sum(q2, q, 0.01),
+        },
+        blocks,
+        block_s / 2,
+    )
+    route = fns.gradient_route
+    for fn, key in (("clipped grad sum", "grad"), ("clipped LLR sum", "llr")):
+        a, b = t[f"{key}_pkg"], t[f"{key}_np"]
+        rows.append(
+            f"{'function':<20} {name:<9} {n:>8,d} {d:>4} | {fn:<28} {a * 1e3:>9.4f} "
+            f"{b * 1e3:>9.4f} {a / b:>7.2f} | route {route}; agree {agree}"
+        )
+    # 2. steps against PyMC's (DP step and PyMC step interleaved)
+    for kind in kinds:
+        dp = make_dp(kind, model, compile_kwargs)
+        pymc_step = make_pymc_step(kind, model, "logistic")
+        runners = {"dp": Runner(dp, model), "pymc": Runner(pymc_step, model)}
+        tt = time_interleaved(runners, block_s, blocks)
+        props = pymc_proposals_per_iteration(pymc_step)
+        ratio = tt["dp"] / (tt["pymc"] / props)
+        what = "DPHMC/pm.HMC per iter" if kind == "DPHMC" else "Penalty/pm.Metropolis per prop"
+        rows.append(
+            f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {tt['dp'] * 1e3:>9.4f} "
+            f"{tt['pymc'] / props * 1e3:>9.4f} {ratio:>7.2f} | "
+            + (f"route {dp._fns.gradient_route}" if kind == "DPHMC" else f"PyMC prop/it {props}")
+        )
+    return rows
+
+
+HEADER = (
+    f"{'row':<20} {'model':<9} {'n':>8} {'d':>4} | {'what':<28} {'pkg ms':>9} {'ref ms':>9} "
+    f"{'ratio':>7} | note"
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="n = 5 000, short blocks")
+    ap.add_argument("--n", type=int, default=None, help="records (default 100 000)")
+    ap.add_argument("--blocks", type=int, default=None, help="interleaved timed blocks")
+    ap.add_argument("--block-seconds", type=float, default=None, help="target block length")
+    ap.add_argument("--blas-threads", type=int, default=1, help="BLAS threads for both sides")
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    ap.add_argument(
+        "--steps",
+        nargs="*",
+        default=["DPHMC", "DPPenaltyMetropolis"],
+        choices=["DPHMC", "DPPenaltyMetropolis"],
+    )
+    ap.add_argument("--mode", default=None, help="compile_kwargs mode of the DP side")
+    args = ap.parse_args(argv)
+    limit_blas(args.blas_threads)
+    n = args.n or (5_000 if args.quick else 100_000)
+    blocks = args.blocks or (3 if args.quick else 7)
+    block_s = args.block_seconds or (0.05 if args.quick else 0.4)
+    ck = {"mode": args.mode} if args.mode else None
+    print_header("bench_models: the models PyMC users write, pymc_dp vs PyMC and numpy")
+    print(
+        f"HMC pair: L = {N_LEAPFROG}, step size {STEP_SIZE:g}; medians of {blocks} interleaved "
+        f"blocks of ~{block_s:g} s; DP backend: {args.mode or 'automatic'}"
+    )
+    print("ratio = pkg / ref (ref: PyMC's step, per PyMC proposal for Metropolis; or numpy)\n")
+    print(HEADER, flush=True)
+    for name in args.models:
+        for row in run_model(name, n, blocks, block_s, ck, args.steps):
+            print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()

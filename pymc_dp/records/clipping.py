@@ -1,0 +1,184 @@
+"""The clipping layout shared by every clipped-gradient route, and the route object.
+
+Every route reduces a chunk of ``m`` records to ``(sum_i clip_b(g_i), n_clipped)`` the same
+way: the squared norms of the per-record gradients give one 1-D vector of clip weights
+``w_i = min(1, b / ||g_i||)`` (0 for a record whose gradient is not finite), and the clipped
+sum is a matrix-vector product ``G^T w`` (or a segment sum for group-indexed blocks). A
+non-finite entry of ``G`` makes that product non-finite even where ``w_i = 0`` (``0 * nan``);
+then, and only then, the *masked* version of the same function (every non-finite record's
+gradient replaced by 0 before the product) is called. Both versions give the same result:
+a record whose gradient is not finite contributes 0 and counts as clipped.
+
+Norms are formed from squared norms, never as ``sqrt(sqr(.))``: pytensor < 2.39 rewrites
+``sqrt(sqr(x))`` to ``switch(x >= 0, x, nan)`` (pytensor PR #1952).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytensor.scalar as ps
+import pytensor.tensor as pt
+from pytensor.graph.traversal import ancestors
+from pytensor.tensor.elemwise import Elemwise
+
+from pymc_dp.records.backend import compile_function
+
+__all__ = [
+    "ClipRoute",
+    "LazyFunction",
+    "clip_weights",
+    "factor_rows",
+    "mask_rows",
+    "reference_clipped_sum",
+    "verify_route",
+]
+
+_HUGE = np.finfo(np.float64).max
+
+
+def clip_weights(sq_norms, bound):
+    """``(finite, w, n_clipped)`` from the per-record squared norms (1-D).
+
+    ``finite`` flags records whose squared norm is finite, ``w`` are the clip weights
+    ``min(1, b / ||g_i||)`` (0 where not finite) and ``n_clipped`` counts the records with
+    ``||g_i|| > b`` or a non-finite norm.
+    """
+    finite = pt.le(sq_norms, _HUGE)
+    inv_norm = pt.minimum(1.0, bound / pt.sqrt(pt.maximum(sq_norms, 1e-300)))
+    w = pt.switch(finite, inv_norm, 0.0)
+    n_clipped = pt.sum(pt.invert(pt.le(sq_norms, bound * bound)))
+    return finite, w, n_clipped
+
+
+def mask_rows(block, finite):
+    """``block`` with the rows of non-finite records set to 0 (the masked version)."""
+    cond = finite if block.ndim == 1 else pt.shape_padright(finite, block.ndim - 1)
+    return pt.switch(cond, block, 0.0)
+
+
+def factor_rows(block, x):
+    """``(M, v)`` with ``block = M * v[:, None]`` and ``M`` data-only (not reading ``x``), else
+    None: the GLM factorisation of a per-record gradient block (``m x k``)."""
+    node = block.owner
+    if (
+        node is not None
+        and isinstance(node.op, Elemwise)
+        and isinstance(node.op.scalar_op, ps.TrueDiv)
+        and node.inputs[1].type.broadcastable[1]
+    ):  # (M * v) / u with u constant along the block: M * (v / u)
+        f = factor_rows(node.inputs[0], x)
+        return None if f is None else (f[0], f[1] / node.inputs[1][:, 0])
+    if not (
+        node is not None
+        and isinstance(node.op, Elemwise)
+        and isinstance(node.op.scalar_op, ps.Mul)
+        and block.ndim == 2
+        and block.type.shape[1] not in (None, 1)
+    ):
+        return None
+    full = [i for i in node.inputs if i.type.broadcastable == (False, False)]
+    rest = [i for i in node.inputs if i.type.broadcastable[1]]
+    if len(full) != 1 or len(full) + len(rest) != len(node.inputs):
+        return None
+    if x in ancestors([full[0]]):
+        return None
+    v = pt.mul(*rest) if rest else pt.ones((1, 1))
+    return full[0], v[:, 0]
+
+
+class LazyFunction:
+    """A compiled function that is compiled on its first call (picklable either way)."""
+
+    def __init__(self, inputs, outputs, compile_kwargs: dict | None = None, **kwargs) -> None:
+        self._args = (list(inputs), outputs, dict(compile_kwargs or {}), kwargs)
+        self._f = None
+
+    def __call__(self, *args):
+        if self._f is None:
+            inputs, outputs, ck, kw = self._args
+            self._f = compile_function(inputs, outputs, ck, **kw)
+        return self._f(*args)
+
+
+@dataclass
+class ClipRoute:
+    """A clipped-gradient-sum route (picklable).
+
+    ``fast(q, b, *prep, *chunk)`` and ``masked(...)`` return ``(sum, n_clipped)``; ``masked``
+    (every non-finite record's gradient set to 0 before the product) is called only when
+    ``fast`` gives a non-finite sum, and is compiled on that first need. ``prepare(*chunk)``
+    (or ``None``) gives data-only per-chunk arrays ``prep`` (e.g. row norms of the design
+    matrix), cached by the runtime; see `prepared`.
+    """
+
+    name: str
+    fast: Any
+    masked: Any
+    prepare: Any | None = None
+
+    def prepared(self, chunk) -> list | None:
+        """The per-chunk data-only arrays (``[]`` when the route needs none); ``None`` when
+        they are not finite (then the generic route serves the chunk)."""
+        if self.prepare is None:
+            return []
+        r = [np.asarray(a) for a in self.prepare(*chunk)]
+        return r if all(np.all(np.isfinite(a)) for a in r) else None
+
+    def __call__(self, q, bound, prep, chunk) -> tuple[np.ndarray, int]:
+        with np.errstate(invalid="ignore", over="ignore"):  # 0 * inf: handled below
+            s, k = self.fast(q, bound, *prep, *chunk)
+        s = np.asarray(s)
+        if not np.all(np.isfinite(s)):
+            s, k = self.masked(q, bound, *prep, *chunk)
+            s = np.asarray(s)
+        return s, int(k)
+
+
+def reference_clipped_sum(grads: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
+    """The clipped sum and count of per-record gradients ``grads`` (``m x d``), in numpy.
+
+    The definition every route must reproduce: a record whose gradient is not finite
+    contributes 0 and counts as clipped.
+    """
+    grads = np.asarray(grads, dtype=float)
+    with np.errstate(invalid="ignore", over="ignore"):
+        sq = np.sum(grads * grads, axis=1)
+        finite = sq <= _HUGE
+        w = np.where(finite, np.minimum(1.0, bound / np.sqrt(np.maximum(sq, 1e-300))), 0.0)
+        total = (np.where(finite[:, None], grads, 0.0) * w[:, None]).sum(axis=0)
+    return total, int(np.sum(~(sq <= bound * bound)))
+
+
+def verify_route(route: ClipRoute, f_grad_ref, batch, d: int, dtype) -> bool:
+    """Whether ``route`` reproduces `reference_clipped_sum` on stand-in records.
+
+    ``f_grad_ref(q, *chunk)`` gives the generic route's per-record gradients. Data-free:
+    8 stand-in records with the dtypes and trailing shapes of the data
+    (`pymc_dp.records.fakes.fake_rows`; integer entries 0 or 1, valid group indices
+    for two or more groups), at two parameter points, with and without clipping. The check
+    must see a finite, nonzero sum at least once.
+    """
+    from pymc_dp.records.fakes import fake_rows
+
+    if any(None in b.type.shape[1:] for b in batch):
+        return False
+    templates = [np.zeros((1, *b.type.shape[1:]), dtype=b.dtype) for b in batch]
+    fake = fake_rows(templates, 8)
+    prep = route.prepared(fake)
+    if prep is None:
+        return False
+    checked = False
+    for q in (np.zeros(d), 0.1 + 0.05 * np.arange(d)):
+        grads = np.asarray(f_grad_ref(q.astype(dtype), *fake))
+        for b in (1e-3, 1e6):
+            g1, k1 = reference_clipped_sum(grads, b)
+            g2, k2 = route(q.astype(dtype), b, prep, fake)
+            if k1 != k2 or g1.shape != g2.shape:
+                return False
+            if not np.allclose(g1, g2, rtol=1e-9, atol=1e-12, equal_nan=True):
+                return False
+            checked = checked or bool(np.all(np.isfinite(g1)) and np.any(g1 != 0))
+    return checked

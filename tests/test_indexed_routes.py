@@ -1,0 +1,233 @@
+"""The clipped-gradient routes against a reference per-record numpy loop (issue 16).
+
+Every index pattern a PyMC user writes (varying intercepts, slopes, crossed ``a[g] + b[h]``,
+nested ``a[g] + c[state_of[g]]``, non-centred ``mu + sd * z[g]``, indices in ``pm.Data``, a
+matrix-valued group parameter, the same source read through two indices) takes the indexed
+route, keeps the gathers vectorised (no ``Blockwise`` in the compiled function), and gives
+the clipped sums and counts of a loop over the records one at a time: with non-finite
+records and with chunking. The GLM and generic routes are held to the same reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytensor.tensor as pt
+import pytest
+from pytensor.tensor.blockwise import Blockwise
+
+import pymc_dp
+from pymc_dp.records import build_record_functions
+from pymc_dp.records.clipping import reference_clipped_sum
+
+N, J, H, S = 61, 5, 3, 2  # records, groups, crossed levels, states
+
+
+def _data(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "g": rng.integers(0, J, N),
+        "h": rng.integers(0, H, N),
+        "x": rng.uniform(-1, 1, N),
+        "X": rng.uniform(-1, 1, (N, 2)),
+        "y": rng.normal(size=N),
+        "counts": rng.poisson(2.0, N),
+        "state_of": np.array([0, 1, 1, 0, 1]),
+    }
+
+
+def _model(pattern: str, D: dict) -> pm.Model:
+    g, h, x, y = D["g"], D["h"], D["x"], D["y"]
+    with pm.Model(coords={"group": range(J)}) as m:
+        s = pm.HalfNormal("s", 1.0)
+        if pattern == "intercepts":
+            mu = pm.Normal("mu", 0, 1)
+            a = pm.Normal("a", mu, 1.0, dims="group")
+            pm.Normal("y", a[g], s, observed=y)
+        elif pattern == "slopes":
+            a = pm.Normal("a", 0, 1, shape=J)
+            b = pm.Normal("b", 0, 1, shape=J)
+            pm.Normal("y", a[g] + b[g] * x, s, observed=y)
+        elif pattern == "crossed":
+            a = pm.Normal("a", 0, 1, shape=J)
+            c = pm.Normal("c", 0, 1, shape=H)
+            pm.Normal("y", a[g] + c[h], s, observed=y)
+        elif pattern == "nested":
+            a = pm.Normal("a", 0, 1, shape=J)
+            c = pm.Normal("c", 0, 1, shape=S)
+            pm.Normal("y", a[g] + c[D["state_of"][g]], s, observed=y)
+        elif pattern == "noncentred_data":
+            mu = pm.Normal("mu", 0, 1)
+            sd = pm.HalfNormal("sd", 1)
+            z = pm.Normal("z", 0, 1, dims="group")
+            a = pm.Deterministic("a", mu + sd * z, dims="group")
+            gi = pm.Data("g", g)
+            hi = pm.Data("h", h)
+            c = pm.Normal("c", 0, 1, shape=H)
+            pm.Normal("y", a[gi] + c[hi], s, observed=y)
+        elif pattern == "matrix_param":
+            B = pm.Normal("B", 0, 1, shape=(J, 2))
+            pm.Normal("y", (B[g] * D["X"]).sum(axis=-1), s, observed=y)
+        elif pattern == "same_source":
+            a = pm.Normal("a", 0, 1, shape=J)
+            pm.Normal("y", a[g] - a[h], s, observed=y)
+        elif pattern == "negative_index":  # numpy semantics: -1 is the last group
+            a = pm.Normal("a", 0, 1, shape=J)
+            g_neg = np.where(np.arange(N) % 2 == 1, g - J, g)
+            pm.Normal("y", a[g_neg] + 2.0 * a[h], s, observed=y)
+        elif pattern == "poisson":
+            beta = pm.Normal("beta", 0, 1, shape=2)
+            a = pm.Normal("a", 0, 1, shape=J)
+            gi = pm.Data("g", g)
+            pm.Poisson("y", pt.exp(pt.dot(D["X"], beta) + a[gi]), observed=D["counts"])
+    return m
+
+
+PATTERNS = (
+    "intercepts",
+    "slopes",
+    "crossed",
+    "nested",
+    "noncentred_data",
+    "matrix_param",
+    "same_source",
+    "negative_index",
+    "poisson",
+)
+
+
+def _fns(model, chunk_size=None):
+    ip = model.initial_point()
+    fns, _ = build_record_functions(model, model.value_vars, ip, chunk_size=chunk_size)
+    q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
+    return fns, q0
+
+
+def _loop_reference(fns, q, bound):
+    """Clip every record's gradient alone, in a Python loop over the records."""
+    total, count = np.zeros(fns.ndim), 0
+    arrays = fns._records._arrays
+    for i in range(fns.n_records):
+        g = np.asarray(fns._c.grad_chunk(q, *[a[i : i + 1] for a in arrays]))[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            norm = np.sqrt(np.sum(g * g))
+        if not np.isfinite(norm):
+            count += 1
+            continue
+        if norm > bound:
+            count += 1
+        total += g * min(1.0, bound / norm)
+    return total, count
+
+
+def _assert_same(a, b):
+    assert a[1] == b[1]
+    np.testing.assert_allclose(a[0], b[0], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_indexed_route_matches_a_per_record_loop(pattern):
+    D = _data()
+    model = _model(pattern, D)
+    fns, q0 = _fns(model)
+    q = q0 + 0.3 * np.sin(np.arange(q0.size) + 1.0)
+    assert fns.clipped_grad_sum(q, 1.0) is not None
+    assert fns.gradient_route == "indexed"
+    fast = fns._c.grad_clipped["route"].fast
+    assert not [n for n in fast.maker.fgraph.toposort() if isinstance(n.op, Blockwise)]
+    for bound in (0.05, 1.0, 1e6):
+        _assert_same(fns.clipped_grad_sum(q, bound), _loop_reference(fns, q, bound))
+    # the batch of per-record gradients (generic) agrees with the loop too
+    _assert_same(reference_clipped_sum(fns.per_record_grad(q), 0.5), _loop_reference(fns, q, 0.5))
+    # chunking (a chunk size that does not divide n) and a subsample
+    chunked, _ = _fns(model, chunk_size=7)
+    _assert_same(chunked.clipped_grad_sum(q, 0.5), fns.clipped_grad_sum(q, 0.5))
+    idx = np.array([3, 3, 0, 60, 17])
+    sub = fns.clipped_grad_sum_subset(q, 0.5, idx)
+    full = reference_clipped_sum(fns.per_record_grad(q)[idx], 0.5)
+    _assert_same(sub, full)
+
+
+@pytest.mark.parametrize("pattern", ["intercepts", "noncentred_data", "crossed"])
+def test_non_finite_records_contribute_zero_and_count_as_clipped(pattern):
+    D = _data()
+    D["y"] = D["y"].copy()
+    D["y"][[4, 30]] = 1e200  # (y - mu)^2 overflows: the gradient in log s is inf
+    model = _model(pattern, D)
+    fns, q0 = _fns(model, chunk_size=20)
+    q = q0 + 0.1
+    g, k = fns.clipped_grad_sum(q, 1.0)
+    assert np.all(np.isfinite(g))
+    assert fns.gradient_route == "indexed"
+    _assert_same((g, k), _loop_reference(fns, q, 1.0))
+    ref_g, ref_k = _loop_reference(fns, q, 1e6)
+    assert ref_k == 2  # only the two non-finite records exceed a huge bound
+    _assert_same(fns.clipped_grad_sum(q, 1e6), (ref_g, ref_k))
+
+
+def test_glm_and_generic_routes_match_the_loop_with_non_finite_records():
+    D = _data()
+    y = D["y"].copy()
+    y[7] = 1e200
+    with pm.Model() as glm:
+        beta = pm.Normal("beta", 0, 1, shape=2)
+        s = pm.HalfNormal("s", 1)
+        pm.StudentT("y", nu=4, mu=pt.dot(D["X"], beta), sigma=s, observed=D["y"])
+    with pm.Model() as banana:
+        t = pm.Normal("t", 0, 1, shape=2)
+        pm.Normal("y", t[1] + t[0] ** 2, 1.0, observed=y)
+    for model, route in ((glm, "GLM fast"), (banana, "generic")):
+        fns, q0 = _fns(model, chunk_size=25)
+        q = q0 + 0.2
+        for bound in (0.1, 1e6):
+            _assert_same(fns.clipped_grad_sum(q, bound), _loop_reference(fns, q, bound))
+        assert fns.gradient_route == route
+
+
+def test_a_route_that_does_not_apply_falls_back_to_generic():
+    """A gather of a source that is not a selection of q (a sum-to-zero construction)."""
+    D = _data()
+    with pm.Model() as m:
+        raw = pm.Normal("raw", 0, 1, shape=J - 1)
+        a = pt.concatenate([raw, -raw.sum(keepdims=True)])
+        pm.Normal("y", a[D["g"]], 1.0, observed=D["y"])
+    fns, q0 = _fns(m)
+    q = q0 + 0.2
+    _assert_same(fns.clipped_grad_sum(q, 0.5), _loop_reference(fns, q, 0.5))
+    assert fns.gradient_route == "generic"
+
+
+@pytest.mark.slow
+def test_non_centred_deterministic_is_sampled_and_a_data_deterministic_still_refused():
+    """Issue 16: ``pm.Deterministic("a", mu_a + sd_a * z, dims="group")`` reads no record
+    data (the group dimension's length is a shared scalar): ``pymc_dp.sample`` samples it and
+    stores it. A Deterministic that reads a record-length array is still refused."""
+    D = _data()
+    kw = dict(
+        epsilon=2.0,
+        delta=1e-5,
+        draws=5,
+        tune=0,
+        chains=1,
+        step_kwargs={"clip_bound": 3.0},
+        random_seed=1,
+        progressbar=False,
+        compute_convergence_checks=False,
+    )
+    with pm.Model(coords={"group": range(J)}):
+        mu_a = pm.Normal("mu_a", 0, 1)
+        sd_a = pm.HalfNormal("sd_a", 1)
+        z = pm.Normal("z", 0, 1, dims="group")
+        a = pm.Deterministic("a", mu_a + sd_a * z, dims="group")
+        pm.Normal("y", a[D["g"]], 1.0, observed=D["y"])
+        idata = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
+    assert idata["posterior"]["a"].shape[-1] == J
+    with pm.Model(coords={"group": range(J)}):
+        mu_a = pm.Normal("mu_a", 0, 1)
+        sd_a = pm.HalfNormal("sd_a", 1)
+        z = pm.Normal("z", 0, 1, dims="group")
+        a = pm.Deterministic("a", mu_a + sd_a * z, dims="group")
+        pm.Deterministic("a_i", a[D["g"]])  # one value per record: reads the group index
+        pm.Normal("y", a[D["g"]], 1.0, observed=D["y"])
+        with pytest.raises(pymc_dp.ModelNotSupportedError, match="'a_i' depends on the data"):
+            pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
