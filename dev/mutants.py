@@ -107,10 +107,13 @@ MUTANTS = (
     ),
     Mutant(
         "skip the gradient clip",
-        "pymc_dp/records/routes.py",
+        "pymc_dp/records/clipping.py",
         "inv_norm = pt.minimum(1.0, bound / pt.sqrt(pt.maximum(sq_norms, 1e-300)))",
         "inv_norm = pt.ones_like(sq_norms)",
-        ("tests/test_model.py::test_clipped_sums_and_chunking",),
+        (
+            "tests/test_model.py::test_clipped_sums_and_chunking",
+            "tests/test_indexed_routes.py",
+        ),
     ),
 )
 
