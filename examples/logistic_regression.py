@@ -50,7 +50,7 @@ def main(argv=None) -> None:
     model = logistic_model(X, y)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=args.epsilon,
             delta=args.delta,
             draws=args.draws,

@@ -49,7 +49,7 @@ def test_report_survives_netcdf_round_trip(tmp_path):
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-5,
             draws=20,
@@ -98,7 +98,7 @@ def test_sample_calibrates_removes_data_and_meets_target():
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=0.5,
             delta=1e-5,
             draws=30,
@@ -119,7 +119,7 @@ def test_sample_keep_data_warns_in_report():
     model, *_ = normal_mean_model(n=20, d=1)
     with model, pytest.warns(UserWarning, match="raw data"):
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-5,
             draws=10,
@@ -191,8 +191,8 @@ def test_sample_refuses_data_dependent_deterministic():
     )
     with model:
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="'resid' depends on the data"):
-            pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
-        idata = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, var_names=["t", "t2"], **kw)
+            pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, **kw)
+        idata = pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, var_names=["t", "t2"], **kw)
     assert "resid" not in idata["posterior"]
 
 
@@ -200,7 +200,7 @@ def test_sample_refuses_log_likelihood():
     model, *_ = normal_mean_model(n=20, d=1)
     with model, pytest.raises(pymc_dp.ModelNotSupportedError, match="log_likelihood"):
         pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-5,
             draws=5,

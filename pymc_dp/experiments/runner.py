@@ -474,7 +474,7 @@ def run_one(
             n_draws = int(draws if draws is not None else setting.draws)
             n_tune = int(tune if tune is not None else setting.tune)
             idata = pymc_dp.sample(
-                spec.step_class,
+                step=spec.step_class,
                 epsilon=epsilon,
                 delta=delta,
                 draws=n_draws,
