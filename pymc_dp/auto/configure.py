@@ -43,10 +43,10 @@ class BudgetSplit:
     ``sampling`` gets what the other phases leave.
     """
 
-    warm_start: float = 0.25
-    anchor: float = 0.25
-    histograms: float = 0.02
-    clip_selection: float = 0.01
+    warm_start: float = 0.2
+    anchor: float = 0.4
+    histograms: float = 0.03
+    clip_selection: float = 0.03
 
     def __post_init__(self) -> None:
         shares = (self.warm_start, self.anchor, self.histograms, self.clip_selection)
@@ -94,11 +94,16 @@ class AutoPlan:
     def to_attrs(self) -> dict:
         """Data-free attributes the privacy report composes with the sampling phase."""
         pre = [p for p in self.phases if p.name != "sampling (penalty tests)"]
-        return {
+        out = {
             "dp_presample_mu": float(sum(p.mu for p in pre)),
             "dp_presample_releases": int(sum(p.releases for p in pre)),
             "dp_phases": self.describe(),
         }
+        if self.laplace_mean is not None:
+            # DP outputs (post-processing of the warm start's releases): safe to publish
+            out["dp_auto_laplace_mean"] = np.asarray(self.laplace_mean, dtype=float)
+            out["dp_auto_laplace_sd"] = np.sqrt(np.diag(self.laplace_cov))
+        return out
 
     def describe(self) -> str:
         """The phases and their shares of the budget, one line each (for attrs and print)."""
@@ -220,7 +225,7 @@ def auto_configure(
     plan.phases.extend(presample_phases(mu_total, split))
     z_grad, z_outer, z_hist, z_anchor, z_clip = (p.noise_multiplier for p in plan.phases)
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
-    grid = clip_grid(1e-4, 1e5, 46)
+    grid = clip_grid(1e-3, 1e4, 29)
     info = private_laplace(
         q0=q0,
         n=n,
@@ -238,12 +243,13 @@ def auto_configure(
     mean, cov = info.mean, info.cov
     plan.laplace_mean, plan.laplace_cov = mean, cov
     plan.clip_bounds = info.clip_bounds
-    # the control variate's gradient sum at the anchor: one more release, combined with the
-    # warm start's release at the same point by inverse-variance weighting (post-processing)
+    # the control variate's gradient sum at the anchor: one more release
     g_exact, _ = fns.clipped_grad_sum(info.anchor, info.anchor_bound)
-    g_anchor = np.asarray(g_exact) + rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound
-    w = z_grad**2 / (z_grad**2 + z_anchor**2)
-    anchor_grad = w * g_anchor + (1.0 - w) * info.anchor_grad
+    anchor_grad = np.asarray(g_exact) + rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound
+    # the chain targets the posterior tilted by this release's noise; one Newton step from
+    # the anchor with the released gradient centres the proposal on that target's mode
+    mean = info.anchor + cov @ (anchor_grad + fns.prior_logp_and_grad(info.anchor)[1])
+    plan.laplace_mean = mean
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
     # log-likelihood ratio per unit step for pairs of draws from the approximation; the

@@ -14,7 +14,7 @@ sharing a privacy-loss budget ``m`` (loss ~ N(m, 2m)), ``z = sqrt(T / (2 m))``.
   size is about ``T 2 Phi(-sigma(T) / 2)``; it has an interior maximum in ``T``.
 * Random walk in ``d`` whitened dimensions with noise proportional to the step
   (``sigma = kappa l``): optimal scaling gives efficiency ``~ 0.3 / (d (1 + kappa^2))`` per
-  iteration (Roberts, Gelman & Gilks 1997 with the noise added to the log ratio's variance).
+  iteration ([Roberts1997] with the noise added to the log ratio's variance).
 
 References
 ----------

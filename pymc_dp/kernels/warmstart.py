@@ -43,6 +43,7 @@ __all__ = [
     "LaplaceInfo",
     "clip_grid",
     "histogram_from_counts",
+    "histogram_quantile",
     "OUTER_SENSITIVITY",
     "laplace_releases",
     "noisy_histogram_quantile",
@@ -105,12 +106,26 @@ def noisy_histogram_quantile(
     """
     hist = np.asarray(hist, dtype=float)
     noisy = hist + rng.normal(size=hist.shape) * noise_multiplier * HISTOGRAM_SENSITIVITY
-    # post-processing of the released histogram only
-    n = float(hist.sum())  # public: the number of records
-    share = np.cumsum(np.maximum(noisy, 0.0))[:-1] / max(n, 1.0)
-    hit = np.nonzero(share >= quantile)[0]
-    bound = float(grid[hit[0]]) if hit.size else float(grid[-1])
-    return bound, noisy
+    std = noise_multiplier * HISTOGRAM_SENSITIVITY
+    return histogram_quantile(noisy, grid, quantile, int(round(hist.sum())), std), noisy
+
+
+def histogram_quantile(
+    noisy: np.ndarray, grid: np.ndarray, quantile: float, n: int, noise_std: float = 0.0
+) -> float:
+    """The smallest grid bound with at most a ``1 - quantile`` noisy share above it.
+
+    Post-processing. The share above ``grid[k]`` is the sum of the noisy bins above it,
+    summed from the top, so its noise comes from the bins *above* the bound only; bins whose
+    noisy count is below ``3 noise_std`` count as empty there (hard thresholding: the many
+    empty bins of a wide public grid would otherwise add their noise to every tail). ``n``
+    is the public number of records; the largest grid value when no bound qualifies.
+    """
+    noisy = np.asarray(noisy, dtype=float)
+    kept = np.where(noisy >= 3.0 * noise_std, noisy, 0.0)
+    above = np.cumsum(kept[::-1])[::-1][1:] / max(n, 1)
+    hit = np.nonzero(above <= 1.0 - quantile)[0]
+    return float(grid[hit[0]]) if hit.size else float(grid[-1])
 
 
 @dataclass
@@ -123,19 +138,17 @@ class LaplaceInfo:
     histogram_releases: int = 0
     clip_bounds: list[float] = field(default_factory=list)
     path: list[np.ndarray] = field(default_factory=list)
-    #: the last iterate, its released (noisy) clipped gradient sum and that clip bound: a
-    #: first-order control variate for the penalty test (DP outputs)
+    #: the last iterate and a clip bound for a first-order control variate there (DP outputs)
     anchor: np.ndarray | None = None
-    anchor_grad: np.ndarray | None = None
     anchor_bound: float = float("nan")
 
 
-def _pd_inverse(h: np.ndarray, floor: np.ndarray) -> np.ndarray:
-    """Covariance from a symmetrised Hessian whose eigenvalues are floored (post-processing)."""
+def _pd_floor(h: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(precision, covariance)`` of a symmetrised Hessian whose eigenvalues are floored."""
     h = 0.5 * (h + h.T)
     w, v = np.linalg.eigh(h)
     w = np.maximum(w, floor)
-    return (v / w) @ v.T
+    return (v * w) @ v.T, (v / w) @ v.T
 
 
 def laplace_releases(newton_steps: int) -> int:
@@ -172,6 +185,7 @@ def private_laplace(
     hist_noise_multiplier: float,
     newton_steps: int,
     rng: np.random.Generator,
+    anchor_quantile: float = 0.9999,
     average_last: int = 4,
     max_step_sd: float = 200.0,
 ) -> LaplaceInfo:
@@ -181,12 +195,15 @@ def private_laplace(
     a noisy histogram of the per-record gradient norms gives the clip bound ``b``
     (`noisy_histogram_quantile`); then the clipped gradient sum (noise ``z_g 2 b``) and the
     clipped outer-product sum (upper triangle, noise ``z_F sqrt(2) b^2``; Frobenius
-    sensitivity ``sqrt(2) b^2`` under replace-one) are released. The centred empirical Fisher
-    information ``F = S2 - S1 S1^T / n`` plus the prior's curvature (data-free, finite
-    differences of the exact prior gradient) is the curvature of a Fisher-scoring step
-    ``q += (F + P)^-1 (S1 + grad log prior)``; the last iterate's gradient is not applied,
-    its ``F + P`` gives ``cov``; ``mean`` averages the last ``average_last`` iterates
-    (Polyak averaging, which shrinks the gradient noise). All of this is post-processing.
+    sensitivity ``sqrt(2) b^2`` under replace-one) are released. The empirical Fisher
+    information ``F = S2`` (uncentred: far from the mode its mean part damps the step along
+    the gradient, as in Levenberg-Marquardt; at the mode the mean is about 0) plus the
+    prior's curvature (data-free, finite differences of the exact prior gradient) is the
+    curvature of a Fisher-scoring step ``q += (F + P)^-1 (S1 + grad log prior)``; the last
+    iterate's gradient is not applied, its ``F + P`` gives ``cov`` and its histogram the
+    control variate's clip bound (quantile ``anchor_quantile``); ``mean`` averages the last
+    ``average_last`` iterates (Polyak averaging, which shrinks the gradient noise). All of
+    this is post-processing.
 
     Parameters
     ----------
@@ -212,7 +229,8 @@ def private_laplace(
         Iterates averaged into ``mean``.
     max_step_sd : float
         Trust region: a step is shortened to at most this many standard deviations of the
-        current approximation (Mahalanobis norm).
+        current approximation (Mahalanobis norm). Steps are also damped by the curvature's
+        noise level (Levenberg-Marquardt), which leaves the fixed point unchanged.
 
     Returns
     -------
@@ -235,30 +253,51 @@ def private_laplace(
     cov = None
     for it in range(newton_steps + 1):
         hist = histogram_from_counts(n, grad_counts_above(q, grid))
-        b, _ = noisy_histogram_quantile(hist, grid, quantile, hist_noise_multiplier, rng)
+        b, noisy_hist = noisy_histogram_quantile(hist, grid, quantile, hist_noise_multiplier, rng)
         info.histogram_releases += 1
         info.clip_bounds.append(b)
         s1, s2 = clipped_moments(q, b)
         s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
-        s2 = np.asarray(s2, dtype=float) + _sym_noise(
-            d, outer_noise_multiplier * OUTER_SENSITIVITY * b * b, rng
-        )
+        outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b * b
+        s2 = np.asarray(s2, dtype=float) + _sym_noise(d, outer_std, rng)
         info.grad_releases += 2
         # -- post-processing of the three releases ---------------------------------------------
-        fisher = s2 - np.outer(s1, s1) / max(n, 1)
-        p_hess = prior_hessian(q)
+        # off-diagonal entries below three noise sds are set to 0 (hard thresholding of a
+        # noisy covariance: the noise's spectral norm grows like sqrt(d), the kept entries
+        # carry the correlations that are clearly there)
+        fisher = np.nan_to_num(s2, nan=0.0, posinf=0.0, neginf=0.0)
+        off = ~np.eye(d, dtype=bool)
+        fisher[off & (np.abs(fisher) < 3.0 * outer_std)] = 0.0
+        p_hess = np.nan_to_num(prior_hessian(q))
         floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()))
-        cov = _pd_inverse(fisher + p_hess, floor)
+        prec, cov = _pd_floor(fisher + p_hess, floor)
         iterates.append(q.copy())
         if it == newton_steps:
-            info.anchor, info.anchor_grad, info.anchor_bound = q.copy(), s1.copy(), b
+            # the control variate's clip bound: a higher quantile of the same released
+            # histogram (post-processing), so that few anchor gradients are clipped
+            info.anchor = q.copy()
+            std = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
+            top = histogram_quantile(noisy_hist, grid, anchor_quantile, n, std)
+            info.anchor_bound = max(b, top)
             break
-        step = cov @ (s1 + prior_grad(q))
-        maha = float(np.sqrt(max(step @ np.linalg.solve(cov, step), 0.0)))
+        # Levenberg-Marquardt damping by the noise level of the released curvature (its
+        # spectral norm is about 2 sqrt(d) entry sds): steps along directions the data do
+        # not determine (a zero-gradient direction at the start) stay small; the fixed point
+        # and the final covariance are not damped
+        damping = 2.0 * np.sqrt(d) * outer_std * np.eye(d)
+        step = np.linalg.solve(prec + damping, s1 + prior_grad(q))
+        maha = float(np.sqrt(max(step @ prec @ step, 0.0)))
         if not np.isfinite(maha):
             break
         if maha > max_step_sd:
             step *= max_step_sd / maha
+        # stay where the prior is finite (a data-free check): halve the step until it is
+        for _ in range(30):
+            if np.all(np.isfinite(prior_grad(q + step))) and np.all(np.isfinite(step)):
+                break
+            step = 0.5 * np.nan_to_num(step)
+        else:
+            break
         q = q + step
         info.path.append(q.copy())
     k = max(1, min(average_last, len(iterates)))

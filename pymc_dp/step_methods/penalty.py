@@ -89,7 +89,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         $\tilde G$ = ``grad_sum``, which must be a *released* (noisy, accounted) value of
         $\sum_i c_i$, e.g. from the automatic warm start. The clipped residuals have the
         same sensitivity ``2 b ||dtheta||`` as the ratios but are second order in the step,
-        so a far smaller ``clip_bound`` leaves them unclipped (Bardenet, Doucet & Holmes 2017,
+        so a far smaller ``clip_bound`` leaves them unclipped ([Bardenet2017],
         Sec. 6, Taylor proxies). The chain then targets the posterior tilted by the noise of
         ``grad_sum`` (exactly ``exp(xi . theta)`` with ``xi`` that noise).
     scaling : float
