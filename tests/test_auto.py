@@ -200,10 +200,32 @@ def test_presample_phases_take_their_shares_of_mu():
     split = BudgetSplit()
     phases = presample_phases(mu, split)
     total = sum(p.mu for p in phases)
-    share = split.warm_start + split.anchor + split.histograms + split.clip_selection
+    share = split.warm_start + split.histograms + split.clip_selection
     assert total == pytest.approx(share * mu, rel=1e-12)
-    with pytest.raises(ValueError, match="leave at least 10 %"):
-        BudgetSplit(warm_start=0.5, anchor=0.5)
+    with pytest.raises(ValueError, match="leave at least 20 %"):
+        BudgetSplit(warm_start=0.7, histograms=0.1)
+
+
+def test_anchor_share_minimises_the_predicted_error():
+    """choose_anchor_share against a brute-force grid of the same prediction."""
+    from pymc_dp.auto.configure import choose_anchor_share, tilt_sd
+    from pymc_dp.auto.predict import best_independent_length
+
+    cov = np.diag([0.01, 0.04])
+
+    def ess_of(mu_s):
+        return best_independent_length(mu_s, 0.05, minimum=200, maximum=20_000)
+
+    mu_a, pred, err = choose_anchor_share(1.0, cov, 3.0, ess_of)
+    assert 0 < mu_a < 1.0
+    for frac in (0.1, 0.3, 0.5, 0.7, 0.9):
+        other = np.sqrt(np.max(tilt_sd(cov, 3.0, frac) ** 2) + 1.0 / ess_of(1.0 - frac).ess)
+        assert err <= other + 1e-12
+    # tilt: the mean shift of N(m, cov) tilted by exp(xi . theta) is cov xi (closed form)
+    rng = np.random.default_rng(0)
+    xi = rng.normal(size=(200_000, 2)) * 2 * 3.0 * np.sqrt(1 / (2 * 0.5))
+    shift_sd = (xi @ cov).std(axis=0) / np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(shift_sd, tilt_sd(cov, 3.0, 0.5), rtol=0.01)
 
 
 @pytest.mark.slow

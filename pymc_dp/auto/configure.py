@@ -18,6 +18,7 @@ Choices 1-3 depend on the data only through released (noisy) values: post-proces
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,27 +34,37 @@ from pymc_dp.kernels.warmstart import (
     private_laplace,
 )
 
-__all__ = ["AutoPlan", "BudgetSplit", "NEWTON_STEPS", "Phase", "auto_configure", "presample_phases"]
+__all__ = [
+    "AutoPlan",
+    "BudgetSplit",
+    "NEWTON_STEPS",
+    "Phase",
+    "auto_configure",
+    "choose_anchor_share",
+    "presample_phases",
+    "tilt_sd",
+]
 
 
 @dataclass(frozen=True)
 class BudgetSplit:
     """Shares of the privacy-loss parameter ``mu`` (loss ~ N(mu, 2 mu); shares add).
 
-    ``sampling`` gets what the other phases leave.
+    The warm start, its clip histograms and the clip selection take fixed shares; what is
+    left is split between the control variate's gradient release and the penalty tests so
+    as to minimise the predicted error (`choose_anchor_share`).
     """
 
     warm_start: float = 0.2
-    anchor: float = 0.4
     histograms: float = 0.03
     clip_selection: float = 0.03
 
     def __post_init__(self) -> None:
-        shares = (self.warm_start, self.anchor, self.histograms, self.clip_selection)
-        if min(shares) <= 0 or sum(shares) >= 0.9:
+        shares = (self.warm_start, self.histograms, self.clip_selection)
+        if min(shares) <= 0 or sum(shares) >= 0.8:
             raise ValueError(
-                "budget shares must be > 0 and leave at least 10 % for sampling; got "
-                f"warm_start={self.warm_start}, anchor={self.anchor}, "
+                "budget shares must be > 0 and leave at least 20 % for the control variate "
+                f"and sampling; got warm_start={self.warm_start}, "
                 f"histograms={self.histograms}, clip_selection={self.clip_selection}"
             )
 
@@ -89,7 +100,8 @@ class AutoPlan:
     initvals: list[dict] = field(default_factory=list)
     laplace_mean: np.ndarray | None = None
     laplace_cov: np.ndarray | None = None
-    notes: list[str] = field(default_factory=list)
+    predicted_error: float = float("nan")
+    clip_bounds: list[float] = field(default_factory=list)
 
     def to_attrs(self) -> dict:
         """Data-free attributes the privacy report composes with the sampling phase."""
@@ -120,13 +132,14 @@ NEWTON_STEPS = 10
 
 
 def presample_phases(mu_total: float, split: BudgetSplit) -> list[Phase]:
-    """The Gaussian releases made before the chains, with their noise multipliers.
+    """The fixed-share Gaussian releases made before the chains, with their noise multipliers.
 
     Each phase gets its share of the privacy-loss parameter ``mu_total`` (Gaussian
     mechanisms compose by adding their ``mu``; Sommer et al. 2019, Lemma 12): the warm
     start's gradient sums and outer-product sums (half of ``split.warm_start`` each, over
-    `laplace_releases` iterations), its clip histograms, the control variate's gradient
-    sum, and the ratio histogram of the clip selection (one release each).
+    `laplace_releases` iterations), its clip histograms, and the ratio-residual histogram of
+    the clip selection (one release). The control variate's release follows
+    (`choose_anchor_share`).
     """
     iters = laplace_releases(NEWTON_STEPS)
 
@@ -139,9 +152,45 @@ def presample_phases(mu_total: float, split: BudgetSplit) -> list[Phase]:
             "warm start: noisy clipped outer-product sums", z(iters, split.warm_start / 2), iters
         ),
         Phase("warm start: noisy gradient-norm histograms", z(iters, split.histograms), iters),
-        Phase("control variate: noisy clipped gradient sum", z(1, split.anchor), 1),
         Phase("clip selection: noisy ratio-residual histogram", z(1, split.clip_selection), 1),
     ]
+
+
+def tilt_sd(cov: np.ndarray, grad_bound: float, mu_anchor: float) -> np.ndarray:
+    """Predicted shift of each posterior mean by the control variate's noise, in sds.
+
+    The chain targets the posterior tilted by ``exp(xi . theta)``, ``xi ~ N(0, s^2 I)`` with
+    ``s = 2 b z`` and ``z = sqrt(1 / (2 mu_anchor))``: the mean moves by ``cov xi``, whose
+    coordinate ``j`` has sd ``s sqrt((cov^2)_jj)``; divided by the posterior sd
+    ``sqrt(cov_jj)``.
+    """
+    s = 2.0 * grad_bound * math.sqrt(1.0 / (2.0 * mu_anchor))
+    return s * np.sqrt(np.diag(cov @ cov) / np.diag(cov))
+
+
+def choose_anchor_share(
+    mu_left: float,
+    cov: np.ndarray,
+    grad_bound: float,
+    ess_of: Callable[[float], Prediction],
+) -> tuple[float, Prediction, float]:
+    """Split ``mu_left`` between the control variate and the penalty tests.
+
+    Minimises the predicted error of the worst posterior mean, in posterior sds:
+    ``sqrt(tilt_j^2 + 1 / ESS)`` (`tilt_sd`; ``ess_of(mu_sampling)`` predicts the sampler's
+    effective sample size). Returns ``(mu_anchor, prediction, predicted_error)``; data-free
+    given its DP inputs.
+    """
+    best = None
+    for frac in np.linspace(0.05, 0.95, 37):
+        mu_a = frac * mu_left
+        pred = ess_of(mu_left - mu_a)
+        err = float(
+            np.sqrt(np.max(tilt_sd(cov, grad_bound, mu_a) ** 2) + 1.0 / max(pred.ess, 1e-12))
+        )
+        if best is None or err < best[2]:
+            best = (mu_a, pred, err)
+    return best
 
 
 def _counts_above_grad(fns, q: np.ndarray, grid: np.ndarray) -> np.ndarray:
@@ -223,7 +272,7 @@ def auto_configure(
 
     # -- phase 1: the private Laplace approximation (private Fisher scoring) -------------
     plan.phases.extend(presample_phases(mu_total, split))
-    z_grad, z_outer, z_hist, z_anchor, z_clip = (p.noise_multiplier for p in plan.phases)
+    z_grad, z_outer, z_hist, z_clip = (p.noise_multiplier for p in plan.phases)
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
     grid = clip_grid(1e-3, 1e4, 29)
     info = private_laplace(
@@ -240,45 +289,53 @@ def auto_configure(
         newton_steps=NEWTON_STEPS,
         rng=rng,
     )
-    mean, cov = info.mean, info.cov
-    plan.laplace_mean, plan.laplace_cov = mean, cov
+    cov = info.cov
+    chol = np.linalg.cholesky(cov)
     plan.clip_bounds = info.clip_bounds
-    # the control variate's gradient sum at the anchor: one more release
-    g_exact, _ = fns.clipped_grad_sum(info.anchor, info.anchor_bound)
-    anchor_grad = np.asarray(g_exact) + rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound
-    # the chain targets the posterior tilted by this release's noise; one Newton step from
-    # the anchor with the released gradient centres the proposal on that target's mode
-    mean = info.anchor + cov @ (anchor_grad + fns.prior_logp_and_grad(info.anchor)[1])
-    plan.laplace_mean = mean
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
-    # log-likelihood ratio per unit step for pairs of draws from the approximation; the
-    # average of the pairs' histograms has L2 sensitivity sqrt(2), as one histogram (one
-    # record moves by at most one unit in two bins of every pair's histogram)
-    chol = np.linalg.cholesky(cov)
+    # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
+    # step, for pairs of draws from the approximation; the average of the pairs' histograms
+    # has L2 sensitivity sqrt(2), as one histogram (one record moves by at most one unit in
+    # two bins of every pair's histogram)
     hist = np.zeros(grid.size + 1)
     dist = []
     for _ in range(llr_pairs):
-        a = mean + chol @ rng.normal(size=d)
-        b = mean + chol @ rng.normal(size=d)
+        a = info.mean + chol @ rng.normal(size=d)
+        b = info.mean + chol @ rng.normal(size=d)
         dist.append(float(np.linalg.norm(a - b)))
         counts = _counts_above_residual(fns, a, b, grid, info.anchor, info.anchor_bound)
         hist += histogram_from_counts(n, counts)
     clip, _ = noisy_histogram_quantile(hist / llr_pairs, grid, clip_quantile, z_clip, rng)
 
-    # -- phase 3: sampling, with the budget left ----------------------------------------------
-    spent = sum(p.mu for p in plan.phases)
-    mu_left = mu_total - spent
-    mean_dist = float(np.mean(dist))
-    sd_scale = float(np.sqrt(np.trace(cov) / d))
-    llr_step = 2.0 * clip * mean_dist
+    # -- phase 3: the control variate's share, chosen by the predicted error -----------------
     fixed = draws is not None
     lo = chains * (50 if not fixed else draws)
     hi = max(lo, max_iterations if not fixed else chains * draws)
-    ind = best_independent_length(mu_left, llr_step, minimum=lo, maximum=hi)
     rw_len = hi if not fixed else chains * draws
-    rw = random_walk_ess(rw_len, mu_left, 2.0 * clip * sd_scale, d)
-    pred = ind if ind.ess >= rw.ess else rw
+    llr_step = 2.0 * clip * float(np.mean(dist))
+    sd_scale = float(np.sqrt(np.trace(cov) / d))
+
+    def ess_of(mu_s: float) -> Prediction:
+        ind = best_independent_length(mu_s, llr_step, minimum=lo, maximum=hi)
+        rw = random_walk_ess(rw_len, mu_s, 2.0 * clip * sd_scale, d)
+        return ind if ind.ess >= rw.ess else rw
+
+    mu_left = mu_total - sum(p.mu for p in plan.phases)
+    mu_anchor, pred, plan.predicted_error = choose_anchor_share(
+        mu_left, cov, info.anchor_bound, ess_of
+    )
+    z_anchor = math.sqrt(1.0 / (2.0 * mu_anchor))
+    plan.phases.append(Phase("control variate: noisy clipped gradient sum", z_anchor, 1))
+    g_exact, _ = fns.clipped_grad_sum(info.anchor, info.anchor_bound)
+    anchor_grad = np.asarray(g_exact) + rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound
+    # the chain targets the posterior tilted by this release's noise; one Newton step from
+    # the anchor with the released gradient centres the proposal on that target's mode
+    mean = info.anchor + cov @ (anchor_grad + fns.prior_logp_and_grad(info.anchor)[1])
+    plan.laplace_mean, plan.laplace_cov = mean, cov
+
+    # -- phase 4: sampling, with the budget left ----------------------------------------------
+    mu_left = mu_total - sum(p.mu for p in plan.phases)
     plan.prediction = pred
     if pred.proposal == "independent":
         plan.tune = 0 if tune is None else int(tune)

@@ -29,6 +29,10 @@ FISHER_SHARE = 0.1
 #: Predicted error (posterior sds) above which `plan` warns that the run is not usable.
 USABLE_ERROR = 0.5
 
+#: Nominal share of ``mu`` of the control variate's release (the run chooses it after the
+#: warm start, `pymc_dp.auto.configure.choose_anchor_share`; measured 0.3-0.6).
+NOMINAL_ANCHOR_SHARE = 0.4
+
 
 def predicted_mean_error(n: int, d: int, anchor_noise_multiplier: float) -> float:
     """Predicted error of a posterior mean in posterior sds, per coordinate.
@@ -68,27 +72,33 @@ class Plan:
                 f" ({100 * p.mu / self.mu_total:.1f}% of mu)"
             )
         lines.append(
-            f"    sampling (penalty tests): the rest ({100 * self._sampling_share():.1f}% of mu); "
-            "run length chosen after the warm start by the predicted effective sample size"
+            f"    control variate and sampling (penalty tests): the rest "
+            f"({100 * self._sampling_share():.1f}% of mu), split after the warm start to "
+            "minimise the predicted error; run length chosen by the predicted effective "
+            "sample size"
         )
         lines.append(
             f"  predicted error of each posterior mean: about {self.predicted_error:.2g} "
-            f"posterior sds (assumes per-record Fisher information {FISHER_SHARE} b^2 / d)"
+            f"posterior sds (assumes per-record Fisher information {FISHER_SHARE} b^2 / d and "
+            f"{NOMINAL_ANCHOR_SHARE:.0%} of mu for the control variate)"
         )
         if self.data_bounds:
             lines.append(f"  declared data bounds: {self.data_bounds}")
         lines += [f"  WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)
 
-    def _sampling_share(self) -> float:
+    def _sampling_share(self) -> float:  # what the fixed-share phases leave
         return 1.0 - sum(p.mu for p in self.phases) / self.mu_total
+
+
+def _nominal_anchor_z(mu_total: float) -> float:
+    return math.sqrt(1.0 / (2.0 * NOMINAL_ANCHOR_SHARE * mu_total))
 
 
 def _epsilon_needed(n: int, d: int, delta: float, split: BudgetSplit) -> float:
     def err(log_eps: float) -> float:
         mu = gaussian_mu_for_epsilon(math.exp(log_eps), delta)
-        z = presample_phases(mu, split)[3].noise_multiplier
-        return predicted_mean_error(n, d, z) - USABLE_ERROR
+        return predicted_mean_error(n, d, _nominal_anchor_z(mu)) - USABLE_ERROR
 
     if err(math.log(1e4)) > 0:
         return float("inf")
@@ -140,7 +150,7 @@ def plan(
     d = int(sum(np.size(v) for v in model.initial_point().values()))
     mu = gaussian_mu_for_epsilon(epsilon, delta)
     phases = presample_phases(mu, split)
-    err = predicted_mean_error(n, d, phases[3].noise_multiplier)
+    err = predicted_mean_error(n, d, _nominal_anchor_z(mu))
     out = Plan(n, d, epsilon, delta, int(chains), mu, phases, err, bounds)
     if err > USABLE_ERROR:
         eps_needed = _epsilon_needed(n, d, delta, split)
