@@ -83,7 +83,8 @@ MODELS = {"logistic": logistic, "linear": linear, "robust": robust, "hierarchica
 
 
 def _errors(dp, ref) -> tuple[float, float, float]:
-    s, r = az.summary(dp, kind="stats"), az.summary(ref, kind="stats")
+    s = az.summary(dp, kind="stats", round_to="none")
+    r = az.summary(ref, kind="stats", round_to="none")
     err = float((np.abs(s["mean"] - r["mean"]) / r["sd"]).max())
     ratio = s["sd"] / r["sd"]
     return err, float(ratio.min()), float(ratio.max())

@@ -141,6 +141,9 @@ class LaplaceInfo:
     #: the last iterate and a clip bound for a first-order control variate there (DP outputs)
     anchor: np.ndarray | None = None
     anchor_bound: float = float("nan")
+    #: the last curvature (floored precision) and its Levenberg-Marquardt damping
+    precision: np.ndarray | None = None
+    damping: float = 0.0
 
 
 def _pd_floor(h: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
@@ -269,8 +272,13 @@ def private_laplace(
         off = ~np.eye(d, dtype=bool)
         fisher[off & (np.abs(fisher) < 3.0 * outer_std)] = 0.0
         p_hess = np.nan_to_num(prior_hessian(q))
-        floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()))
+        # eigenvalue floor: the prior's smallest curvature, and the noise level of the released
+        # curvature (eigenvalues below it are noise; half its ~2 sqrt(d) sd spectral norm)
+        noise_level = np.sqrt(d) * outer_std
+        floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()), noise_level)
         prec, cov = _pd_floor(fisher + p_hess, floor)
+        info.precision = prec
+        info.damping = 2.0 * noise_level
         iterates.append(q.copy())
         if it == newton_steps:
             # the control variate's clip bound: a higher quantile of the same released
@@ -284,8 +292,7 @@ def private_laplace(
         # spectral norm is about 2 sqrt(d) entry sds): steps along directions the data do
         # not determine (a zero-gradient direction at the start) stay small; the fixed point
         # and the final covariance are not damped
-        damping = 2.0 * np.sqrt(d) * outer_std * np.eye(d)
-        step = np.linalg.solve(prec + damping, s1 + prior_grad(q))
+        step = np.linalg.solve(prec + info.damping * np.eye(d), s1 + prior_grad(q))
         maha = float(np.sqrt(max(step @ prec @ step, 0.0)))
         if not np.isfinite(maha):
             break
