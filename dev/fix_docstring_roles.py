@@ -11,7 +11,7 @@ appear literally. This rewrites, in place:
   ``aligned`` when it aligns at ``&``).
 
 Usage: ``python dev/fix_docstring_roles.py FILE.py [FILE.py ...]`` (prints what changed).
-``tests/test_docstrings.py`` checks that no such markup is left in the package.
+``tests/docs/test_docstrings.py`` checks that no such markup is left in the package.
 """
 
 from __future__ import annotations

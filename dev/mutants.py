@@ -42,8 +42,8 @@ MUTANTS = (
         "log_prior_ratio + log_proposal_ratio - 0.5 * sigma * sigma",
         "log_prior_ratio + log_proposal_ratio",
         (
-            "tests/test_penalty_power.py::test_penalty_acceptance_matches_closed_form",
-            "tests/test_penalty_power.py::test_penalty_metropolis_exact_at_large_noise",
+            "tests/kernels/test_penalty_power.py::test_penalty_acceptance_matches_closed_form",
+            "tests/kernels/test_penalty_power.py::test_penalty_metropolis_exact_at_large_noise",
         ),
     ),
     Mutant(
@@ -51,28 +51,32 @@ MUTANTS = (
         "pymc_dp/kernels/subsampled_penalty.py",
         "xi + log_prior_ratio - 0.5 * sigma * sigma",
         "xi + log_prior_ratio",
-        ("tests/test_penalty_power.py::test_subsampled_penalty_full_batch_exact_at_large_noise",),
+        (
+            "tests/kernels/test_penalty_power.py::test_subsampled_penalty_full_batch_exact_at_large_noise",
+        ),
     ),
     Mutant(
         "drop the penalty correction (DP-Fast MH)",
         "pymc_dp/kernels/fastmh.py",
         "log_a = ell + xi - 0.5 * sigma * sigma + log_prior_ratio",
         "log_a = ell + xi + log_prior_ratio",
-        ("tests/test_fastmh.py",),
+        ("tests/step_methods/test_fastmh.py",),
     ),
     Mutant(
         "drop the variance correction (exponential-family penalty)",
         "pymc_dp/kernels/expfam.py",
         "- (0.5 * var if variance_correction else 0.0)",
         "- 0.0",
-        ("tests/test_expfam.py::test_linear_regression_unknown_sigma_is_exact_with_noise",),
+        (
+            "tests/step_methods/test_expfam.py::test_linear_regression_unknown_sigma_is_exact_with_noise",
+        ),
     ),
     Mutant(
         "drop the log-Jacobian",
         "pymc_dp/records/graphs.py",
         "prior = model.logp(vars=prior_terms, jacobian=True)",
         "prior = model.logp(vars=prior_terms, jacobian=False)",
-        ("tests/test_model.py::test_prior_includes_log_jacobian",),
+        ("tests/records/test_build.py::test_prior_includes_log_jacobian",),
     ),
     Mutant(
         "flip the kinetic-energy sign",
@@ -80,8 +84,8 @@ MUTANTS = (
         "d_kinetic = kinetic_energy(p, inv_mass) - kinetic_energy(p1, inv_mass)",
         "d_kinetic = kinetic_energy(p1, inv_mass) - kinetic_energy(p, inv_mass)",
         (
-            "tests/test_hmc.py::test_exact_normal_mean_1d",
-            "tests/test_penalty_power.py::test_dphmc_exact_at_large_noise",
+            "tests/step_methods/test_hmc.py::test_exact_normal_mean_1d",
+            "tests/kernels/test_penalty_power.py::test_dphmc_exact_at_large_noise",
         ),
     ),
     Mutant(
@@ -89,21 +93,21 @@ MUTANTS = (
         "pymc_dp/kernels/penalty.py",
         "return noise_multiplier * 2.0 * clip_bound * step_norm",
         "return 0.5 * noise_multiplier * 2.0 * clip_bound * step_norm",
-        ("tests/test_penalty_power.py::test_penalty_noise_std_is_z_times_the_sensitivity",),
+        ("tests/kernels/test_penalty_power.py::test_penalty_noise_std_is_z_times_the_sensitivity",),
     ),
     Mutant(
         "halve the gradient noise std",
         "pymc_dp/kernels/hmc.py",
         "return noise_multiplier * 2.0 * clip_bound",
         "return 0.5 * noise_multiplier * 2.0 * clip_bound",
-        ("tests/test_hmc.py",),
+        ("tests/step_methods/test_hmc.py",),
     ),
     Mutant(
         "skip the log-likelihood-ratio clip",
         "pymc_dp/records/routes.py",
         "llr_sum = pt.sum(pt.switch(nan, 0.0, pt.clip(r, -bound, bound)))",
         "llr_sum = pt.sum(pt.switch(nan, 0.0, r))",
-        ("tests/test_model.py::test_clipped_sums_and_chunking",),
+        ("tests/records/test_build.py::test_clipped_sums_and_chunking",),
     ),
     Mutant(
         "skip the gradient clip",
@@ -111,8 +115,8 @@ MUTANTS = (
         "inv_norm = pt.minimum(1.0, bound / pt.sqrt(pt.maximum(sq_norms, 1e-300)))",
         "inv_norm = pt.ones_like(sq_norms)",
         (
-            "tests/test_model.py::test_clipped_sums_and_chunking",
-            "tests/test_indexed_routes.py",
+            "tests/records/test_build.py::test_clipped_sums_and_chunking",
+            "tests/records/test_indexed_routes.py",
         ),
     ),
 )

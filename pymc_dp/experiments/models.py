@@ -427,7 +427,7 @@ def gaussian_mixture(
     prior $N(0, 5^2)$ per coordinate (the paper's flat prior gives an improper
     posterior). Reference: exact posterior on a grid (`mixture_grid_posterior`),
     sampled cell by mass with a uniform position within the cell (as
-    ``examples/fastmh_mixture.py`` and ``tests/test_fastmh.py``).
+    ``examples/fastmh_mixture.py`` and ``tests/step_methods/test_fastmh.py``).
 
     Parameters
     ----------

@@ -23,7 +23,7 @@ from pymc_dp.records.fakes import fake_rows as _fake_rows
 from pymc_dp.step_methods.base import BudgetExceededError
 
 SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 X = np.random.default_rng(0).normal(size=40)
 
 

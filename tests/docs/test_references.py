@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 KEY = re.compile(r"\[(DPHMC|[A-Z][A-Za-z]+\d{4})\]")
 
 

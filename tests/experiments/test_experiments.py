@@ -367,7 +367,7 @@ def test_reproduce_script_refuses_bad_arguments():
     import pathlib
     import subprocess
 
-    script = pathlib.Path(__file__).parents[1] / "scripts" / "reproduce_results.sh"
+    script = pathlib.Path(__file__).parents[2] / "scripts" / "reproduce_results.sh"
     r = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert r.returncode == 2 and "PART FIRST_REPEAT REPEATS" in r.stdout
     r = subprocess.run(["bash", str(script), "nope", "0", "1"], capture_output=True, text=True)
@@ -390,7 +390,7 @@ def test_results_page_tables_are_the_committed_csvs(model, methods):
 
     from pymc_dp.experiments import merge_results, summary_table
 
-    root = pathlib.Path(__file__).parents[1] / "docs"
+    root = pathlib.Path(__file__).parents[2] / "docs"
     csvs = sorted((root / "data" / "results").glob(f"{model}_*.csv"))
     assert csvs, "no committed results CSV"
     rows = merge_results(csvs)

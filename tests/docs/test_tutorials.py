@@ -1,6 +1,6 @@
 """The claims the tutorials (examples/banana.py, examples/constrained_parameter.py) rest on.
 
-``tests/test_examples.py`` runs the scripts; these tests check the mathematics their prose
+``tests/scripts/test_examples.py`` runs the scripts; these tests check the mathematics their prose
 states: the banana prior written as two Normals is Ban(0, sigma0^2 I, a), the closed-form
 posterior moments agree with exact draws, PyMC's log-Jacobian of the logit transform is
 log p(1 - p), and the clip bound 1 of the Beta-Bernoulli tutorial bounds every per-record
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")

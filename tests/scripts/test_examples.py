@@ -10,7 +10,7 @@ import pytest
 
 EXAMPLES = sorted(
     p
-    for p in (Path(__file__).resolve().parents[1] / "examples").glob("*.py")
+    for p in (Path(__file__).resolve().parents[2] / "examples").glob("*.py")
     if not p.name.startswith("_")
 )
 

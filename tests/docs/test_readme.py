@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def test_readme_quickstart_runs():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert blocks, "README has no python block"
     ns: dict = {}
@@ -17,7 +17,7 @@ def test_readme_quickstart_runs():
     assert idata.attrs["dp_delta"] == 1e-6
     assert idata.attrs["dp_iterations"] == 2 * 2000
     # the private posterior is close to the exact one (sd 0.0032): a sanity check, not a
-    # statistical test (those live in test_penalty.py)
+    # statistical test (those live in step_methods/test_penalty.py)
     exact = ns["x"].mean() * 100_000 / (100_000 + 0.01)
     assert abs(float(idata["posterior"]["mu"].mean()) - exact) < 0.01
 
