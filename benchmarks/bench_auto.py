@@ -143,7 +143,9 @@ def main() -> None:
                         auto_kwargs={"max_iterations": 2000} if args.quick else None,
                     )  # fmt: skip
                     t_dp = time.perf_counter() - t
-                    rhat = float(az.rhat(idata).to_array().max())
+                    rh = az.rhat(idata)
+                    rh = rh.to_dataset() if hasattr(rh, "to_dataset") else rh
+                    rhat = max(float(v.max()) for v in rh.data_vars.values())
                     err, lo, hi = _errors(idata, ref)
                     lap = _laplace_error(model, idata.attrs["dp_auto_laplace_mean"], ref)
                     rep = pymc_dp.privacy_report(idata, attach=False)

@@ -221,10 +221,18 @@ def private_laplace(
         (data).
     grad_counts_above : callable
         ``(q, grid) -> counts``: records whose gradient norm exceeds each grid bound (data).
-    grid, quantile, hist_noise_multiplier
-        The clip selection (`noisy_histogram_quantile`).
-    grad_noise_multiplier, outer_noise_multiplier : float
-        ``z_g`` and ``z_F``.
+    grid : array
+        The public candidate clip bounds (`clip_grid`).
+    quantile : float
+        Share of records left unclipped by each iteration's clip bound.
+    grad_noise_multiplier : float
+        ``z_g`` of the gradient sums.
+    outer_noise_multiplier : float
+        ``z_F`` of the outer-product sums.
+    hist_noise_multiplier : float
+        ``z`` of the clip histograms (`noisy_histogram_quantile`).
+    anchor_quantile : float
+        Quantile of the last histogram that gives the control variate's clip bound.
     newton_steps : int
         Fisher-scoring steps (>= 1).
     rng : numpy.random.Generator
