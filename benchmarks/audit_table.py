@@ -68,7 +68,11 @@ def main(argv=None) -> None:
     if args.out:
         env = f"Python {platform.python_version()}, PyMC {pymc.__version__}"
         arg_text = f" --scale {args.scale:g}" if args.scale != 1 else ""
-        args.out.write_text(HEADER.format(args=arg_text, env=env) + "\n".join(rows) + "\n")
+        # keep the sections after the table (e.g. the minibatch steps, made by their tests)
+        old = args.out.read_text() if args.out.exists() else ""
+        rest = old[old.index("\n## ") :] if "\n## " in old else ""
+        table = HEADER.format(args=arg_text, env=env) + "\n".join(rows) + "\n"
+        args.out.write_text(table + rest)
         print(f"wrote {args.out}")
 
 
