@@ -169,7 +169,7 @@ def test_sample_refuses_uncovered_free_variables(logistic_model):
     with model:
         step = pymc_dp.DPPenaltyMetropolis([model["a"]], clip_bound=3.0, noise_multiplier=2.0)
         with pytest.raises(pymc_dp.ModelNotSupportedError, match=r"\['w'\].*non-private"):
-            pymc_dp.sample(step, draws=5, tune=0, chains=1, delta=1e-5)
+            pymc_dp.sample(step=step, draws=5, tune=0, chains=1, delta=1e-5)
 
 
 def test_sample_refuses_data_dependent_deterministic():
@@ -215,7 +215,7 @@ def test_sample_refuses_non_dp_step():
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="not a pymc_dp step"):
-            pymc_dp.sample(pm.Metropolis(), draws=5, tune=0, chains=1)
+            pymc_dp.sample(step=pm.Metropolis(), draws=5, tune=0, chains=1)
 
 
 def test_sample_refuses_step_calibrated_for_smaller_run():
@@ -225,4 +225,4 @@ def test_sample_refuses_step_calibrated_for_smaller_run():
             clip_bound=3.0, epsilon=1.0, delta=1e-5, draws=10, tune=0, chains=1
         )
         with pytest.raises(ValueError, match="calibrated for"):
-            pymc_dp.sample(step, draws=10, tune=0, chains=2)
+            pymc_dp.sample(step=step, draws=10, tune=0, chains=2)

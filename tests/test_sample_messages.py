@@ -107,5 +107,5 @@ def test_sample_accepts_a_step_instance_with_declared_data_free_potentials():
             chains=1,
             data_free_potentials=True,
         )
-        idata = pymc_dp.sample(step, draws=5, tune=0, chains=1, random_seed=1, **SAMPLE)
+        idata = pymc_dp.sample(step=step, draws=5, tune=0, chains=1, random_seed=1, **SAMPLE)
     assert idata["posterior"]["t"].shape == (1, 5)

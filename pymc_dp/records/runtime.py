@@ -41,6 +41,19 @@ class RecordSource(Protocol):
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float
     ) -> tuple[float, int]: ...
 
+    def clipped_residual_ratio_sum(
+        self,
+        q_new: np.ndarray,
+        q_old: np.ndarray,
+        bound: float,
+        anchor: np.ndarray,
+        grad_bound: float,
+    ) -> tuple[float, int]: ...
+
+    def clipped_grad_moments(
+        self, q: np.ndarray, bound: float
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
     def clipped_grad_sum(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]: ...
 
     def clipped_grad_sum_subset(
