@@ -36,6 +36,14 @@ give `eps_lb = ln((p_D - delta) / p_D')`, valid with 95 % confidence jointly ove
 the audit could not tell them apart. The same scenarios run in the test suite
 (`tests/test_audit.py`).
 
+The `auto:` rows are the automatic mode's pre-sampling mechanisms ([Automatic
+configuration](auto.md)): the clip histogram (record 0 is 0.3 in D and 100 in D', so it
+moves between two bins; the event is a threshold on the difference of those two noisy
+bins), the warm start's gradient and outer-product sums (record 0 at -100 / +100; in one
+dimension its outer product is the same in D and D', so the audit sees half the claimed
+loss: the noise divided by 3 is caught, halved it is not), and the penalty test with the
+control variate.
+
 A lower bound below the claim does not prove the claim: the audit only sees the events it
 tests, with finite trials. It catches gross errors (missing clipping, noise on the wrong
 scale, noise-free branches), which is what it is for.
@@ -68,7 +76,11 @@ def main(argv=None) -> None:
     if args.out:
         env = f"Python {platform.python_version()}, PyMC {pymc.__version__}"
         arg_text = f" --scale {args.scale:g}" if args.scale != 1 else ""
-        args.out.write_text(HEADER.format(args=arg_text, env=env) + "\n".join(rows) + "\n")
+        # keep the sections after the table (e.g. the minibatch steps, made by their tests)
+        old = args.out.read_text() if args.out.exists() else ""
+        rest = old[old.index("\n## ") :] if "\n## " in old else ""
+        table = HEADER.format(args=arg_text, env=env) + "\n".join(rows) + "\n"
+        args.out.write_text(table + rest)
         print(f"wrote {args.out}")
 
 

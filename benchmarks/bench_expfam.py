@@ -125,7 +125,7 @@ def accuracy(args) -> None:
         ):
             t0 = time.perf_counter()
             idata = pymc_dp.sample(
-                cls, epsilon=args.epsilon, delta=delta, step_kwargs=step_kwargs,
+                step=cls, epsilon=args.epsilon, delta=delta, step_kwargs=step_kwargs,
                 random_seed=2, **kw,
             )  # fmt: skip
             secs = time.perf_counter() - t0

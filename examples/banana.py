@@ -226,7 +226,7 @@ def main(argv=None) -> None:
     for name, (step, draws, tune, kwargs) in runs.items():
         with model:
             results[name] = pymc_dp.sample(
-                step,
+                step=step,
                 epsilon=args.epsilon,
                 delta=args.delta,
                 draws=draws,

@@ -136,7 +136,7 @@ def main(argv=None) -> None:
     # --8<-- [start:sample]
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=args.epsilon,
             delta=args.delta,
             draws=args.draws,

@@ -58,7 +58,7 @@ def main(argv=None) -> None:
     model = logistic_model(X, y)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPHMC,
+            step=pymc_dp.DPHMC,
             epsilon=args.epsilon,
             delta=args.delta,
             draws=args.draws,

@@ -92,7 +92,7 @@ def main(argv=None) -> None:
             observed=pm.Data("x_obs", x),
         )
         idata = pymc_dp.sample(
-            pymc_dp.DPFastMH,
+            step=pymc_dp.DPFastMH,
             epsilon=args.epsilon,
             delta=args.delta,
             draws=args.draws,

@@ -7,6 +7,7 @@ arXiv ids is docs/references.md.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from pymc_dp.auto import plan
 from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
 from pymc_dp.sampling import sample
@@ -42,6 +43,7 @@ __all__ = [
     "ModelNotSupportedError",
     "PrivacyReport",
     "__version__",
+    "plan",
     "privacy_report",
     "sample",
 ]

@@ -184,8 +184,13 @@ def penalty_runner(
     noise_multiplier: float,
     noise_scale: float = 1.0,
     clip: bool = True,
+    control_variate: tuple | None = None,
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """One DPPenaltyMetropolis iteration (fixed state and proposal) on D and D'.
+
+    With ``control_variate=(anchor, grad_sum, grad_bound)`` the test is the automatic mode's:
+    clipped residuals after the first-order control variate plus ``grad_sum . dq`` (a
+    released value, the same on D and D').
 
     The clipped log-likelihood ratios are computed by the real per-record model functions of
     the two datasets (`pymc_dp.model.RecordFunctions`); the noise and the decision by
@@ -197,10 +202,18 @@ def penalty_runner(
 
     norm = float(np.linalg.norm(q_new - q))
     bound = clip_bound * norm if clip else np.inf
-    llr = {
-        False: fns_d.clipped_loglik_ratio_sum(q_new, q, bound)[0],
-        True: fns_d2.clipped_loglik_ratio_sum(q_new, q, bound)[0],
-    }
+    if control_variate is None:
+        llr = {
+            False: fns_d.clipped_loglik_ratio_sum(q_new, q, bound)[0],
+            True: fns_d2.clipped_loglik_ratio_sum(q_new, q, bound)[0],
+        }
+    else:
+        anchor, grad_sum, grad_bound = control_variate
+        lin = float(np.asarray(grad_sum) @ (q_new - q))
+        llr = {
+            k: f.clipped_residual_ratio_sum(q_new, q, bound, anchor, grad_bound)[0] + lin
+            for k, f in ((False, fns_d), (True, fns_d2))
+        }
     lpr = fns_d.prior_logp(q_new) - fns_d.prior_logp(q)
     sigma = penalty_noise_std(noise_multiplier, clip_bound, norm) * noise_scale
 
@@ -431,6 +444,133 @@ def standard_scenarios() -> list[Scenario]:
             fastmh(max_batch=1, privacy_for_free=True), 50_000,
         ),
         *expfam_scenarios(),
+        *auto_scenarios(),
+    ]  # fmt: skip
+
+
+# -- the automatic mode's pre-sampling mechanisms ----------------------------------------------
+
+
+def histogram_runner(
+    fns_d, fns_d2, q: np.ndarray, grid: np.ndarray, *, noise_multiplier: float, noise_scale=1.0
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """The clip-selection histogram of the gradient norms at ``q`` on D and D'.
+
+    The exact bins come from the real record functions (`clipped_grad_sum` counts); the
+    noise from `pymc_dp.kernels.warmstart`. Published: every noisy bin and the chosen bound;
+    the audit's best event is a threshold on the difference of the two bins record 0 moves
+    between (the likelihood-ratio test of a Gaussian mechanism).
+    """
+    from pymc_dp.kernels.warmstart import HISTOGRAM_SENSITIVITY, histogram_from_counts
+
+    hists = {
+        k: histogram_from_counts(
+            f.n_records, np.array([f.clipped_grad_sum(q, float(b))[1] for b in grid])
+        )
+        for k, f in ((False, fns_d), (True, fns_d2))
+    }
+    moved = np.nonzero(hists[False] != hists[True])[0]
+    std = noise_multiplier * HISTOGRAM_SENSITIVITY * noise_scale
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        noisy = hists[on_d2] + rng.normal(size=(trials, grid.size + 1)) * std
+        out = {f"bin {j}": noisy[:, j] for j in moved}
+        if moved.size == 2:
+            out["bin difference"] = noisy[:, moved[0]] - noisy[:, moved[1]]
+        return out
+
+    return run
+
+
+def outer_runner(
+    fns_d, fns_d2, q: np.ndarray, *, bound: float, noise_multiplier: float, noise_scale=1.0
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """The warm start's clipped gradient and outer-product sums at ``q`` on D and D'.
+
+    Published: the noisy gradient sum and the noisy outer-product sum (1 x 1 here), each a
+    Gaussian release with noise multiplier ``noise_multiplier``; the auditor also thresholds
+    their likelihood-ratio statistic (the optimal test of the pair).
+    """
+    from pymc_dp.kernels.warmstart import OUTER_SENSITIVITY
+
+    sums = {k: f.clipped_grad_moments(q, bound) for k, f in ((False, fns_d), (True, fns_d2))}
+    std1 = noise_multiplier * 2.0 * bound * noise_scale
+    std2 = noise_multiplier * OUTER_SENSITIVITY * bound * bound * noise_scale
+
+    diff1 = float(sums[True][0][0] - sums[False][0][0]) / std1**2
+    diff2 = float(sums[True][1][0, 0] - sums[False][1][0, 0]) / std2**2
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        s1, s2 = sums[on_d2]
+        g = float(s1[0]) + rng.normal(size=trials) * std1
+        o = float(s2[0, 0]) + rng.normal(size=trials) * std2
+        return {"gradient sum": g, "outer-product sum": o, "LR statistic": diff1 * g + diff2 * o}
+
+    return run
+
+
+def auto_scenarios() -> list[Scenario]:
+    """The automatic mode's mechanisms as shipped, and with the noise halved (caught).
+
+    Neighbours: record 0 is 0.3 in D and 100 in D' (its gradient norm moves across the grid,
+    and it is clipped in D' only).
+    """
+    from pymc_dp.accounting import gaussian_epsilon
+    from pymc_dp.kernels.warmstart import clip_grid
+
+    delta = 1e-5
+    grid = clip_grid(0.1, 1000.0, 9)
+
+    def neighbours():
+        return _normal_record_functions(0.3), _normal_record_functions(100.0)
+
+    def hist(**broken):
+        return lambda: histogram_runner(
+            *neighbours(), np.array([0.0]), grid, noise_multiplier=1.0, **broken
+        )
+
+    def outer(**broken):
+        # record 0 at -100 / +100: its clipped gradient is -b / +b (the sum's sensitivity)
+        return lambda: outer_runner(
+            _normal_record_functions(-100.0), _normal_record_functions(100.0), np.array([0.0]),
+            bound=2.0, noise_multiplier=np.sqrt(2.0), **broken,
+        )  # fmt: skip
+
+    def cv_penalty(**broken):
+        def make():
+            d, d2 = neighbours()
+            cv = (np.array([0.1]), np.array([1.0]), 2.0)
+            return penalty_runner(
+                d, d2, np.array([0.0]), np.array([0.3]), clip_bound=2.0, noise_multiplier=1.0,
+                control_variate=cv, **broken,
+            )  # fmt: skip
+
+        return make
+
+    one = gaussian_epsilon(1 / (2 * 1.0**2), delta)
+    # two releases (gradient sum, outer-product sum) with noise multiplier sqrt(2) each
+    two = gaussian_epsilon(2 / (2 * 2.0), delta)
+    return [
+        Scenario("auto: clip histogram", "as shipped", one, delta, True, hist(), 400_000),
+        Scenario(
+            "auto: clip histogram", "noise scale halved", one, delta, False,
+            hist(noise_scale=0.5), 400_000,
+        ),
+        Scenario("auto: warm-start sums", "as shipped", two, delta, True, outer(), 400_000),
+        # in one dimension record 0 moves only the gradient sum (c = -b or +b, c^2 = b^2 in
+        # both), so the audit sees half the claimed loss; noise / 3 is caught, / 2 is not
+        Scenario(
+            "auto: warm-start sums", "noise scale divided by 3", two, delta, False,
+            outer(noise_scale=1 / 3), 400_000,
+        ),
+        Scenario(
+            "auto: control-variate penalty test", "as shipped", one, delta, True, cv_penalty(),
+            400_000,
+        ),
+        Scenario(
+            "auto: control-variate penalty test", "clipping removed", one, delta, False,
+            cv_penalty(clip=False), 400_000,
+        ),
     ]  # fmt: skip
 
 

@@ -157,6 +157,17 @@ def _per_iteration(ds, name: str) -> np.ndarray | None:
     return a
 
 
+def _presample(idata, posterior) -> tuple[float, int, str]:
+    """``(mu, releases, phases)`` of the Gaussian mechanisms run before the chains."""
+    for src in (getattr(idata, "attrs", {}), posterior.attrs):
+        if "dp_presample_mu" in src:
+            mu = float(src["dp_presample_mu"])
+            if not (np.isfinite(mu) and mu >= 0):
+                raise ValueError("dp_presample_mu must be a finite number >= 0")
+            return mu, int(src.get("dp_presample_releases", 0)), str(src.get("dp_phases", ""))
+    return 0.0, 0, ""
+
+
 def _tuning_steps(idata, posterior) -> int:
     for src in (posterior.attrs, getattr(idata, "attrs", {})):
         if "tuning_steps" in src:
@@ -364,6 +375,11 @@ def privacy_report(
 
     mu = total("dp_mu")
     releases = int(round(total("dp_releases")))
+    # Gaussian mechanisms run before the chains (pymc_dp.sample's automatic mode: warm start,
+    # clip selection), recorded as data-free attributes of the result
+    pre_mu, pre_releases, phases = _presample(idata, posterior)
+    mu += pre_mu
+    releases += pre_releases
     ledger = PrivacyLedger()
     parts = []
     if delta is None:
@@ -384,6 +400,8 @@ def privacy_report(
             f"{releases} Gaussian-mechanism releases composed by the tight bound (privacy loss "
             "N(mu, 2mu); Sommer et al. 2019 Lemma 12, DP-HMC paper Thm 2.4)"
         )
+        if phases:
+            parts.append(f"phases: {phases}")
     it_eps = _per_iteration(stats, "dp_iter_epsilon")
     if it_eps is not None and np.any(it_eps > 0):
         it_del = _per_iteration(stats, "dp_iter_delta")

@@ -89,14 +89,17 @@ def check_run_is_private(
 
 
 def sample(
-    step,
+    draws: int | None = None,
     *,
     epsilon: float | None = None,
     delta: float | None = None,
-    draws: int = 1000,
-    tune: int = 1000,
+    step=None,
+    tune: int | None = None,
     chains: int = 4,
+    data_bounds: dict | None = None,
+    random_seed=None,
     step_kwargs: dict[str, Any] | None = None,
+    auto_kwargs: dict[str, Any] | None = None,
     keep_data: bool = False,
     model: pm.Model | None = None,
     var_names: Sequence[str] | None = None,
@@ -107,23 +110,37 @@ def sample(
 
     Parameters
     ----------
-    step : pymc_dp step class, step instance, or list of step instances
-        A class (e.g. ``pymc_dp.DPHMC``) is constructed with ``epsilon``, ``delta``,
-        ``draws``, ``tune``, ``chains`` and ``step_kwargs``: its noise is calibrated so that
-        the whole run meets the target. An instance is used as it is (its own calibration).
+    draws : int, optional
+        Draws per chain, as in `pymc.sample` (default 1000 with a step; chosen by the
+        predicted effective sample size in automatic mode).
     epsilon : float
-        Target epsilon of the whole run (required with a step class).
+        Target epsilon of the whole run (required unless ``step`` is an instance).
     delta : float
-        Target delta of the whole run (required with a step class).
-    draws : int
-        Draws per chain, as in `pymc.sample`.
-    tune : int
-        Warmup iterations per chain, as in `pymc.sample`. Warmup iterations are charged.
+        Target delta of the whole run (required unless ``step`` is an instance).
+    step : pymc_dp step class, step instance, list of step instances, or None
+        ``None`` (default): automatic mode (`pymc_dp.auto`): a private Laplace
+        approximation (private Fisher scoring), DP clip selection and a
+        DPPenaltyMetropolis with an independence proposal and a first-order control
+        variate, every phase inside the budget and in the report. A class (e.g.
+        ``pymc_dp.DPHMC``) is constructed with ``epsilon``, ``delta``, ``draws``, ``tune``,
+        ``chains`` and ``step_kwargs``: its noise is calibrated so that the whole run meets
+        the target. An instance is used as it is (its own calibration).
+    tune : int, optional
+        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step;
+        chosen in automatic mode). Warmup iterations are charged.
     chains : int
         Number of chains, as in `pymc.sample`; the budget covers all of them.
+    data_bounds : dict, optional
+        Public bounds ``{name: (low, high)}`` of observed variables and ``pm.Data``
+        containers, declared from domain knowledge (never from the data). Checked against
+        the model's names before any data is read; see `pymc_dp.auto.check_data_bounds`.
+    random_seed : int, optional
+        Seed of the whole run (the automatic phases and `pymc.sample`).
     step_kwargs : dict, optional
         Further arguments of the step class (e.g. ``clip_bound`` of DPPenaltyMetropolis,
         ``llr_clip_bound`` and ``grad_clip_bound`` of DPHMC).
+    auto_kwargs : dict, optional
+        Options of `pymc_dp.auto.auto_configure` (``split``, ``clip_quantile``, ...).
     keep_data : bool
         Keep the raw-data groups (``observed_data``, ``constant_data``) in the result. They
         are NOT private; off by default.
@@ -133,7 +150,7 @@ def sample(
     idata_kwargs : dict, optional
         Passed to `pymc.sample`.
     **sample_kwargs
-        Passed to `pymc.sample` (``cores``, ``random_seed``, ``progressbar``, ...).
+        Passed to `pymc.sample` (``cores``, ``progressbar``, ...).
 
     Returns
     -------
@@ -141,22 +158,47 @@ def sample(
         With ``dp_*`` attributes; read them with `pymc_dp.privacy_report`.
     """
     model = pm.modelcontext(model)
-    draws = check_positive("draws", draws, integer=True)
-    tune = check_positive("tune", tune, integer=True, allow_zero=True)
-    chains = check_positive("chains", chains, integer=True)
-    for bad in ("step", "return_inferencedata", "discard_tuned_samples_private"):
+    if step is None and (inspect.isclass(draws) or isinstance(draws, DPStep | list | tuple)):
+        raise TypeError(
+            "pymc_dp.sample's first parameter is draws, as in pm.sample; pass the step method "
+            "as a keyword: pymc_dp.sample(draws, step=..., epsilon=..., delta=...)"
+        )
+    for bad in ("return_inferencedata", "discard_tuned_samples_private"):
         if bad in sample_kwargs:
             raise TypeError(f"pymc_dp.sample got an unexpected argument {bad!r}")
+    if draws is not None:
+        draws = check_positive("draws", draws, integer=True)
+    if tune is not None:
+        tune = check_positive("tune", tune, integer=True, allow_zero=True)
+    chains = check_positive("chains", chains, integer=True)
+    if data_bounds is not None:
+        from pymc_dp.auto import check_data_bounds
+
+        check_data_bounds(model, data_bounds)
+    if step is None:
+        return _sample_auto(
+            model,
+            draws=draws,
+            tune=tune,
+            chains=chains,
+            epsilon=epsilon,
+            delta=delta,
+            random_seed=random_seed,
+            step_kwargs=step_kwargs,
+            auto_kwargs=auto_kwargs,
+            keep_data=keep_data,
+            var_names=var_names,
+            idata_kwargs=idata_kwargs,
+            sample_kwargs=sample_kwargs,
+        )
+    if auto_kwargs:
+        raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
+    draws = 1000 if draws is None else draws
+    tune = 1000 if tune is None else tune
     if inspect.isclass(step):
         if not issubclass(step, DPStep):
             raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
-        if epsilon is None or delta is None:
-            missing = [k for k, v in (("epsilon", epsilon), ("delta", delta)) if v is None]
-            raise ValueError(
-                f"pymc_dp.sample needs epsilon= and delta= (the privacy budget of the whole "
-                f"run) to calibrate {step.__name__}; missing: {', '.join(missing)}. For "
-                "example epsilon=1.0, delta=0.1 / n"
-            )
+        _require_target(epsilon, delta, step.__name__)
         epsilon, delta = check_target(epsilon, delta)
         # Everything that needs no data is checked before the step compiles: the model, and
         # what pm.sample would store.
@@ -183,6 +225,47 @@ def sample(
             "epsilon/delta/step_kwargs calibrate a step class; a step instance carries its own "
             "calibration: pass the class (e.g. step=pymc_dp.DPHMC) to calibrate here"
         )
+    return _run(
+        model,
+        step,
+        draws=draws,
+        tune=tune,
+        chains=chains,
+        delta=delta,
+        random_seed=random_seed,
+        keep_data=keep_data,
+        var_names=var_names,
+        idata_kwargs=idata_kwargs,
+        sample_kwargs=sample_kwargs,
+    )
+
+
+def _require_target(epsilon, delta, what: str) -> None:
+    if epsilon is None or delta is None:
+        missing = [k for k, v in (("epsilon", epsilon), ("delta", delta)) if v is None]
+        raise ValueError(
+            f"pymc_dp.sample needs epsilon= and delta= (the privacy budget of the whole "
+            f"run) to calibrate {what}; missing: {', '.join(missing)}. For "
+            "example epsilon=1.0, delta=0.1 / n"
+        )
+
+
+def _run(
+    model,
+    step,
+    *,
+    draws,
+    tune,
+    chains,
+    delta,
+    random_seed,
+    keep_data,
+    var_names,
+    idata_kwargs,
+    sample_kwargs,
+    presample=None,
+):
+    """Check the run, ``pm.sample`` it, attach the report (with the pre-sampling phases)."""
     steps = _flatten_steps(step)
     check_run_is_private(model, steps, var_names=var_names, idata_kwargs=idata_kwargs)
     for s in steps:
@@ -202,12 +285,79 @@ def sample(
         model=model,
         var_names=var_names,
         idata_kwargs=idata_kwargs,
+        random_seed=random_seed,
         **sample_kwargs,
     )
     if not keep_data:
         _drop_groups(idata, RAW_DATA_GROUPS)
+    if presample is not None:
+        attrs = presample.to_attrs()
+        idata.attrs.update(attrs)
+        idata["posterior"].attrs.update(attrs)
     privacy_report(idata, delta, model=model)
     return idata
+
+
+def _sample_auto(
+    model,
+    *,
+    draws,
+    tune,
+    chains,
+    epsilon,
+    delta,
+    random_seed,
+    step_kwargs,
+    auto_kwargs,
+    keep_data,
+    var_names,
+    idata_kwargs,
+    sample_kwargs,
+):
+    """``step=None``: the private auto-configuration, then the configured penalty run."""
+    import numpy as np
+
+    from pymc_dp.auto import auto_configure
+    from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
+
+    _require_target(epsilon, delta, "the automatic configuration")
+    epsilon, delta = check_target(epsilon, delta)
+    if step_kwargs:
+        raise ValueError("step_kwargs go with a step class; use auto_kwargs with step=None")
+    if "initvals" in sample_kwargs:
+        raise ValueError("the automatic mode chooses initvals (from its private warm start)")
+    check_model_supported(model, [], data_free_potentials=False)
+    _check_outputs_are_private(model, var_names, idata_kwargs)
+    # one seed for the pre-sampling mechanisms, another for pm.sample (both from random_seed)
+    seeds = np.random.SeedSequence(random_seed).spawn(2)
+    plan = auto_configure(
+        model,
+        epsilon=epsilon,
+        delta=delta,
+        chains=chains,
+        draws=draws,
+        tune=tune,
+        rng=np.random.default_rng(seeds[0]),
+        **(auto_kwargs or {}),
+    )
+    step = DPPenaltyMetropolis(
+        model=model, draws=plan.draws, tune=plan.tune, chains=chains, **plan.step_kwargs
+    )
+    seed = int(seeds[1].generate_state(1)[0]) if random_seed is not None else None
+    return _run(
+        model,
+        step,
+        draws=plan.draws,
+        tune=plan.tune,
+        chains=chains,
+        delta=delta,
+        random_seed=seed,
+        keep_data=keep_data,
+        var_names=var_names,
+        idata_kwargs=idata_kwargs,
+        sample_kwargs={"initvals": plan.initvals, **sample_kwargs},
+        presample=plan,
+    )
 
 
 def _drop_groups(idata, names) -> None:

@@ -49,7 +49,7 @@ def test_report_survives_netcdf_round_trip(tmp_path):
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-5,
             draws=20,
@@ -98,7 +98,7 @@ def test_sample_calibrates_removes_data_and_meets_target():
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=0.5,
             delta=1e-5,
             draws=30,
@@ -119,7 +119,7 @@ def test_sample_keep_data_warns_in_report():
     model, *_ = normal_mean_model(n=20, d=1)
     with model, pytest.warns(UserWarning, match="raw data"):
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-5,
             draws=10,
@@ -169,7 +169,7 @@ def test_sample_refuses_uncovered_free_variables(logistic_model):
     with model:
         step = pymc_dp.DPPenaltyMetropolis([model["a"]], clip_bound=3.0, noise_multiplier=2.0)
         with pytest.raises(pymc_dp.ModelNotSupportedError, match=r"\['w'\].*non-private"):
-            pymc_dp.sample(step, draws=5, tune=0, chains=1, delta=1e-5)
+            pymc_dp.sample(step=step, draws=5, tune=0, chains=1, delta=1e-5)
 
 
 def test_sample_refuses_data_dependent_deterministic():
@@ -191,8 +191,8 @@ def test_sample_refuses_data_dependent_deterministic():
     )
     with model:
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="'resid' depends on the data"):
-            pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
-        idata = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, var_names=["t", "t2"], **kw)
+            pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, **kw)
+        idata = pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, var_names=["t", "t2"], **kw)
     assert "resid" not in idata["posterior"]
 
 
@@ -200,7 +200,7 @@ def test_sample_refuses_log_likelihood():
     model, *_ = normal_mean_model(n=20, d=1)
     with model, pytest.raises(pymc_dp.ModelNotSupportedError, match="log_likelihood"):
         pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-5,
             draws=5,
@@ -215,7 +215,7 @@ def test_sample_refuses_non_dp_step():
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="not a pymc_dp step"):
-            pymc_dp.sample(pm.Metropolis(), draws=5, tune=0, chains=1)
+            pymc_dp.sample(step=pm.Metropolis(), draws=5, tune=0, chains=1)
 
 
 def test_sample_refuses_step_calibrated_for_smaller_run():
@@ -225,4 +225,4 @@ def test_sample_refuses_step_calibrated_for_smaller_run():
             clip_bound=3.0, epsilon=1.0, delta=1e-5, draws=10, tune=0, chains=1
         )
         with pytest.raises(ValueError, match="calibrated for"):
-            pymc_dp.sample(step, draws=10, tune=0, chains=2)
+            pymc_dp.sample(step=step, draws=10, tune=0, chains=2)

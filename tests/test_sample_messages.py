@@ -30,7 +30,7 @@ def test_forgetting_the_budget_names_sample_and_both_arguments(missing):
     for k in ("epsilon", "delta") if missing == "both" else (missing,):
         del kw[k]
     with _model(), pytest.raises(ValueError, match=r"pymc_dp.sample needs epsilon= and delta="):
-        pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, draws=5, tune=0, chains=1, **kw)
+        pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, draws=5, tune=0, chains=1, **kw)
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_forgetting_the_budget_names_sample_and_both_arguments(missing):
 def test_budget_given_as_a_string_or_bool_is_refused(kw, name):
     with _model(), pytest.raises(ValueError, match=rf"{name} must be a number"):
         pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             draws=5,
             tune=0,
             chains=1,
@@ -62,7 +62,7 @@ def test_data_deterministic_is_refused_before_compiling_and_without_a_warning(mo
         warnings.simplefilter("always")
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="'resid' depends on the data"):
             pymc_dp.sample(
-                pymc_dp.DPPenaltyMetropolis,
+                step=pymc_dp.DPPenaltyMetropolis,
                 epsilon=1.0,
                 delta=1e-5,
                 draws=5,
@@ -77,7 +77,7 @@ def test_data_deterministic_excluded_by_var_names_is_not_warned_about():
     with _model(deterministic=True), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-5,
             draws=5,
@@ -107,5 +107,5 @@ def test_sample_accepts_a_step_instance_with_declared_data_free_potentials():
             chains=1,
             data_free_potentials=True,
         )
-        idata = pymc_dp.sample(step, draws=5, tune=0, chains=1, random_seed=1, **SAMPLE)
+        idata = pymc_dp.sample(step=step, draws=5, tune=0, chains=1, random_seed=1, **SAMPLE)
     assert idata["posterior"]["t"].shape == (1, 5)

@@ -469,12 +469,12 @@ def run_one(
                     **setting.paper_kwargs,
                     **setting.paper_noise,
                 )
-            idata = pymc_dp.sample(step, draws=n_draws, tune=n_tune, **sample_kwargs)
+            idata = pymc_dp.sample(step=step, draws=n_draws, tune=n_tune, **sample_kwargs)
         else:
             n_draws = int(draws if draws is not None else setting.draws)
             n_tune = int(tune if tune is not None else setting.tune)
             idata = pymc_dp.sample(
-                spec.step_class,
+                step=spec.step_class,
                 epsilon=epsilon,
                 delta=delta,
                 draws=n_draws,

@@ -41,6 +41,19 @@ class RecordSource(Protocol):
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float
     ) -> tuple[float, int]: ...
 
+    def clipped_residual_ratio_sum(
+        self,
+        q_new: np.ndarray,
+        q_old: np.ndarray,
+        bound: float,
+        anchor: np.ndarray,
+        grad_bound: float,
+    ) -> tuple[float, int]: ...
+
+    def clipped_grad_moments(
+        self, q: np.ndarray, bound: float
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
     def clipped_grad_sum(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]: ...
 
     def clipped_grad_sum_subset(
@@ -48,6 +61,15 @@ class RecordSource(Protocol):
     ) -> tuple[np.ndarray, int]: ...
 
     def check_start(self, q: np.ndarray) -> None: ...
+
+
+def _clip_rows(g, bound: float) -> np.ndarray:
+    """Rows of ``g`` clipped to L2 norm ``bound``; a row that is not finite becomes 0."""
+    g = np.asarray(g, dtype=float)
+    sq = np.einsum("ij,ij->i", g, g)
+    ok = np.isfinite(sq)
+    w = np.where(ok & (sq > bound * bound), bound / np.sqrt(np.where(ok, sq, 1.0)), 1.0)
+    return np.where(ok[:, None], g * w[:, None], 0.0)
 
 
 @dataclass
@@ -195,6 +217,61 @@ class RecordFunctions:
             total += g
             count += k
         return total, count
+
+    def clipped_residual_ratio_sum(
+        self,
+        q_new: np.ndarray,
+        q_old: np.ndarray,
+        bound: float,
+        anchor: np.ndarray,
+        grad_bound: float,
+    ) -> tuple[float, int]:
+        """Clipped sum of the ratios' residuals after a first-order control variate.
+
+        ``sum_i clip(r_i - c_i . (q_new - q_old), +-bound)`` with ``r_i = T (l_i(q_new) -
+        l_i(q_old))`` and ``c_i = clip_{grad_bound}(T grad l_i(anchor))``. Since
+        ``sum_i r_i = sum_i (r_i - c_i . dq) + (sum_i c_i) . dq`` for any ``c_i``, a test that
+        adds a *released* ``sum_i c_i`` (a DP output) back recovers the full ratio; the
+        residuals are second order in the step and far smaller than the ``r_i``, so the same
+        replace-one sensitivity ``2 bound`` buys a much smaller bound. The ``c_i`` are computed
+        once per anchor and kept in memory (never published). Returns the sum and the number
+        of clipped records (non-private, as in `clipped_loglik_ratio_sum`).
+        """
+        key = (tuple(np.round(np.asarray(anchor, dtype=float), 15)), float(grad_bound))
+        cache = self.__dict__.setdefault("_anchor_grads", {})
+        if key not in cache:
+            self._ensure_grad()
+            cache.clear()
+            cache[key] = [
+                _clip_rows(self._c.grad_chunk(anchor, *c), grad_bound) for c in self._chunks()
+            ]
+        dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
+        total, count = 0.0, 0
+        for c, g in zip(self._chunks(), cache[key], strict=True):
+            r = np.asarray(self._c.ll_chunk(q_new, *c)) - np.asarray(self._c.ll_chunk(q_old, *c))
+            res = r - g @ dq
+            ok = np.isfinite(res)
+            clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
+            total += float(clipped.sum())
+            count += int(np.count_nonzero(~ok | (np.abs(res) > bound)))
+        return total, count
+
+    def clipped_grad_moments(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``.
+
+        The sufficient statistics of the private Fisher scoring of the automatic warm start
+        (`pymc_dp.kernels.warmstart.private_laplace`). A record whose gradient is not finite
+        contributes 0. Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b^2`` (in
+        Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``.
+        """
+        self._ensure_grad()
+        s1 = np.zeros(self.ndim)
+        s2 = np.zeros((self.ndim, self.ndim))
+        for c in self._chunks():
+            g = _clip_rows(self._c.grad_chunk(q, *c), bound)
+            s1 += g.sum(axis=0)
+            s2 += g.T @ g
+        return s1, s2
 
     def clipped_grad_sum_subset(
         self, q: np.ndarray, bound: float, idx: np.ndarray

@@ -25,8 +25,8 @@ from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation
 
 __all__ = ["DPPenaltyMetropolis"]
 
-_PROPOSALS = ("gaussian", "coordinate", "guided")
-_TARGET_ACCEPT = {"gaussian": 0.234, "coordinate": 0.44, "guided": 0.44}
+_PROPOSALS = ("gaussian", "coordinate", "guided", "independent")
+_TARGET_ACCEPT = {"gaussian": 0.234, "coordinate": 0.44, "guided": 0.44, "independent": 0.44}
 
 
 class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
@@ -66,12 +66,32 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     draws, tune, chains : int, optional
         The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
         `BudgetExceededError` before it reads the data again.
-    proposal : {"gaussian", "coordinate", "guided"}
-        Full-vector Gaussian random walk (default), one coordinate at a time, or the guided
+    proposal : {"gaussian", "coordinate", "guided", "independent"}
+        Full-vector Gaussian random walk (default), one coordinate at a time, the guided
         random walk (one coordinate, direction flipped after a rejection; Gustafson 1998,
-        Yildirim & Ermis 2019).
+        Yildirim & Ermis 2019), or an independence proposal
+        $\theta' \sim N(m, s^2 \Sigma)$ with ``proposal_mean`` $m$ and ``proposal_cov``
+        $\Sigma$ (e.g. a private Laplace approximation; the Hastings ratio
+        $\log q(\theta)/q(\theta')$ enters the test, Yildirim & Ermis 2019 Sec. 3).
     proposal_scale : float or array
         Per-coordinate proposal std ``S`` (transformed space).
+    proposal_cov : array, optional
+        Proposal covariance ``(d, d)`` (transformed space), positive definite: the random
+        walk ``gaussian`` then proposes $\theta + s L \xi$ with $L L^T = $ ``proposal_cov``
+        (``proposal_scale`` must stay 1), and ``independent`` needs it. Choose it from public
+        knowledge or from DP outputs (post-processing), never from the data.
+    proposal_mean : array, optional
+        Mean ``(d,)`` of the ``independent`` proposal.
+    control_variate : tuple (anchor, grad_sum, grad_bound), optional
+        A first-order control variate: the test uses
+        $\sum_i \mathrm{clip}(r_i - c_i\cdot\Delta\theta) + \tilde G\cdot\Delta\theta$ with
+        $c_i$ the per-record gradient at ``anchor`` clipped to ``grad_bound`` and
+        $\tilde G$ = ``grad_sum``, which must be a *released* (noisy, accounted) value of
+        $\sum_i c_i$, e.g. from the automatic warm start. The clipped residuals have the
+        same sensitivity ``2 b ||dtheta||`` as the ratios but are second order in the step,
+        so a far smaller ``clip_bound`` leaves them unclipped ([Bardenet2017],
+        Sec. 6, Taylor proxies). The chain then targets the posterior tilted by the noise of
+        ``grad_sum`` (exactly ``exp(xi . theta)`` with ``xi`` that noise).
     scaling : float
         Initial global scale ``s``; adapted during warmup from the acceptance decisions only
         (post-processing of DP outputs) toward ``target_accept``.
@@ -112,6 +132,9 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         chains: int | None = None,
         proposal: str = "gaussian",
         proposal_scale=1.0,
+        proposal_cov=None,
+        proposal_mean=None,
+        control_variate=None,
         scaling: float = 1.0,
         target_accept: float | None = None,
         tempering: float = 1.0,
@@ -165,6 +188,10 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )
+        self._chol, self.proposal_mean = _check_proposal_shape(
+            proposal, proposal_cov, proposal_mean, self.proposal_scale, self._fns.ndim
+        )
+        self.control_variate = _check_control_variate(control_variate, self._fns.ndim)
         self._reset_chain_state()
 
     def _reset_chain_state(self) -> None:
@@ -174,7 +201,11 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         d = q.size
+        if self.proposal == "independent":
+            return self.proposal_mean + self.scaling * (self._chol @ self.rng.normal(size=d)), None
         if self.proposal == "gaussian":
+            if self._chol is not None:
+                return q + self.scaling * (self._chol @ self.rng.normal(size=d)), None
             return q + self.scaling * self.proposal_scale * self.rng.normal(size=d), None
         j = int(self.rng.integers(d))
         step = self.scaling * self.proposal_scale[j] * self.rng.normal()
@@ -184,6 +215,14 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         q1[j] += step
         return q1, j
 
+    def _log_q_ratio(self, q: np.ndarray, q1: np.ndarray) -> float:
+        """``log q(q | q1) - log q(q1 | q)``: 0 for the symmetric walks (data-free)."""
+        if self.proposal != "independent":
+            return 0.0
+        w0 = np.linalg.solve(self._chol, q - self.proposal_mean) / self.scaling
+        w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling
+        return float(0.5 * (w1 @ w1 - w0 @ w0))
+
     def _dp_astep(self, q0):
         q = q0.data
         q1, j = self._propose(q)
@@ -192,9 +231,14 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         lp0 = self._fns.prior_logp(q)
         lp1 = self._fns.prior_logp(q1)
         # -- the one data access of the iteration: a Gaussian mechanism ------------------------
-        llr, n_clipped = self._fns.clipped_loglik_ratio_sum(q1, q, bound)
+        if self.control_variate is None:
+            llr, n_clipped = self._fns.clipped_loglik_ratio_sum(q1, q, bound)
+        else:
+            anchor, grad_sum, grad_bound = self.control_variate
+            llr, n_clipped = self._fns.clipped_residual_ratio_sum(q1, q, bound, anchor, grad_bound)
+            llr += float(grad_sum @ (q1 - q))  # post-processing of a released sum
         sigma = penalty_noise_std(self.noise_multiplier, self.clip_bound, norm)
-        log_a = penalty_log_acceptance(llr, lp1 - lp0, 0.0, sigma, self.rng)
+        log_a = penalty_log_acceptance(llr, lp1 - lp0, self._log_q_ratio(q, q1), sigma, self.rng)
         # -- everything below is post-processing of the noisy ratio -----------------------------
         accepted = accept(log_a, self.rng)
         if self.proposal == "guided" and not accepted:
@@ -210,3 +254,52 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             "clip_fraction" + NONPRIVATE_SUFFIX: n_clipped / self._fns.n_records,
         }
         return (q1 if accepted else q), stats
+
+
+def _check_proposal_shape(proposal, cov, mean, scale, d):
+    """Cholesky factor of ``proposal_cov`` and the independence mean, validated."""
+    if cov is None:
+        if proposal == "independent" or mean is not None:
+            raise ValueError(
+                "proposal='independent' needs proposal_cov=(d, d) and proposal_mean=(d,); "
+                "proposal_mean goes only with proposal='independent'"
+            )
+        return None, None
+    if proposal not in ("gaussian", "independent"):
+        raise ValueError(
+            f"proposal_cov goes with proposal='gaussian' or 'independent'; got {proposal!r}"
+        )
+    if np.any(scale != 1.0):
+        raise ValueError("give proposal_cov or proposal_scale, not both")
+    cov = np.asarray(cov, dtype=float)
+    if cov.shape != (d, d) or not np.all(np.isfinite(cov)) or not np.allclose(cov, cov.T):
+        raise ValueError(f"proposal_cov must be a finite symmetric ({d}, {d}) matrix")
+    try:
+        chol = np.linalg.cholesky(cov)
+    except np.linalg.LinAlgError:
+        raise ValueError("proposal_cov must be positive definite") from None
+    if proposal == "gaussian":
+        if mean is not None:
+            raise ValueError("proposal_mean goes only with proposal='independent'")
+        return chol, None
+    mean = np.asarray(mean, dtype=float) if mean is not None else None
+    if mean is None or mean.shape != (d,) or not np.all(np.isfinite(mean)):
+        raise ValueError(f"proposal='independent' needs a finite proposal_mean of shape ({d},)")
+    return chol, mean
+
+
+def _check_control_variate(cv, d):
+    """``(anchor, grad_sum, grad_bound)`` validated, or None."""
+    if cv is None:
+        return None
+    try:
+        anchor, grad_sum, grad_bound = cv
+    except (TypeError, ValueError):
+        raise ValueError("control_variate must be (anchor, grad_sum, grad_bound)") from None
+    anchor = np.asarray(anchor, dtype=float)
+    grad_sum = np.asarray(grad_sum, dtype=float)
+    if anchor.shape != (d,) or grad_sum.shape != (d,):
+        raise ValueError(f"control_variate: anchor and grad_sum must have shape ({d},)")
+    if not (np.all(np.isfinite(anchor)) and np.all(np.isfinite(grad_sum))):
+        raise ValueError("control_variate: anchor and grad_sum must be finite")
+    return anchor, grad_sum, check_positive(grad_bound, "control_variate grad_bound", coerce=True)

@@ -50,7 +50,7 @@ def _run(name: str, model, step, *, keep_warmup: bool, **kw) -> None:
     with model, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         idata = pymc_dp.sample(
-            step,
+            step=step,
             draws=20,
             tune=10,
             chains=2,

@@ -92,7 +92,7 @@ def test_no_sentinel_in_anything_published(name, caplog):
     with model, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         idata = pymc_dp.sample(
-            cls,
+            step=cls,
             epsilon=epsilon,
             delta=1e-5,
             draws=30,

@@ -51,7 +51,7 @@ def test_prior_reading_data_is_refused_everywhere():
         pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=2.0)
     with model, pytest.raises(pymc_dp.ModelNotSupportedError, match="prior of 't'"):
         pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=2.0,
             delta=1e-4,
             draws=10,
@@ -174,7 +174,7 @@ def test_missing_values_are_refused_at_construction_and_in_sample():
         pymc_dp.DPPenaltyMetropolis([model["t"]], clip_bound=3.0, noise_multiplier=2.0)
     with model, pytest.raises(pymc_dp.ModelNotSupportedError, match="missing values") as e2:
         pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=1.0,
             delta=1e-6,
             draws=10,
@@ -255,7 +255,7 @@ def test_report_of_a_private_run_is_private_and_checked():
     model = _two_parameter_model(deterministic=False)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPPenaltyMetropolis,
+            step=pymc_dp.DPPenaltyMetropolis,
             epsilon=2.0,
             delta=1e-4,
             draws=10,

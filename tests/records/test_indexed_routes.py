@@ -220,7 +220,7 @@ def test_non_centred_deterministic_is_sampled_and_a_data_deterministic_still_ref
         z = pm.Normal("z", 0, 1, dims="group")
         a = pm.Deterministic("a", mu_a + sd_a * z, dims="group")
         pm.Normal("y", a[D["g"]], 1.0, observed=D["y"])
-        idata = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
+        idata = pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, **kw)
     assert idata["posterior"]["a"].shape[-1] == J
     with pm.Model(coords={"group": range(J)}):
         mu_a = pm.Normal("mu_a", 0, 1)
@@ -230,4 +230,4 @@ def test_non_centred_deterministic_is_sampled_and_a_data_deterministic_still_ref
         pm.Deterministic("a_i", a[D["g"]])  # one value per record: reads the group index
         pm.Normal("y", a[D["g"]], 1.0, observed=D["y"])
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="'a_i' depends on the data"):
-            pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
+            pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, **kw)

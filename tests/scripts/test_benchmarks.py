@@ -130,3 +130,14 @@ def test_bench_models_tiny():
             assert ratio == pytest.approx(pkg / ref, rel=0.05, abs=0.01)
         assert all("agree True" in r for r in rows if r.startswith("function"))
     assert "route indexed" in out and "route generic" in out
+
+
+@pytest.mark.slow
+def test_bench_auto_quick():
+    """The automatic-mode goal table runs end to end (tiny: linear regression, n = 300)."""
+    out = _run("bench_auto.py", "--quick")
+    row = next(r for r in _rows(out, "linear"))
+    bar = row.index("|")
+    rhat, err = (_positive(x) for x in row[bar + 1 : bar + 3])
+    assert rhat >= 1.0 - 1e-9 and err >= 0
+    assert float(row[-4]) <= 10.0  # the report's epsilon, never above the target

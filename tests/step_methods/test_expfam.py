@@ -369,7 +369,7 @@ def test_sample_with_target_epsilon_composes_in_the_report():
         a = pm.Normal("a", 0, 3)
         pm.Normal("y", a + pm.math.dot(X, b), s, observed=y)
         idata = pymc_dp.sample(
-            pymc_dp.DPExpFamilyPenalty,
+            step=pymc_dp.DPExpFamilyPenalty,
             epsilon=2.0,
             delta=1e-5,
             draws=150,

@@ -499,7 +499,7 @@ def test_calibrated_run_meets_target():
     model, *_ = normal_mean_model(n=50, d=1)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPFastMH,
+            step=pymc_dp.DPFastMH,
             epsilon=2.0,
             delta=1e-5,
             draws=30,

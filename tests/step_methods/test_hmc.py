@@ -372,7 +372,7 @@ def test_calibrated_run_stays_within_target_and_guards_the_budget():
     kwargs = dict(llr_clip_bound=5.0, grad_clip_bound=5.0, n_leapfrog=3, step_size=0.1)
     with model:
         idata = pymc_dp.sample(
-            pymc_dp.DPHMC,
+            step=pymc_dp.DPHMC,
             epsilon=2.0,
             delta=1e-5,
             draws=30,

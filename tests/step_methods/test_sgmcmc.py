@@ -305,7 +305,7 @@ def test_calibration_meets_the_target_from_below_and_guards_the_budget():
     kw = dict(clip_bound=2.0, step_size=0.01, batch_size=10, diffusion=1.0)
     with model:
         idata = pymc_dp.sample(
-            DPSGNHT, epsilon=1.0, delta=1e-3, draws=30, tune=10, chains=2, step_kwargs=kw,
+            step=DPSGNHT, epsilon=1.0, delta=1e-3, draws=30, tune=10, chains=2, step_kwargs=kw,
             cores=1, random_seed=1, **SAMPLE,
         )  # fmt: skip
         rep = pymc_dp.privacy_report(idata)

@@ -1,0 +1,395 @@
+"""Private auto-configuration: warm start, clip selection, budget split, step choice.
+
+``pymc_dp.sample(step=None)`` runs this before the chains. Every data access is one of three
+Gaussian mechanisms, all calibrated before the data is read and all composed with the
+sampling phase in the privacy report:
+
+1. *warm start*: a private Laplace approximation (`pymc_dp.kernels.warmstart.private_laplace`:
+   noisy clipped gradient sums, each clipped at a DP quantile of the gradient norms);
+2. *clip selection*: a DP quantile of the per-record log-likelihood ratios per unit step
+   for proposals drawn from that approximation (`noisy_histogram_quantile`);
+3. *sampling*: DPPenaltyMetropolis with an independence proposal from the approximation
+   or a random walk whose covariance is the approximation's, chosen by the predicted
+   effective sample size (`pymc_dp.auto.predict`).
+
+Choices 1-3 depend on the data only through released (noisy) values: post-processing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pymc as pm
+
+from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
+from pymc_dp.kernels.warmstart import (
+    clip_grid,
+    histogram_from_counts,
+    laplace_releases,
+    noisy_histogram_quantile,
+    private_laplace,
+)
+
+__all__ = [
+    "AutoPlan",
+    "BudgetSplit",
+    "NEWTON_STEPS",
+    "Phase",
+    "auto_configure",
+    "choose_anchor_share",
+    "presample_phases",
+    "tilt_sd",
+]
+
+
+@dataclass(frozen=True)
+class BudgetSplit:
+    """Shares of the privacy-loss parameter ``mu`` (loss ~ N(mu, 2 mu); shares add).
+
+    The warm start, its clip histograms and the clip selection take fixed shares; what is
+    left is split between the control variate's gradient release and the penalty tests so
+    as to minimise the predicted error (`choose_anchor_share`).
+    """
+
+    warm_start: float = 0.2
+    histograms: float = 0.03
+    clip_selection: float = 0.03
+
+    def __post_init__(self) -> None:
+        shares = (self.warm_start, self.histograms, self.clip_selection)
+        if min(shares) <= 0 or sum(shares) >= 0.8:
+            raise ValueError(
+                "budget shares must be > 0 and leave at least 20 % for the control variate "
+                f"and sampling; got warm_start={self.warm_start}, "
+                f"histograms={self.histograms}, clip_selection={self.clip_selection}"
+            )
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One accounted phase of an automatic run: its Gaussian releases (data-free facts)."""
+
+    name: str
+    noise_multiplier: float
+    releases: int
+
+    @property
+    def mu(self) -> float:
+        return GaussianEvent(self.noise_multiplier, self.releases).mu
+
+
+@dataclass
+class AutoPlan:
+    """What the automatic configuration chose (every field data-free or a DP output)."""
+
+    epsilon: float
+    delta: float
+    n: int
+    d: int
+    chains: int
+    mu_total: float
+    phases: list[Phase] = field(default_factory=list)
+    step_kwargs: dict = field(default_factory=dict)
+    draws: int = 0
+    tune: int = 0
+    prediction: Prediction | None = None
+    initvals: list[dict] = field(default_factory=list)
+    laplace_mean: np.ndarray | None = None
+    laplace_cov: np.ndarray | None = None
+    predicted_error: float = float("nan")
+    clip_bounds: list[float] = field(default_factory=list)
+
+    def to_attrs(self) -> dict:
+        """Data-free attributes the privacy report composes with the sampling phase."""
+        pre = [p for p in self.phases if p.name != "sampling (penalty tests)"]
+        out = {
+            "dp_presample_mu": float(sum(p.mu for p in pre)),
+            "dp_presample_releases": int(sum(p.releases for p in pre)),
+            "dp_phases": self.describe(),
+        }
+        if self.laplace_mean is not None:
+            # DP outputs (post-processing of the warm start's releases): safe to publish
+            out["dp_auto_laplace_mean"] = np.asarray(self.laplace_mean, dtype=float)
+            out["dp_auto_laplace_sd"] = np.sqrt(np.diag(self.laplace_cov))
+        return out
+
+    def describe(self) -> str:
+        """The phases and their shares of the budget, one line each (for attrs and print)."""
+        total = sum(p.mu for p in self.phases)
+        return "; ".join(
+            f"{p.name}: {p.releases} Gaussian releases, noise multiplier {p.noise_multiplier:.4g}, "
+            f"{100 * p.mu / total:.1f}% of mu"
+            for p in self.phases
+        )
+
+
+#: Scale of the independence proposal relative to the private Laplace approximation.
+PROPOSAL_INFLATION = 1.2
+
+#: Fisher-scoring steps of the warm start (public).
+NEWTON_STEPS = 10
+
+
+def presample_phases(mu_total: float, split: BudgetSplit) -> list[Phase]:
+    """The fixed-share Gaussian releases made before the chains, with their noise multipliers.
+
+    Each phase gets its share of the privacy-loss parameter ``mu_total`` (Gaussian
+    mechanisms compose by adding their ``mu``; Sommer et al. 2019, Lemma 12): the warm
+    start's gradient sums and outer-product sums (half of ``split.warm_start`` each, over
+    `laplace_releases` iterations), its clip histograms, and the ratio-residual histogram of
+    the clip selection (one release). The control variate's release follows
+    (`choose_anchor_share`).
+    """
+    iters = laplace_releases(NEWTON_STEPS)
+
+    def z(releases: int, share: float) -> float:
+        return math.sqrt(releases / (2.0 * share * mu_total))
+
+    return [
+        Phase("warm start: noisy clipped gradient sums", z(iters, split.warm_start / 2), iters),
+        Phase(
+            "warm start: noisy clipped outer-product sums", z(iters, split.warm_start / 2), iters
+        ),
+        Phase("warm start: noisy gradient-norm histograms", z(iters, split.histograms), iters),
+        Phase("clip selection: noisy ratio-residual histogram", z(1, split.clip_selection), 1),
+    ]
+
+
+def tilt_sd(cov: np.ndarray, grad_bound: float, mu_anchor: float) -> np.ndarray:
+    """Predicted shift of each posterior mean by the control variate's noise, in sds.
+
+    The chain targets the posterior tilted by ``exp(xi . theta)``, ``xi ~ N(0, s^2 I)`` with
+    ``s = 2 b z`` and ``z = sqrt(1 / (2 mu_anchor))``: the mean moves by ``cov xi``, whose
+    coordinate ``j`` has sd ``s sqrt((cov^2)_jj)``; divided by the posterior sd
+    ``sqrt(cov_jj)``.
+    """
+    s = 2.0 * grad_bound * math.sqrt(1.0 / (2.0 * mu_anchor))
+    return s * np.sqrt(np.diag(cov @ cov) / np.diag(cov))
+
+
+def choose_anchor_share(
+    mu_left: float,
+    cov: np.ndarray,
+    grad_bound: float,
+    ess_of: Callable[[float], Prediction],
+) -> tuple[float, Prediction, float]:
+    """Split ``mu_left`` between the control variate and the penalty tests.
+
+    Minimises the predicted error of the worst posterior mean, in posterior sds:
+    ``sqrt(tilt_j^2 + 1 / ESS)`` (`tilt_sd`; ``ess_of(mu_sampling)`` predicts the sampler's
+    effective sample size). Returns ``(mu_anchor, prediction, predicted_error)``; data-free
+    given its DP inputs.
+    """
+    best = None
+    for frac in np.linspace(0.05, 0.95, 37):
+        mu_a = frac * mu_left
+        pred = ess_of(mu_left - mu_a)
+        err = float(
+            np.sqrt(np.max(tilt_sd(cov, grad_bound, mu_a) ** 2) + 1.0 / max(pred.ess, 1e-12))
+        )
+        if best is None or err < best[2]:
+            best = (mu_a, pred, err)
+    return best
+
+
+def _counts_above_grad(fns, q: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    return np.array([fns.clipped_grad_sum(q, float(b))[1] for b in grid])
+
+
+def _counts_above_residual(fns, q1, q0, grid, anchor, grad_bound) -> np.ndarray:
+    norm = float(np.linalg.norm(q1 - q0))
+    return np.array(
+        [
+            fns.clipped_residual_ratio_sum(q1, q0, float(b) * norm, anchor, grad_bound)[1]
+            for b in grid
+        ]
+    )
+
+
+def _unravel(point_info, q: np.ndarray) -> dict:
+    from pymc.blocking import DictToArrayBijection, RaveledVars
+
+    return DictToArrayBijection.rmap(RaveledVars(q, point_info))
+
+
+def auto_configure(
+    model: pm.Model,
+    *,
+    epsilon: float,
+    delta: float,
+    chains: int,
+    draws: int | None,
+    tune: int | None,
+    rng: np.random.Generator,
+    split: BudgetSplit | None = None,
+    clip_quantile: float = 0.999,
+    grad_quantile: float = 0.995,
+    llr_pairs: int = 3,
+    chunk_size: int | None = None,
+    max_iterations: int = 20_000,
+    allow_random_walk: bool = False,
+) -> AutoPlan:
+    """Choose and privately fit everything a DP penalty run needs.
+
+    Parameters
+    ----------
+    model : pm.Model
+    epsilon, delta : float
+        The budget of the whole run (all phases, every chain).
+    chains : int
+    draws, tune : int or None
+        ``None``: chosen by the predicted effective sample size.
+    rng : numpy.random.Generator
+        Randomness of the pre-sampling mechanisms.
+    split : BudgetSplit, optional
+    clip_quantile : float
+        Share of records left unclipped by the DP clip bound of the penalty test (the DP-HMC
+        paper's guidance: clip under 20 %).
+    grad_quantile : float
+        The same for the warm start's gradients: high, since clipped gradients bias the mode.
+    llr_pairs : int
+        Proposal pairs whose log-likelihood ratios form the clip-selection histogram.
+    chunk_size : int, optional
+        Records per call of the compiled functions.
+    max_iterations : int
+        Largest total number of sampling iterations considered (compute bound).
+    allow_random_walk : bool
+        Also consider a random walk with the approximation's covariance (off by default: in
+        the measurements it mixed far worse than its prediction, and the control variate's
+        linearisation degrades away from the anchor).
+
+    Returns
+    -------
+    AutoPlan
+    """
+    from pymc.blocking import DictToArrayBijection
+
+    from pymc_dp.records import build_record_functions
+
+    split = split or BudgetSplit()
+    ip = model.initial_point()
+    vars = model.value_vars
+    fns, _ = build_record_functions(model, vars, ip, chunk_size=chunk_size)
+    n, d = fns.n_records, fns.ndim
+    mu_total = gaussian_mu_for_epsilon(epsilon, delta)
+    plan = AutoPlan(epsilon, delta, n, d, chains, mu_total)
+
+    # -- phase 1: the private Laplace approximation (private Fisher scoring) -------------
+    plan.phases.extend(presample_phases(mu_total, split))
+    z_grad, z_outer, z_hist, z_clip = (p.noise_multiplier for p in plan.phases)
+    q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
+    grid = clip_grid(1e-3, 1e4, 29)
+    info = private_laplace(
+        q0=q0,
+        n=n,
+        prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
+        clipped_moments=fns.clipped_grad_moments,
+        grad_counts_above=lambda q, g: _counts_above_grad(fns, q, g),
+        grid=grid,
+        quantile=grad_quantile,
+        grad_noise_multiplier=z_grad,
+        outer_noise_multiplier=z_outer,
+        hist_noise_multiplier=z_hist,
+        newton_steps=NEWTON_STEPS,
+        rng=rng,
+    )
+    cov = info.cov
+    chol = np.linalg.cholesky(cov)
+    plan.clip_bounds = info.clip_bounds
+
+    # -- phase 2: the clip bound of the penalty test -----------------------------------------
+    # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
+    # step, for pairs of draws from the approximation; the average of the pairs' histograms
+    # has L2 sensitivity sqrt(2), as one histogram (one record moves by at most one unit in
+    # two bins of every pair's histogram)
+    hist = np.zeros(grid.size + 1)
+    dist = []
+    for _ in range(llr_pairs):
+        a = info.mean + chol @ rng.normal(size=d)
+        b = info.mean + chol @ rng.normal(size=d)
+        dist.append(float(np.linalg.norm(a - b)))
+        counts = _counts_above_residual(fns, a, b, grid, info.anchor, info.anchor_bound)
+        hist += histogram_from_counts(n, counts)
+    clip, _ = noisy_histogram_quantile(hist / llr_pairs, grid, clip_quantile, z_clip, rng)
+
+    # -- phase 3: the control variate's share, chosen by the predicted error -----------------
+    fixed = draws is not None
+    lo = chains * (50 if not fixed else draws)
+    hi = max(lo, max_iterations if not fixed else chains * draws)
+    rw_len = hi if not fixed else chains * draws
+    llr_step = 2.0 * clip * float(np.mean(dist))
+    sd_scale = float(np.sqrt(np.trace(cov) / d))
+
+    def ess_of(mu_s: float) -> Prediction:
+        ind = best_independent_length(mu_s, llr_step, minimum=lo, maximum=hi)
+        if not allow_random_walk:
+            return ind
+        rw = random_walk_ess(rw_len, mu_s, 2.0 * clip * sd_scale, d)
+        return ind if ind.ess >= rw.ess else rw
+
+    mu_left = mu_total - sum(p.mu for p in plan.phases)
+    mu_anchor, pred, plan.predicted_error = choose_anchor_share(
+        mu_left, cov, info.anchor_bound, ess_of
+    )
+    z_anchor = math.sqrt(1.0 / (2.0 * mu_anchor))
+    plan.phases.append(Phase("control variate: noisy clipped gradient sum", z_anchor, 1))
+    g_exact, _ = fns.clipped_grad_sum(info.anchor, info.anchor_bound)
+    anchor_grad = np.asarray(g_exact) + rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound
+    # the chain targets the posterior tilted by this release's noise; one Newton step from
+    # the anchor with the released gradient centres the proposal on that target's mode
+    # (damped like the warm start's steps, so that a weakly determined direction does not
+    # turn the noise of the release into a long step)
+    damped = info.precision + info.damping * np.eye(d)
+    mean = info.anchor + np.linalg.solve(
+        damped, anchor_grad + fns.prior_logp_and_grad(info.anchor)[1]
+    )
+    plan.laplace_mean, plan.laplace_cov = mean, cov
+
+    # -- phase 4: sampling, with the budget left ----------------------------------------------
+    mu_left = mu_total - sum(p.mu for p in plan.phases)
+    plan.prediction = pred
+    if pred.proposal == "independent":
+        plan.tune = 0 if tune is None else int(tune)
+        plan.draws = draws if fixed else max(50, pred.iterations // chains)
+        # a little wider than the approximation: an independence sampler suffers from a
+        # proposal narrower than its target (heavy importance weights in the tails)
+        kwargs = {
+            "proposal": "independent",
+            "proposal_cov": PROPOSAL_INFLATION**2 * cov,
+            "proposal_mean": mean,
+        }
+    else:
+        plan.tune = max(100, rw_len // chains // 5) if tune is None else int(tune)
+        plan.draws = draws if fixed else max(50, rw_len // chains - plan.tune)
+        step = 2.38 / math.sqrt(1.0 + (pred.test_noise_std / max(2.38, 1e-12)) ** 2)
+        kwargs = {
+            "proposal": "gaussian",
+            "proposal_cov": cov,
+            "scaling": step / math.sqrt(d),
+        }
+    iterations = chains * (plan.draws + plan.tune)
+    z_s = math.sqrt(iterations / (2.0 * mu_left))
+    # never above the target: nudge the sampling noise up until the composition fits
+    pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
+    while compose_epsilon([*pre, GaussianEvent(z_s, iterations)], delta) > epsilon:
+        z_s *= 1.0 + 1e-9
+    plan.phases.append(Phase("sampling (penalty tests)", z_s, iterations))
+    kwargs.update(
+        {
+            "clip_bound": clip,
+            "noise_multiplier": z_s,
+            "delta": delta,
+            "control_variate": (info.anchor, anchor_grad, info.anchor_bound),
+        }
+    )
+    plan.step_kwargs = kwargs
+    # chains start at draws from the approximation, widened (dispersed starts for R-hat)
+    point_info = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).point_map_info
+    plan.initvals = [
+        _unravel(point_info, mean + (chol @ rng.normal(size=d))) for _ in range(chains)
+    ]
+    return plan

@@ -1,0 +1,321 @@
+"""Private warm start and private clip selection (pure numpy; randomness passed in).
+
+Two mechanisms that run *before* the chains, inside the same privacy budget:
+
+* **A DP quantile of per-record magnitudes** (gradient norms, or log-likelihood ratios per
+  unit step) from a noisy histogram on a public log-spaced grid. Under replace-one
+  neighbours one record leaves one bin and enters another, so the histogram has L2
+  sensitivity ``sqrt(2)``; one release with noise ``z sqrt(2)`` per bin is a Gaussian
+  mechanism with privacy-loss parameter ``1 / (2 z^2)`` (Dwork & Roth 2014, Thm A.1;
+  the quantile read off the noisy histogram is post-processing). Choosing the clip bound as
+  such a quantile follows the guidance of the DP-HMC paper (clip so that few records are
+  clipped; Räisä et al., Sec. 5) and the adaptive clipping of Andrew et al. (2021), which
+  also spends a noisy count per update.
+* **A private Laplace approximation**: damped Newton iterations on the log posterior whose
+  log-likelihood gradient is the clipped per-record gradient sum plus Gaussian noise (each
+  release the Gaussian mechanism of DP-HMC's gradients, Räisä et al. Algorithm 1 /
+  Theorem 3.5: sensitivity ``2 b`` under replace-one), and a finite-difference Hessian made
+  from ``d`` further noisy gradients (post-processing). The prior and log-Jacobian parts
+  are data-free and exact.
+
+The functions here never see the data: the caller passes callables that return exact
+clipped sums or counts, and the kernel adds the noise and does the post-processing.
+
+References
+----------
+.. [1] C. Dwork, A. Roth, The Algorithmic Foundations of Differential Privacy (2014),
+   Theorem A.1 (Gaussian mechanism). [DworkRoth2014]
+.. [2] G. Andrew, O. Thakkar, H. B. McMahan, S. Ramaswamy, "Differentially private learning
+   with adaptive clipping", NeurIPS 2021 (arXiv:1905.03871). [Andrew2021]
+.. [3] O. Räisä, A. Koskela, A. Honkela, "Differentially private Hamiltonian Monte Carlo",
+   Algorithm 1 and Theorem 3.5. [DPHMC]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "HISTOGRAM_SENSITIVITY",
+    "LaplaceInfo",
+    "clip_grid",
+    "histogram_from_counts",
+    "histogram_quantile",
+    "OUTER_SENSITIVITY",
+    "laplace_releases",
+    "noisy_histogram_quantile",
+    "private_laplace",
+]
+
+#: L2 sensitivity of a histogram under replace-one neighbours (one record changes bins).
+HISTOGRAM_SENSITIVITY = float(np.sqrt(2.0))
+
+
+def clip_grid(low: float, high: float, bins: int) -> np.ndarray:
+    """A public, log-spaced grid of ``bins`` candidate bounds from ``low`` to ``high``."""
+    if not (0.0 < low < high and np.isfinite(high)) or bins < 2:
+        raise ValueError(f"clip_grid needs 0 < low < high and bins >= 2; got {low}, {high}, {bins}")
+    return np.geomspace(low, high, int(bins))
+
+
+def histogram_from_counts(n: int, counts_above: np.ndarray) -> np.ndarray:
+    """Bin counts from the numbers of records *above* each grid bound.
+
+    ``counts_above[k]`` is the number of records whose magnitude exceeds ``grid[k]`` (a
+    non-finite magnitude counts as above every bound). Returns ``len(grid) + 1`` bins:
+    ``(-inf, grid[0]], (grid[0], grid[1]], ..., (grid[-1], inf]``. Exact integers: this is
+    the data-dependent query of `noisy_histogram_quantile`, before the noise.
+    """
+    above = np.asarray(counts_above, dtype=np.int64)
+    if above.ndim != 1 or np.any(np.diff(above) > 0):
+        raise ValueError("counts_above must be a non-increasing 1-d array")
+    edges = np.concatenate([[n], above, [0]])
+    return (edges[:-1] - edges[1:]).astype(float)
+
+
+def noisy_histogram_quantile(
+    hist: np.ndarray,
+    grid: np.ndarray,
+    quantile: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+) -> tuple[float, np.ndarray]:
+    """A DP quantile: the smallest grid bound below which a ``quantile`` share lies.
+
+    Parameters
+    ----------
+    hist : array, shape (len(grid) + 1,)
+        Exact bin counts (`histogram_from_counts`).
+    grid : array
+        The public candidate bounds.
+    quantile : float
+        Target share of records at or below the chosen bound, in (0, 1).
+    noise_multiplier : float
+        ``z``: every bin gets N(0, (z sqrt 2)^2) noise (one Gaussian mechanism with
+        privacy-loss parameter ``1 / (2 z^2)``).
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    bound, noisy_hist
+        The chosen bound (the largest grid value when the noisy shares never reach
+        ``quantile``) and the released histogram.
+    """
+    hist = np.asarray(hist, dtype=float)
+    noisy = hist + rng.normal(size=hist.shape) * noise_multiplier * HISTOGRAM_SENSITIVITY
+    std = noise_multiplier * HISTOGRAM_SENSITIVITY
+    return histogram_quantile(noisy, grid, quantile, int(round(hist.sum())), std), noisy
+
+
+def histogram_quantile(
+    noisy: np.ndarray, grid: np.ndarray, quantile: float, n: int, noise_std: float = 0.0
+) -> float:
+    """The smallest grid bound with at most a ``1 - quantile`` noisy share above it.
+
+    Post-processing. The share above ``grid[k]`` is the sum of the noisy bins above it,
+    summed from the top, so its noise comes from the bins *above* the bound only; bins whose
+    noisy count is below ``3 noise_std`` count as empty there (hard thresholding: the many
+    empty bins of a wide public grid would otherwise add their noise to every tail). ``n``
+    is the public number of records; the largest grid value when no bound qualifies.
+    """
+    noisy = np.asarray(noisy, dtype=float)
+    kept = np.where(noisy >= 3.0 * noise_std, noisy, 0.0)
+    above = np.cumsum(kept[::-1])[::-1][1:] / max(n, 1)
+    hit = np.nonzero(above <= 1.0 - quantile)[0]
+    return float(grid[hit[0]]) if hit.size else float(grid[-1])
+
+
+@dataclass
+class LaplaceInfo:
+    """What the private Laplace approximation released and derived (all DP outputs)."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+    grad_releases: int = 0
+    histogram_releases: int = 0
+    clip_bounds: list[float] = field(default_factory=list)
+    path: list[np.ndarray] = field(default_factory=list)
+    #: the last iterate and a clip bound for a first-order control variate there (DP outputs)
+    anchor: np.ndarray | None = None
+    anchor_bound: float = float("nan")
+    #: the last curvature (floored precision) and its Levenberg-Marquardt damping
+    precision: np.ndarray | None = None
+    damping: float = 0.0
+
+
+def _pd_floor(h: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(precision, covariance)`` of a symmetrised Hessian whose eigenvalues are floored."""
+    h = 0.5 * (h + h.T)
+    w, v = np.linalg.eigh(h)
+    w = np.maximum(w, floor)
+    return (v * w) @ v.T, (v / w) @ v.T
+
+
+def laplace_releases(newton_steps: int) -> int:
+    """Iterations of `private_laplace` that read the data: ``newton_steps + 1``.
+
+    Each reads the data three times (a histogram, a gradient sum, an outer-product sum), each
+    read one Gaussian release.
+    """
+    return newton_steps + 1
+
+
+#: L2 sensitivity factor of the clipped outer-product sum under replace-one neighbours:
+#: ``||c c^T - c' c'^T||_F^2 = ||c||^4 + ||c'||^4 - 2 (c . c')^2 <= 2 b^4``.
+OUTER_SENSITIVITY = float(np.sqrt(2.0))
+
+
+def _sym_noise(d: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    """Symmetric noise: N(0, std^2) on the upper triangle (diagonal included), mirrored."""
+    e = np.triu(rng.normal(size=(d, d)) * std)
+    return e + np.triu(e, 1).T
+
+
+def private_laplace(
+    *,
+    q0: np.ndarray,
+    n: int,
+    prior_grad: Callable[[np.ndarray], np.ndarray],
+    clipped_moments: Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]],
+    grad_counts_above: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    grid: np.ndarray,
+    quantile: float,
+    grad_noise_multiplier: float,
+    outer_noise_multiplier: float,
+    hist_noise_multiplier: float,
+    newton_steps: int,
+    rng: np.random.Generator,
+    anchor_quantile: float = 0.9999,
+    average_last: int = 4,
+    max_step_sd: float = 200.0,
+) -> LaplaceInfo:
+    """A DP Laplace approximation ``N(mean, cov)`` of the posterior by private Fisher scoring.
+
+    Every data access is a release. In each of ``newton_steps + 1`` iterations (`laplace_releases`):
+    a noisy histogram of the per-record gradient norms gives the clip bound ``b``
+    (`noisy_histogram_quantile`); then the clipped gradient sum (noise ``z_g 2 b``) and the
+    clipped outer-product sum (upper triangle, noise ``z_F sqrt(2) b^2``; Frobenius
+    sensitivity ``sqrt(2) b^2`` under replace-one) are released. The empirical Fisher
+    information ``F = S2`` (uncentred: far from the mode its mean part damps the step along
+    the gradient, as in Levenberg-Marquardt; at the mode the mean is about 0) plus the
+    prior's curvature (data-free, finite differences of the exact prior gradient) is the
+    curvature of a Fisher-scoring step ``q += (F + P)^-1 (S1 + grad log prior)``; the last
+    iterate's gradient is not applied, its ``F + P`` gives ``cov`` and its histogram the
+    control variate's clip bound (quantile ``anchor_quantile``); ``mean`` averages the last
+    ``average_last`` iterates (Polyak averaging, which shrinks the gradient noise). All of
+    this is post-processing.
+
+    Parameters
+    ----------
+    q0 : array
+        Public start (the model's initial point, flat, transformed space).
+    n : int
+        Number of records (public).
+    prior_grad : callable
+        Gradient of log prior + log-Jacobian (data-free).
+    clipped_moments : callable
+        ``(q, b) -> (sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``: exact
+        (data).
+    grad_counts_above : callable
+        ``(q, grid) -> counts``: records whose gradient norm exceeds each grid bound (data).
+    grid : array
+        The public candidate clip bounds (`clip_grid`).
+    quantile : float
+        Share of records left unclipped by each iteration's clip bound.
+    grad_noise_multiplier : float
+        ``z_g`` of the gradient sums.
+    outer_noise_multiplier : float
+        ``z_F`` of the outer-product sums.
+    hist_noise_multiplier : float
+        ``z`` of the clip histograms (`noisy_histogram_quantile`).
+    anchor_quantile : float
+        Quantile of the last histogram that gives the control variate's clip bound.
+    newton_steps : int
+        Fisher-scoring steps (>= 1).
+    rng : numpy.random.Generator
+    average_last : int
+        Iterates averaged into ``mean``.
+    max_step_sd : float
+        Trust region: a step is shortened to at most this many standard deviations of the
+        current approximation (Mahalanobis norm). Steps are also damped by the curvature's
+        noise level (Levenberg-Marquardt), which leaves the fixed point unchanged.
+
+    Returns
+    -------
+    LaplaceInfo
+    """
+    if newton_steps < 1:
+        raise ValueError("private_laplace needs newton_steps >= 1")
+    q = np.asarray(q0, dtype=float).copy()
+    d = q.size
+    info = LaplaceInfo(mean=q, cov=np.eye(d))
+
+    def prior_hessian(x: np.ndarray) -> np.ndarray:
+        h = 1e-4 * (1.0 + np.abs(x))
+        pg = prior_grad(x)
+        cols = [(prior_grad(x + np.eye(d)[j] * h[j]) - pg) / h[j] for j in range(d)]
+        m = -np.stack(cols, axis=1)
+        return 0.5 * (m + m.T)
+
+    iterates = []
+    cov = None
+    for it in range(newton_steps + 1):
+        hist = histogram_from_counts(n, grad_counts_above(q, grid))
+        b, noisy_hist = noisy_histogram_quantile(hist, grid, quantile, hist_noise_multiplier, rng)
+        info.histogram_releases += 1
+        info.clip_bounds.append(b)
+        s1, s2 = clipped_moments(q, b)
+        s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
+        outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b * b
+        s2 = np.asarray(s2, dtype=float) + _sym_noise(d, outer_std, rng)
+        info.grad_releases += 2
+        # -- post-processing of the three releases ---------------------------------------------
+        # off-diagonal entries below three noise sds are set to 0 (hard thresholding of a
+        # noisy covariance: the noise's spectral norm grows like sqrt(d), the kept entries
+        # carry the correlations that are clearly there)
+        fisher = np.nan_to_num(s2, nan=0.0, posinf=0.0, neginf=0.0)
+        off = ~np.eye(d, dtype=bool)
+        fisher[off & (np.abs(fisher) < 3.0 * outer_std)] = 0.0
+        p_hess = np.nan_to_num(prior_hessian(q))
+        # eigenvalue floor: the prior's smallest curvature, and the noise level of the released
+        # curvature (eigenvalues below it are noise; half its ~2 sqrt(d) sd spectral norm)
+        noise_level = np.sqrt(d) * outer_std
+        floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()), noise_level)
+        prec, cov = _pd_floor(fisher + p_hess, floor)
+        info.precision = prec
+        info.damping = 2.0 * noise_level
+        iterates.append(q.copy())
+        if it == newton_steps:
+            # the control variate's clip bound: a higher quantile of the same released
+            # histogram (post-processing), so that few anchor gradients are clipped
+            info.anchor = q.copy()
+            std = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
+            top = histogram_quantile(noisy_hist, grid, anchor_quantile, n, std)
+            info.anchor_bound = max(b, top)
+            break
+        # Levenberg-Marquardt damping by the noise level of the released curvature (its
+        # spectral norm is about 2 sqrt(d) entry sds): steps along directions the data do
+        # not determine (a zero-gradient direction at the start) stay small; the fixed point
+        # and the final covariance are not damped
+        step = np.linalg.solve(prec + info.damping * np.eye(d), s1 + prior_grad(q))
+        maha = float(np.sqrt(max(step @ prec @ step, 0.0)))
+        if not np.isfinite(maha):
+            break
+        if maha > max_step_sd:
+            step *= max_step_sd / maha
+        # stay where the prior is finite (a data-free check): halve the step until it is
+        for _ in range(30):
+            if np.all(np.isfinite(prior_grad(q + step))) and np.all(np.isfinite(step)):
+                break
+            step = 0.5 * np.nan_to_num(step)
+        else:
+            break
+        q = q + step
+        info.path.append(q.copy())
+    k = max(1, min(average_last, len(iterates)))
+    info.mean = np.mean(iterates[-k:], axis=0)
+    info.cov = cov
+    return info

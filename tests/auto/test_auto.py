@@ -1,0 +1,326 @@
+"""Automatic mode (issue 17): the pre-sampling mechanisms, their privacy, exactness, plan."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import stats
+
+import pymc_dp
+from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.auto import BudgetSplit, auto_configure, check_data_bounds, plan
+from pymc_dp.auto.configure import presample_phases
+from pymc_dp.kernels.warmstart import (
+    HISTOGRAM_SENSITIVITY,
+    OUTER_SENSITIVITY,
+    clip_grid,
+    histogram_from_counts,
+    noisy_histogram_quantile,
+    private_laplace,
+)
+from pymc_dp.records import build_record_functions
+
+
+# -- the noisy-histogram quantile ------------------------------------------------------------
+def _counts_above(values, grid):
+    v = np.asarray(values, dtype=float)
+    return np.array([np.count_nonzero(~np.isfinite(v) | (v > b)) for b in grid])
+
+
+def test_histogram_from_counts_bins_every_record_once():
+    rng = np.random.default_rng(0)
+    v = np.abs(rng.standard_cauchy(1000))
+    v[:3] = np.nan  # non-finite: above every bound
+    grid = clip_grid(0.01, 100.0, 9)
+    hist = histogram_from_counts(v.size, _counts_above(v, grid))
+    assert hist.sum() == v.size and np.all(hist >= 0)
+    assert hist[-1] == np.count_nonzero(~np.isfinite(v) | (v > grid[-1]))
+    assert hist[0] == np.count_nonzero(v <= grid[0])
+    k = 4
+    assert hist[k + 1] == np.count_nonzero((v > grid[k]) & (v <= grid[k + 1]))
+
+
+def test_histogram_sensitivity_is_sqrt2_under_replace_one():
+    """Brute force: replacing any one record moves the histogram by at most sqrt(2) in L2."""
+    rng = np.random.default_rng(1)
+    grid = clip_grid(0.1, 10.0, 7)
+    v = rng.uniform(0, 12, 50)
+    h = histogram_from_counts(v.size, _counts_above(v, grid))
+    worst = 0.0
+    for i in range(v.size):
+        for new in (0.0, 0.5, 3.0, 11.0, np.inf):
+            w = v.copy()
+            w[i] = new
+            h2 = histogram_from_counts(w.size, _counts_above(w, grid))
+            worst = max(worst, float(np.linalg.norm(h - h2)))
+    assert worst == pytest.approx(HISTOGRAM_SENSITIVITY)
+
+
+def test_noisy_quantile_without_noise_is_the_grid_quantile():
+    v = np.arange(1, 101, dtype=float) / 10.0  # 0.1 ... 10
+    grid = clip_grid(0.1, 10.0, 41)
+    hist = histogram_from_counts(v.size, _counts_above(v, grid))
+    b, _ = noisy_histogram_quantile(hist, grid, 0.9, 1e-12, np.random.default_rng(0))
+    assert np.mean(v <= b) >= 0.9
+    below = grid[grid < b]
+    assert below.size == 0 or np.mean(v <= below[-1]) < 0.9  # the smallest such grid value
+
+
+def test_outer_product_sensitivity_bound():
+    """||c c^T - c' c'^T||_F <= sqrt(2) b^2 for ||c||, ||c'|| <= b, attained at c orthogonal c'."""
+    rng = np.random.default_rng(2)
+    b = 1.7
+    worst = 0.0
+    for _ in range(2000):
+        c, c2 = rng.normal(size=(2, 4))
+        c *= b * rng.uniform() ** 0.1 / np.linalg.norm(c)
+        c2 *= b / np.linalg.norm(c2)
+        worst = max(worst, float(np.linalg.norm(np.outer(c, c) - np.outer(c2, c2))))
+    assert worst <= OUTER_SENSITIVITY * b * b + 1e-12
+    e1, e2 = np.eye(4)[:2] * b
+    attained = np.linalg.norm(np.outer(e1, e1) - np.outer(e2, e2))
+    assert attained == pytest.approx(OUTER_SENSITIVITY * b * b)
+
+
+# -- the private Laplace approximation -----------------------------------------------------------
+def _normal_model(n=400, seed=0, prior_sd=10.0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(1.5, 1.0, n)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, prior_sd)
+        pm.Normal("x", mu, 1.0, observed=x)
+    return model, x
+
+
+def test_private_laplace_without_noise_is_the_exact_posterior_of_a_conjugate_model():
+    """Normal mean, known sd: the posterior is N(m, v) in closed form; with clipping inactive
+    (quantile 1) and no noise the Fisher-scoring approximation must equal it."""
+    model, x = _normal_model()
+    fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    grid = clip_grid(1e-3, 1e4, 40)
+    info = private_laplace(
+        q0=np.zeros(1),
+        n=x.size,
+        prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
+        clipped_moments=fns.clipped_grad_moments,
+        grad_counts_above=lambda q, g: np.array([fns.clipped_grad_sum(q, b)[1] for b in g]),
+        grid=grid,
+        quantile=1.0 - 1e-9,
+        grad_noise_multiplier=1e-12,
+        outer_noise_multiplier=1e-12,
+        hist_noise_multiplier=1e-12,
+        newton_steps=10,
+        rng=np.random.default_rng(0),
+    )
+    v = 1.0 / (x.size + 1.0 / 100.0)
+    m = v * x.sum()
+    assert info.mean[0] == pytest.approx(m, abs=1e-6)
+    # the empirical Fisher information at the mode is sum_i (x_i - m)^2, not n: the
+    # approximation's variance is 1 / (sum (x_i - m)^2 + 1/100), within sampling error of v
+    assert info.cov[0, 0] == pytest.approx(1.0 / (np.sum((x - m) ** 2) + 0.01), rel=1e-6)
+    assert info.cov[0, 0] == pytest.approx(v, rel=4 * np.sqrt(2.0 / x.size))
+    assert info.anchor is not None and info.grad_releases == 2 * 11
+    assert info.anchor_bound >= info.clip_bounds[-1]
+
+
+def test_clipped_grad_moments_against_a_per_record_loop():
+    model, x = _normal_model(n=50)
+    fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    q = np.array([0.3])
+    b = 1.0
+    g = (x - 0.3)[:, None]
+    c = g * np.minimum(1.0, b / np.abs(g))
+    s1, s2 = fns.clipped_grad_moments(q, b)
+    np.testing.assert_allclose(s1, c.sum(axis=0), rtol=1e-10)
+    np.testing.assert_allclose(s2, c.T @ c, rtol=1e-10)
+
+
+def test_residual_ratio_sum_plus_control_variate_is_the_exact_ratio_sum():
+    """sum_i r_i = sum_i (r_i - c_i . dq) + (sum_i c_i) . dq for any c_i: with the bound
+    inactive the control-variate test sees exactly the log-likelihood ratio."""
+    model, x = _normal_model(n=80)
+    fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    anchor, q0, q1 = np.array([1.4]), np.array([1.45]), np.array([1.6])
+    for grad_bound in (0.5, 100.0):  # clipped or not, the identity holds
+        res, k = fns.clipped_residual_ratio_sum(q1, q0, 1e6, anchor, grad_bound)
+        g = (x - anchor[0])[:, None]
+        c = g * np.minimum(1.0, grad_bound / np.abs(g))
+        exact = fns.loglik_ratio(q1, q0).sum()
+        assert k == 0
+        assert res + float(c.sum(axis=0) @ (q1 - q0)) == pytest.approx(exact, rel=1e-9)
+    # a tight bound clips: the count says so, the sum is within the bounds
+    res, k = fns.clipped_residual_ratio_sum(q1, q0, 1e-4, anchor, 0.5)
+    assert k > 0 and abs(res) <= 1e-4 * x.size + 1e-12
+
+
+# -- exactness of the configured sampler with clipping inactive ----------------------------------
+@pytest.mark.slow
+def test_independence_penalty_with_control_variate_is_exact():
+    """DPPenaltyMetropolis(proposal='independent', control_variate=exact sum) with a clip bound
+    that never binds samples the conjugate posterior N(m, v): mean and variance within 4 MCSE."""
+    model, x = _normal_model(n=200, seed=3)
+    v = 1.0 / (x.size + 0.01)
+    m = v * x.sum()
+    anchor = np.array([m + 0.05])
+    g_sum = np.array([np.sum(x - anchor[0])])  # exact (no clipping at bound 100)
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0,
+            noise_multiplier=0.15,
+            proposal="independent",
+            proposal_mean=np.array([m - 0.02]),
+            proposal_cov=np.array([[1.5 * v]]),
+            control_variate=(anchor, g_sum, 100.0),
+        )
+        idata = pm.sample(
+            draws=6000, tune=0, chains=2, step=step, progressbar=False, random_seed=11,
+            compute_convergence_checks=False, initvals={"mu": m},
+        )  # fmt: skip
+    draws = idata.posterior["mu"].values.ravel()
+    import arviz as az
+
+    ess = float(az.ess(idata, var_names=["mu"])["mu"])
+    mcse_mean = np.sqrt(v / ess)
+    assert abs(draws.mean() - m) < 4 * mcse_mean
+    mcse_var = v * np.sqrt(2.0 / ess)
+    assert abs(draws.var() - v) < 4 * mcse_var
+    assert (
+        stats.kstest((draws[:: max(1, int(draws.size / ess))] - m) / np.sqrt(v), "norm").pvalue
+        > 1e-3
+    )
+
+
+# -- budget and report -----------------------------------------------------------------------------
+def test_presample_phases_take_their_shares_of_mu():
+    mu = gaussian_mu_for_epsilon(3.0, 1e-6)
+    split = BudgetSplit()
+    phases = presample_phases(mu, split)
+    total = sum(p.mu for p in phases)
+    share = split.warm_start + split.histograms + split.clip_selection
+    assert total == pytest.approx(share * mu, rel=1e-12)
+    with pytest.raises(ValueError, match="leave at least 20 %"):
+        BudgetSplit(warm_start=0.7, histograms=0.1)
+
+
+def test_anchor_share_minimises_the_predicted_error():
+    """choose_anchor_share against a brute-force grid of the same prediction."""
+    from pymc_dp.auto.configure import choose_anchor_share, tilt_sd
+    from pymc_dp.auto.predict import best_independent_length
+
+    cov = np.diag([0.01, 0.04])
+
+    def ess_of(mu_s):
+        return best_independent_length(mu_s, 0.05, minimum=200, maximum=20_000)
+
+    mu_a, pred, err = choose_anchor_share(1.0, cov, 3.0, ess_of)
+    assert 0 < mu_a < 1.0
+    for frac in (0.1, 0.3, 0.5, 0.7, 0.9):
+        other = np.sqrt(np.max(tilt_sd(cov, 3.0, frac) ** 2) + 1.0 / ess_of(1.0 - frac).ess)
+        assert err <= other + 1e-12
+    # tilt: the mean shift of N(m, cov) tilted by exp(xi . theta) is cov xi (closed form)
+    rng = np.random.default_rng(0)
+    xi = rng.normal(size=(200_000, 2)) * 2 * 3.0 * np.sqrt(1 / (2 * 0.5))
+    shift_sd = (xi @ cov).std(axis=0) / np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(shift_sd, tilt_sd(cov, 3.0, 0.5), rtol=0.01)
+
+
+@pytest.mark.slow
+def test_auto_mode_end_to_end_reports_every_phase_within_the_target():
+    model, x = _normal_model(n=3000, seed=5)
+    with model:
+        idata = pymc_dp.sample(
+            epsilon=3.0, delta=1e-5, chains=2, random_seed=1, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    rep = pymc_dp.privacy_report(idata, model=model, attach=False)
+    assert rep.private and rep.epsilon <= 3.0
+    assert rep.epsilon > 2.9  # the budget is spent, not wasted
+    assert "phases: warm start" in rep.mechanism
+    # closed form: the pre-sampling phases' mu plus the chains' mu, composed exactly
+    pre = float(idata.attrs["dp_presample_mu"])
+    chains_mu = float(idata.sample_stats["dp_mu"].sum())
+    groups = list(idata.children) if hasattr(idata, "children") else idata.groups()
+    if "warmup_sample_stats" in groups:
+        chains_mu += float(idata.warmup_sample_stats["dp_mu"].sum())
+    z = np.sqrt(1.0 / (2.0 * (pre + chains_mu)))
+    assert rep.epsilon == pytest.approx(compose_epsilon([GaussianEvent(z)], 1e-5), rel=1e-9)
+    # the draws are posterior draws: within 1 posterior sd of the exact mean
+    v = 1.0 / (x.size + 0.01)
+    assert abs(float(idata.posterior["mu"].mean()) - v * x.sum()) < np.sqrt(v)
+    for g in ("observed_data", "constant_data"):
+        assert g not in groups
+
+
+# -- API -------------------------------------------------------------------------------------------
+def test_sample_takes_draws_first_and_step_as_keyword():
+    model, _ = _normal_model(n=100)
+    with model:
+        with pytest.raises(TypeError, match="first parameter is draws"):
+            pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, epsilon=1.0, delta=1e-5)
+        with pytest.raises(ValueError, match="needs epsilon= and delta="):
+            pymc_dp.sample(100)
+        with pytest.raises(ValueError, match="auto_kwargs"):
+            pymc_dp.sample(
+                10, step=pymc_dp.DPPenaltyMetropolis, epsilon=1.0, delta=1e-5,
+                auto_kwargs={"clip_quantile": 0.9},
+            )  # fmt: skip
+
+
+def test_data_bounds_are_checked_against_names_before_any_data_is_read(monkeypatch):
+    model, _ = _normal_model(n=100)
+    assert check_data_bounds(model, {"x": (-5, 5)}) == {"x": (-5.0, 5.0)}
+    import pymc_dp.records.store as store
+
+    def no_read(*a, **k):  # pragma: no cover - must not be reached
+        raise AssertionError("data read")
+
+    monkeypatch.setattr(store.InMemoryRecords, "chunks", no_read)
+    with model:
+        with pytest.raises(ValueError, match="neither an observed variable"):
+            pymc_dp.sample(epsilon=1.0, delta=1e-5, data_bounds={"y": (0, 1)})
+        with pytest.raises(ValueError, match="low < high"):
+            pymc_dp.sample(epsilon=1.0, delta=1e-5, data_bounds={"x": (1, 0)})
+        with pytest.raises(ValueError, match="pair"):
+            pymc_dp.sample(epsilon=1.0, delta=1e-5, data_bounds={"x": 3})
+
+
+def test_plan_reads_no_data_and_warns_with_numbers(monkeypatch, capsys):
+    import pymc_dp.records.store as store
+
+    def no_read(*a, **k):  # pragma: no cover - must not be reached
+        raise AssertionError("data read")
+
+    monkeypatch.setattr(store.InMemoryRecords, "chunks", no_read)
+    model, _ = _normal_model(n=200)
+    with model:
+        small = plan(epsilon=0.05, delta=1e-5)
+        big = plan(epsilon=10.0, delta=1e-5, verbose=False)
+    printed = capsys.readouterr().out
+    assert "pymc_dp plan: n = 200 records, d = 1 parameters" in printed
+    assert small.warnings and "at n = 200 and epsilon = 0.05 expect" in small.warnings[0]
+    assert "needs epsilon >=" in small.warnings[0]
+    assert small.predicted_error > big.predicted_error
+    assert not big.warnings
+    # the epsilon the warning names does reach the usable error
+    eps_needed = float(small.warnings[0].split("needs epsilon >= ")[1].split()[0])
+    with model:
+        ok = plan(epsilon=eps_needed * 1.01, delta=1e-5, verbose=False)
+    assert ok.predicted_error <= 0.5 and not ok.warnings
+
+
+def test_auto_configure_spends_exactly_the_budget():
+    model, _ = _normal_model(n=500)
+    with model:
+        cfg = auto_configure(
+            model, epsilon=2.0, delta=1e-5, chains=2, draws=None, tune=None,
+            rng=np.random.default_rng(0),
+        )  # fmt: skip
+    events = [GaussianEvent(p.noise_multiplier, p.releases) for p in cfg.phases]
+    eps = compose_epsilon(events, 1e-5)
+    assert eps <= 2.0 and eps == pytest.approx(2.0, rel=1e-6)
+    assert cfg.phases[-1].releases == 2 * (cfg.draws + cfg.tune)
+    assert "warm start" in cfg.describe()
