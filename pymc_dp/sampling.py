@@ -22,7 +22,7 @@ from pymc_dp.records import (
 )
 from pymc_dp.records.dask_store import RecordsLostError
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
-from pymc_dp.step_methods.base import DPStep, check_positive, check_target
+from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
 
 __all__ = ["sample", "check_run_is_private"]
 
@@ -177,6 +177,7 @@ def sample(
         )
         _check_outputs_are_private(model, var_names, idata_kwargs)
         if records is not None:
+            _check_records(step, records, bool((step_kwargs or {}).get("nonprivate_diagnostics")))
             step_kwargs = {**(step_kwargs or {}), "records": records}
         with warnings.catch_warnings():
             # checked just above (refused, or excluded by var_names): do not warn again
