@@ -76,12 +76,37 @@ def _own_copy(fn):
     return hit[1]
 
 
+class RemoteTaskError(RuntimeError):
+    """A pymc_dp task failed on a worker; only the type of the error is reported."""
+
+
+def _aligned(chunk) -> list:
+    # An array received from another process (a partition from another worker, a parameter
+    # vector from the driver) can be an unaligned view of the message buffer, which
+    # PyTensor's C code refuses: copy such an array (aligned ones are used as they are).
+    return [
+        a if not isinstance(a, np.ndarray) or a.flags.aligned else np.require(a, requirements="A")
+        for a in chunk
+    ]
+
+
+def _guarded(fn, *args):
+    """Run ``fn`` on a worker; a failure is re-raised as `RemoteTaskError` naming only its
+    type (Dask logs and returns a task's exception, whose text could hold record values)."""
+    kind = None
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - only the type leaves the worker
+        kind = type(err).__name__
+    raise RemoteTaskError(f"a pymc_dp task failed on a worker ({kind})")
+
+
 def _call(fn, args, *chunk):
-    return _own_copy(fn)(*args, *chunk)
+    return _guarded(lambda: _own_copy(fn)(*_aligned(args), *_aligned(chunk)))
 
 
 def _call_prepared(fn, args, prep, *chunk):
-    return _own_copy(fn)(*args, prep, *chunk)
+    return _guarded(lambda: _own_copy(fn)(*_aligned(args), prep, *_aligned(chunk)))
 
 
 def _all_finite(flags, *chunk) -> bool:
@@ -93,6 +118,10 @@ def _all_finite(flags, *chunk) -> bool:
 
 
 def _owner_release(reduce, init, noise_std: float, seed, *parts):
+    return _guarded(_owner_sum, reduce, init, noise_std, seed, *parts)
+
+
+def _owner_sum(reduce, init, noise_std: float, seed, *parts):
     """One owner's noisy contribution (Algorithm 2): its partitions' sum plus its own noise.
 
     Runs on the cluster; only the noisy sum leaves it (the count of clipped records is
