@@ -157,6 +157,8 @@ def sample(
     for bad in ("step", "return_inferencedata", "discard_tuned_samples_private"):
         if bad in sample_kwargs:
             raise TypeError(f"pymc_dp.sample got an unexpected argument {bad!r}")
+    if records is not None:
+        _check_cores(sample_kwargs)
     if inspect.isclass(step):
         if not issubclass(step, DPStep):
             raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
@@ -212,11 +214,7 @@ def sample(
                 f"(draws={draws}, tune={tune}, chains={chains}); calibrate for the run you make"
             )
     if any(not s._fns.records.local for s in steps):
-        if sample_kwargs.get("cores", 1) not in (1, None):
-            raise ValueError(
-                f"cores={sample_kwargs['cores']!r}: with records on a Dask cluster the chains run "
-                "one after the other in this process (cores=1); the cluster does the parallel work"
-            )
+        _check_cores(sample_kwargs)
         sample_kwargs["cores"] = 1
     step_arg = step if not isinstance(step, list | tuple) else list(step)
     try:
@@ -237,6 +235,15 @@ def sample(
         _drop_groups(idata, RAW_DATA_GROUPS)
     privacy_report(idata, delta, model=model)
     return idata
+
+
+def _check_cores(sample_kwargs: dict) -> None:
+    """Records on a cluster: the chains run in this process, one after the other."""
+    if sample_kwargs.get("cores", 1) not in (1, None):
+        raise ValueError(
+            f"cores={sample_kwargs['cores']!r}: with records on a Dask cluster the chains run "
+            "one after the other in this process (cores=1); the cluster does the parallel work"
+        )
 
 
 def _account_partial_run(err: RecordsLostError, steps: list, delta: float | None) -> None:

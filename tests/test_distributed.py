@@ -22,9 +22,11 @@ da = pytest.importorskip("dask.array", reason="dask[array] is not installed")
 import pymc_dp  # noqa: E402
 from pymc_dp.accounting import GaussianEvent, compose_epsilon  # noqa: E402
 from pymc_dp.distributed import DaskRecords, RecordsLostError  # noqa: E402
+from pymc_dp.report import _get_group as _group  # noqa: E402
 
 N, PART = 1200, 300
 RUN = dict(draws=12, tune=8, chains=2, progressbar=False, compute_convergence_checks=False)
+PLAN = {k: RUN[k] for k in ("draws", "tune", "chains")}  # the run a step is calibrated for
 
 
 def _data(n=N, seed=0):
@@ -94,7 +96,7 @@ def test_dask_draws_equal_the_in_memory_run_with_the_same_chunks(client, step, k
     a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
     assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
     assert b.owners == 0 and b.noise_variance_factor == 1
-    assert "observed_data" not in remote.groups() and "constant_data" not in remote.groups()
+    assert b.raw_data_groups == () and _group(remote, "observed_data") is None
 
 
 def test_a_different_partitioning_gives_different_sums_only_by_rounding(client):
@@ -183,7 +185,7 @@ def test_bad_input_is_refused_before_any_data_is_read(client):
                 epsilon=1.0,
                 delta=1e-5,
                 step_kwargs={"clip_bound": 1.0},
-                records=_records(client, *_data()),
+                records=DaskRecords(client, {"X": X, "y": y}),
                 cores=2,
                 **RUN,
             )
@@ -249,11 +251,11 @@ def test_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(cl
     assert rep.owner_epsilons == (rep.epsilon,) * 3
     assert rep.epsilon == pytest.approx(rep_c.epsilon, rel=1e-12) and rep.epsilon <= 3.0
     assert rep.releases == rep_c.releases == 2 * (12 + 8)
-    st = idata.sample_stats
+    st = _group(idata, "sample_stats")
     step_z = np.sqrt(1.0 / (2.0 * float(st["dp_mu"].values.flat[0])))
     expected_sd = np.sqrt(3) * step_z * 2 * 5.0 * st["step_norm"].values
     np.testing.assert_allclose(st["noise_std"].values, expected_sd, rtol=1e-12)
-    w = idata.warmup_sample_stats if "warmup_sample_stats" in idata.groups() else None
+    w = _group(idata, "warmup_sample_stats")
     sds = st["noise_std"].values
     if w is not None:
         sds = np.concatenate([w["noise_std"].values, sds], axis=1)
@@ -321,9 +323,7 @@ def test_lost_worker_is_recovered_by_dask_and_the_run_is_unchanged(process_clien
                 n_leapfrog=2,
                 epsilon=5.0,
                 delta=1e-5,
-                draws=RUN["draws"],
-                tune=RUN["tune"],
-                chains=RUN["chains"],
+                **PLAN,
                 records=_records(client, X, y),
             )
             calls: list = []
@@ -360,9 +360,7 @@ def test_lost_worker_that_cannot_be_recomputed_stops_the_run_and_counts_every_re
             clip_bound=5.0,
             epsilon=2.0,
             delta=1e-5,
-            draws=RUN["draws"],
-            tune=RUN["tune"],
-            chains=RUN["chains"],
+            **PLAN,
             records=_scattered_records(client, X, y),
         )
         calls: list = []

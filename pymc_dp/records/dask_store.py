@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from typing import Any
@@ -64,16 +65,19 @@ def _identity(x):
 _THREAD = threading.local()
 
 
-def _own_copy(fn):
-    """This thread's copy of ``fn``: a compiled PyTensor function keeps its inputs and outputs
-    in storage of its own and must not be called by two threads at once (the threads of a
-    worker, or in-process workers sharing one object). Copied once per thread (pickled)."""
+def _own_copy(shipped):
+    """This thread's copy of a shipped function ``(token, pickled bytes)``.
+
+    A compiled PyTensor function keeps its inputs and outputs in storage of its own and must
+    not be called by two threads at once (the threads of a worker, or in-process workers), so
+    every thread loads its own copy, once per token: the function travels as bytes (copying
+    bytes between workers compiles nothing) and is compiled when a thread first loads it.
+    """
+    token, blob = shipped
     cache = _THREAD.__dict__.setdefault("fns", {})
-    hit = cache.get(id(fn))
-    if hit is None or hit[0] is not fn:
-        hit = (fn, pickle.loads(pickle.dumps(fn)))
-        cache[id(fn)] = hit
-    return hit[1]
+    if token not in cache:
+        cache[token] = pickle.loads(blob)
+    return cache[token]
 
 
 class RemoteTaskError(RuntimeError):
@@ -225,10 +229,12 @@ class DaskStore:
             )
 
     def _ship(self, fn):
-        """The cluster's copy of ``fn`` (shipped once; recomputable if a worker is lost)."""
+        """The cluster's copy of ``fn``: ``(token, pickled bytes)``, shipped once per object
+        (a task whose result it is, so a lost copy is recomputed like any other key)."""
         key = id(fn)
         if key not in self._shipped:
-            self._shipped[key] = (fn, self._client.submit(_identity, fn, pure=False))
+            shipped = (uuid.uuid4().hex, pickle.dumps(fn))
+            self._shipped[key] = (fn, self._client.submit(_identity, shipped, pure=False))
         return self._shipped[key][1]
 
     def _gather(self, futures):

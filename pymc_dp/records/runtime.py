@@ -26,6 +26,13 @@ class RecordSource(Protocol):
 
     n_records: int
     ndim: int
+    #: Keep the (non-private) clipped counts in the chunk results.
+    counts: bool
+    #: Released sums that reached the driver, by kind.
+    released: dict[str, int]
+
+    @property
+    def records(self) -> Any: ...
 
     def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]: ...
 
