@@ -297,13 +297,17 @@ def _kill(client, address: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def _killer(client, store, at: int, calls: list):
+def _killer(client, store, at: int, calls: list, everyone: bool = False):
+    """A pm.sample callback that kills, after draw ``at``, the worker holding partition 0
+    (or every worker: then no copy of any partition is left on the cluster)."""
+
     def callback(trace=None, draw=None):
         calls.append(1)
         if len(calls) == at:
-            addr = _holder_of(client, store)
-            _kill(client, addr)
-            calls.append(addr)
+            addrs = list(client.scheduler_info()["workers"]) if everyone else []
+            for addr in addrs or [_holder_of(client, store)]:
+                _kill(client, addr)
+                calls.append(addr)
 
     return callback
 
@@ -366,7 +370,10 @@ def test_lost_worker_that_cannot_be_recomputed_stops_the_run_and_counts_every_re
         calls: list = []
         with pytest.raises(RecordsLostError, match="could not be recomputed") as info:
             pymc_dp.sample(
-                step, callback=_killer(client, step._fns.records, 5, calls), random_seed=1, **RUN
+                step,
+                callback=_killer(client, step._fns.records, 5, calls, everyone=True),
+                random_seed=1,
+                **RUN,
             )
     # 5 iterations released their sum before the kill; the 6th never reached the driver
     err = info.value
