@@ -2,8 +2,9 @@
 
 `DaskStore` holds row-partitioned, persisted dask arrays (one partition = one chunk of
 records) and runs the runtime's per-chunk functions where the partitions live: each
-function is shipped to the cluster once (a task whose result is the function itself, so a
-lost copy is recomputed like any other key), every call sends only the parameter vectors,
+function is shipped to the cluster once (pickled, as the result of a task, so a lost copy
+is recomputed like any other key; every worker thread compiles its own copy on first use),
+every call sends only the parameter vectors,
 and a worker returns only what the function returns for its partition -- a clipped sum and
 a count (the count is 0 unless the step publishes non-private diagnostics), or one bit for
 the start and finiteness checks. The driver combines the partition results in partition
@@ -110,6 +111,7 @@ def _call(fn, args, *chunk):
 
 
 def _call_prepared(fn, args, prep, *chunk):
+    prep = prep if prep is None else _aligned(prep)
     return _guarded(lambda: _own_copy(fn)(*_aligned(args), prep, *_aligned(chunk)))
 
 
