@@ -490,7 +490,7 @@ def privacy_report(
             total_var = float(np.mean(both**2))
     report = PrivacyReport(
         owners=owners,
-        owner_epsilons=tuple([float(epsilon)] * owners),
+        owner_epsilons=tuple([float(epsilon) if not reasons else float("inf")] * owners),
         noise_variance_factor=max(owners, 1),
         total_noise_variance=total_var,
         epsilon=epsilon if not reasons else float("inf"),

@@ -7,6 +7,7 @@ The tests run on real ``dask.distributed`` ``LocalCluster``s: in-process workers
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -52,14 +53,21 @@ def _records(client, X, y, chunk=PART, **kw):
     )
 
 
-@pytest.fixture(scope="module")
-def client():
+@contextlib.contextmanager
+def _cluster(processes: bool):
+    """A client of a 2-worker LocalCluster (one thread per worker)."""
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+            n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None
         ) as cluster,
         distributed.Client(cluster) as c,
     ):
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client():
+    with _cluster(processes=False) as c:
         yield c
 
 
@@ -276,12 +284,7 @@ def test_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(cl
 
 @pytest.fixture
 def process_client():
-    with (
-        distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-        ) as cluster,
-        distributed.Client(cluster) as c,
-    ):
+    with _cluster(processes=True) as c:
         yield c
 
 
