@@ -21,6 +21,7 @@ import numpy as np
 
 from pymc_dp.accounting import (
     ApproxDPEvent,
+    DataSharingGaussianEvent,
     DPBarkerEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -65,6 +66,21 @@ class PrivacyReport:
         result is NOT differentially private as a whole.
     raw_data_groups : tuple of str
         Groups holding raw data still present in the result (publish none of them).
+    owners : int
+        Data-sharing scheme (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2): the number
+        ``K`` of data owners who each added their own noise to every release; 0 for the
+        central scheme.
+    owner_epsilons : tuple of float
+        Each owner's epsilon at ``delta`` against the curator and the other owners
+        (neighbours: replace one record of that owner); every owner sees every release, so
+        they are equal, and equal to ``epsilon``.
+    noise_variance_factor : int
+        Variance of the total noise in each release over that of the central scheme at the
+        same noise multiplier (``K``; 1 for the central scheme).
+    total_noise_variance : float
+        Mean over the run's iterations of the variance of the total noise added to the
+        released log-likelihood-ratio sum (from the ``noise_std`` stat; NaN when the step
+        does not record it).
     """
 
     epsilon: float
@@ -84,6 +100,10 @@ class PrivacyReport:
     mechanism_epsilon: float = float("nan")
     model_checked: bool = False
     plan_exceeded: bool = False
+    owners: int = 0
+    owner_epsilons: tuple[float, ...] = ()
+    noise_variance_factor: int = 1
+    total_noise_variance: float = float("nan")
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat ``dp_*`` attributes (str, int, float only)."""
@@ -92,7 +112,7 @@ class PrivacyReport:
             if isinstance(v, bool):
                 v = int(v)
             elif isinstance(v, tuple):
-                v = ("; " if k == "not_private_reasons" else ",").join(v)
+                v = ("; " if k == "not_private_reasons" else ",").join(str(x) for x in v)
             out[f"dp_{k}"] = v
         return out
 
@@ -114,6 +134,14 @@ class PrivacyReport:
             f"mu = {self.mu:.6g}",
             f"  {self.mechanism}",
         ]
+        if self.owners:
+            lines.append(
+                f"  data-sharing: {self.owners} owners each added their own noise; each owner's "
+                f"(epsilon, delta) against the curator and the other owners = "
+                f"({self.owner_epsilons[0]:.4g}, {self.delta:.3g}) (neighbours: replace one "
+                f"record of that owner); total noise variance {self.noise_variance_factor} x "
+                f"the central scheme's (mean {self.total_noise_variance:.4g} per release)"
+            )
         if self.plan_exceeded:
             lines.append(
                 "  WARNING: the run made more chains than its steps were calibrated for; the "
@@ -393,7 +421,18 @@ def privacy_report(
         delta = float(td.min())
     if not (0 < delta < 1):
         raise ValueError(f"delta must be in (0, 1); got {delta!r}")
-    if mu > 0:
+    owners_stat = _per_iteration(stats, "dp_owners")
+    owners = int(owners_stat.max()) if owners_stat is not None and owners_stat.size else 0
+    if mu > 0 and owners:
+        # Every owner sees every release: each owner's loss is that of the Gaussian releases
+        # with the same total mu (DataSharingGaussianEvent.owner_event).
+        ledger.add(DataSharingGaussianEvent(float(np.sqrt(1.0 / (2.0 * mu))), owners).owner_event())
+        parts.append(
+            f"{releases} releases of the data-sharing scheme with {owners} owners, each adding "
+            "its own Gaussian noise (Yildirim & Ermis 2019, Algorithm 2); each owner's loss "
+            "composed by the tight Gaussian bound (Sommer et al. 2019 Lemma 12)"
+        )
+    elif mu > 0:
         # A single event with the same total mu: noise multiplier sqrt(1 / (2 mu)).
         ledger.add(GaussianEvent(float(np.sqrt(1.0 / (2.0 * mu)))))
         parts.append(
@@ -460,7 +499,18 @@ def privacy_report(
     plan_exceeded = bool(
         planned is not None and np.any(planned > 0) and chains > int(planned[planned > 0].min())
     )
+    total_var = float("nan")
+    if owners:
+        sd = _per_iteration(stats, "noise_std")
+        if sd is not None:
+            w = _per_iteration(warm, "noise_std") if mu_warm is not None else None
+            both = sd if w is None else np.concatenate([w, sd], axis=1)
+            total_var = float(np.mean(both**2))
     report = PrivacyReport(
+        owners=owners,
+        owner_epsilons=tuple([float(epsilon) if not reasons else float("inf")] * owners),
+        noise_variance_factor=max(owners, 1),
+        total_noise_variance=total_var,
         epsilon=epsilon if not reasons else float("inf"),
         delta=float(delta),
         mu=mu,

@@ -14,13 +14,15 @@ from typing import Any
 
 import pymc as pm
 
+from pymc_dp.accounting import gaussian_epsilon
 from pymc_dp.records import (
     ModelNotSupportedError,
     check_model_supported,
     deterministics_reading_data,
 )
+from pymc_dp.records.dask_store import RecordsLostError
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
-from pymc_dp.step_methods.base import DPStep, check_positive, check_target
+from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
 
 __all__ = ["sample", "check_run_is_private"]
 
@@ -104,6 +106,7 @@ def sample(
     model: pm.Model | None = None,
     var_names: Sequence[str] | None = None,
     idata_kwargs: dict | None = None,
+    records=None,
     **sample_kwargs: Any,
 ):
     """Sample a differentially private posterior and attach its privacy report.
@@ -149,6 +152,13 @@ def sample(
         Passed to `pymc.sample`.
     idata_kwargs : dict, optional
         Passed to `pymc.sample`.
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster, used in place of the model's data (which may be a small
+        stand-in of the same dtype); given to the step class. The chains then run one after
+        the other in this process (``cores=1``), the cluster does the parallel work. If a
+        partition is lost and cannot be recomputed, the run stops with
+        `pymc_dp.distributed.RecordsLostError`, whose ``releases``, ``epsilon`` and
+        ``delta`` account for every release that reached the driver.
     **sample_kwargs
         Passed to `pymc.sample` (``cores``, ``progressbar``, ...).
 
@@ -175,7 +185,14 @@ def sample(
         from pymc_dp.auto import check_data_bounds
 
         check_data_bounds(model, data_bounds)
+    if records is not None:
+        _check_cores(sample_kwargs)
     if step is None:
+        if records is not None:
+            raise ValueError(
+                "records= (records on a Dask cluster) goes with a step class; the automatic "
+                "mode (step=None) needs the records in this process for now"
+            )
         return _sample_auto(
             model,
             draws=draws,
@@ -208,6 +225,9 @@ def sample(
             data_free_potentials=bool((step_kwargs or {}).get("data_free_potentials", False)),
         )
         _check_outputs_are_private(model, var_names, idata_kwargs)
+        if records is not None:
+            _check_records(step, records, bool((step_kwargs or {}).get("nonprivate_diagnostics")))
+            step_kwargs = {**(step_kwargs or {}), "records": records}
         with warnings.catch_warnings():
             # checked just above (refused, or excluded by var_names): do not warn again
             warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
@@ -220,6 +240,11 @@ def sample(
                 chains=chains,
                 **(step_kwargs or {}),
             )
+    elif records is not None:
+        raise ValueError(
+            "records= is given to the step class (pymc_dp.sample(pymc_dp.DPHMC, records=...)); "
+            "a step instance carries its own records (give them to its constructor)"
+        )
     elif epsilon is not None or step_kwargs:
         raise ValueError(
             "epsilon/delta/step_kwargs calibrate a step class; a step instance carries its own "
@@ -276,18 +301,25 @@ def _run(
                 f"{type(s).__name__} was calibrated for {s.plan}, smaller than this run "
                 f"(draws={draws}, tune={tune}, chains={chains}); calibrate for the run you make"
             )
+    if any(not s._fns.records.local for s in steps):
+        _check_cores(sample_kwargs)
+        sample_kwargs["cores"] = 1
     step_arg = step if not isinstance(step, list | tuple) else list(step)
-    idata = pm.sample(
-        draws=draws,
-        tune=tune,
-        chains=chains,
-        step=step_arg,
-        model=model,
-        var_names=var_names,
-        idata_kwargs=idata_kwargs,
-        random_seed=random_seed,
-        **sample_kwargs,
-    )
+    try:
+        idata = pm.sample(
+            draws=draws,
+            tune=tune,
+            chains=chains,
+            step=step_arg,
+            model=model,
+            var_names=var_names,
+            idata_kwargs=idata_kwargs,
+            random_seed=random_seed,
+            **sample_kwargs,
+        )
+    except RecordsLostError as err:
+        _account_partial_run(err, steps, delta)
+        raise
     if not keep_data:
         _drop_groups(idata, RAW_DATA_GROUPS)
     if presample is not None:
@@ -357,6 +389,31 @@ def _sample_auto(
         idata_kwargs=idata_kwargs,
         sample_kwargs={"initvals": plan.initvals, **sample_kwargs},
         presample=plan,
+    )
+
+
+def _check_cores(sample_kwargs: dict) -> None:
+    """Records on a cluster: the chains run in this process, one after the other."""
+    if sample_kwargs.get("cores", 1) not in (1, None):
+        raise ValueError(
+            f"cores={sample_kwargs['cores']!r}: with records on a Dask cluster the chains run "
+            "one after the other in this process (cores=1); the cluster does the parallel work"
+        )
+
+
+def _account_partial_run(err: RecordsLostError, steps: list, delta: float | None) -> None:
+    """Attach to ``err`` the releases that reached the driver and their privacy spend."""
+    mu = sum(s.released_mu() for s in steps)
+    err.releases = int(sum(sum(s._fns.released.values()) for s in steps))
+    if delta is None:
+        targets = [s.target_delta for s in steps if s.target_delta is not None]
+        delta = min(targets) if targets else None
+    if delta is not None:
+        err.delta = float(delta)
+        err.epsilon = gaussian_epsilon(mu, delta) if mu > 0 else 0.0
+    err.add_note(
+        f"{err.releases} released sums reached the driver before the run stopped"
+        + (f": (epsilon, delta) = ({err.epsilon:.4g}, {err.delta:.3g})" if delta else "")
     )
 
 

@@ -29,6 +29,7 @@ from .approx import compose_approx_dp
 from .barker import dp_barker_epsilon
 from .events import (
     ApproxDPEvent,
+    DataSharingGaussianEvent,
     DPBarkerEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -56,6 +57,7 @@ from .subsampled import (
 __all__ = [
     "ApproxDPEvent",
     "DPBarkerEvent",
+    "DataSharingGaussianEvent",
     "GaussianEvent",
     "NeighbourRelation",
     "PoissonSubsampledGaussian",

@@ -23,6 +23,11 @@ The events of the minibatch steps (accounted with dp-accounting or subsampled RD
 * `DPBarkerEvent` -- the DP Barker test (thesis Theorem 8) on a batch drawn without
   replacement.
 
+The event of the data-sharing scheme (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2):
+
+* `DataSharingGaussianEvent` -- ``count`` releases in each of which every one of
+  ``owners`` data owners adds its own Gaussian noise to its own clipped contribution.
+
 The Gaussian and approximate-DP events say nothing about the neighbouring relation: the
 sensitivity the noise multiplier refers to must be computed for the relation the caller
 reports (for replace-one neighbours a per-record value clipped to norm ``b`` has
@@ -47,6 +52,7 @@ from ._validation import (
 __all__ = [
     "ApproxDPEvent",
     "DPBarkerEvent",
+    "DataSharingGaussianEvent",
     "GaussianEvent",
     "NeighbourRelation",
     "PoissonSubsampledGaussian",
@@ -260,3 +266,66 @@ class DPBarkerEvent:
         object.__setattr__(self, "n", n)
         object.__setattr__(self, "batch_size", b)
         object.__setattr__(self, "count", k)
+
+
+@dataclass(frozen=True)
+class DataSharingGaussianEvent:
+    """``count`` releases of the data-sharing scheme with ``owners`` data owners.
+
+    In every release each owner ``k`` adds its own ``N(0, s^2)`` noise, ``s =
+    noise_multiplier * sensitivity``, to its own contribution (a clipped sum over its
+    records, of L2 sensitivity ``sensitivity`` when one of its records is replaced), and only
+    the noisy contribution leaves it (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2,
+    eq. (6)).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        Each owner's noise standard deviation divided by the L2 sensitivity; finite and > 0.
+    owners : int
+        Number of data owners ``K`` (>= 1).
+    count : int, default 1
+        Number of releases; >= 0.
+
+    Notes
+    -----
+    The view of an adversary who is the curator or another owner (even all other owners
+    together: they can subtract their own contributions) contains owner ``k``'s noisy
+    contribution and nothing else computed from owner ``k``'s records. The sensitivity of that
+    contribution is the one of the central scheme, so each owner's privacy (neighbours:
+    replace one record of that owner) is that of `GaussianEvent` with the same
+    ``noise_multiplier`` and ``count`` (`owner_event`; the paper's remark after Algorithm 2:
+    Theorem 1 applies to each owner). The cost: the sum of the ``K`` contributions carries
+    noise of variance ``K s^2``, ``K`` times that of the central scheme
+    (`noise_variance_factor`).
+
+    References
+    ----------
+    .. [1] S. Yildirim, B. Ermis, "Exact MCMC with differentially private moves", Statistics
+       and Computing 29(5), 2019, Sec. 3.2.2, Algorithm 2.
+    """
+
+    noise_multiplier: float
+    owners: int
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", check_positive(self.noise_multiplier, "noise_multiplier")
+        )
+        object.__setattr__(self, "owners", check_positive_int(self.owners, "owners"))
+        object.__setattr__(self, "count", check_count(self.count, "count"))
+
+    def owner_event(self) -> GaussianEvent:
+        """What each owner's records are exposed to: a Gaussian event of the same noise."""
+        return GaussianEvent(self.noise_multiplier, self.count)
+
+    @property
+    def mu(self) -> float:
+        """Each owner's privacy-loss parameter ``count / (2 noise_multiplier**2)``."""
+        return self.owner_event().mu
+
+    @property
+    def noise_variance_factor(self) -> int:
+        """Variance of the total noise over that of the central scheme at the same noise: K."""
+        return self.owners

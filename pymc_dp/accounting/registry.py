@@ -19,6 +19,7 @@ from ._validation import check_delta
 from .barker import dp_barker_epsilon
 from .events import (
     ApproxDPEvent,
+    DataSharingGaussianEvent,
     DPBarkerEvent,
     GaussianEvent,
     PoissonSubsampledGaussian,
@@ -72,7 +73,9 @@ def compose_epsilon(events: Iterable[object], delta: float) -> float:
 
 
 def _ledger_epsilon(events: Sequence[object], delta: float) -> float:
-    """Gaussian and approximate-DP events, composed together by the ledger."""
+    """Gaussian and approximate-DP events, composed together by the ledger (a data-sharing
+    event as the Gaussian event each owner is exposed to: each owner's epsilon)."""
+    events = [e.owner_event() if hasattr(e, "owner_event") else e for e in events]
     return float(PrivacyLedger(events).epsilon(delta))  # type: ignore[arg-type]
 
 
@@ -81,3 +84,4 @@ register(ApproxDPEvent, _ledger_epsilon)
 register(PoissonSubsampledGaussian, poisson_subsampled_gaussian_epsilon)
 register(WORSubsampledGaussian, wor_subsampled_gaussian_epsilon)
 register(DPBarkerEvent, dp_barker_epsilon)
+register(DataSharingGaussianEvent, _ledger_epsilon)

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["penalty_noise_std", "penalty_log_acceptance", "accept"]
+__all__ = [
+    "penalty_noise_std",
+    "penalty_log_acceptance",
+    "shared_penalty_log_acceptance",
+    "accept",
+]
 
 
 def penalty_noise_std(noise_multiplier: float, clip_bound: float, step_norm: float) -> float:
@@ -45,6 +50,25 @@ def penalty_log_acceptance(
     shape = np.shape(clipped_llr)
     xi = rng.normal(size=shape) * sigma if shape else rng.normal() * sigma
     return clipped_llr + xi + log_prior_ratio + log_proposal_ratio - 0.5 * sigma * sigma
+
+
+def shared_penalty_log_acceptance(
+    noisy_llr: float,
+    log_prior_ratio: float,
+    log_proposal_ratio: float,
+    sigma: float,
+    owners: int,
+) -> float:
+    """Penalty-corrected log acceptance ratio of the data-sharing scheme.
+
+    Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2: each of the ``K = owners`` data
+    owners adds its own ``N(0, sigma^2)`` noise to its clipped log-likelihood-ratio sum
+    (eq. (6)); ``noisy_llr`` is the sum of the ``K`` noisy contributions, whose noise has
+    variance ``K sigma^2``. The penalty correction is then ``K sigma^2 / 2``, which keeps the
+    chain exact when no ratio is clipped (Ceperley & Dewing 1999), at ``K`` times the noise
+    variance of the central scheme.
+    """
+    return noisy_llr + log_prior_ratio + log_proposal_ratio - 0.5 * owners * sigma * sigma
 
 
 def accept(log_ratio, rng: np.random.Generator):

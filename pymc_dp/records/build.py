@@ -21,7 +21,7 @@ from pymc_dp.records.graphs import per_record_graphs
 from pymc_dp.records.guards import check_model_supported
 from pymc_dp.records.routes import compile_likelihood, compile_prior
 from pymc_dp.records.runtime import RecordFunctions, _Compiled
-from pymc_dp.records.store import InMemoryRecords
+from pymc_dp.records.store import InMemoryRecords, node_shape
 
 __all__ = ["build_record_functions"]
 
@@ -35,6 +35,7 @@ def build_record_functions(
     chunk_size: int | None = None,
     data_free_potentials: bool = False,
     compile_kwargs: dict | None = None,
+    records=None,
 ) -> tuple[RecordFunctions, dict]:
     """Compile the per-record functions of ``model`` for the value variables ``vars``.
 
@@ -56,6 +57,11 @@ def build_record_functions(
         Declare that every ``pm.Potential`` is a function of the parameters only.
     compile_kwargs : dict, optional
         Passed to `pymc.pytensorf.compile` (e.g. ``{"mode": "NUMBA"}``).
+    records : optional
+        Where the records live when not in the model (`pymc_dp.distributed.DaskRecords`):
+        an object with ``check_names`` and ``store_for``. The model's data nodes are then
+        matched to its arrays by name, and only their dtypes and trailing shapes are taken
+        from the model (its data may be a small stand-in); ``n`` is that of the records.
 
     Returns
     -------
@@ -85,18 +91,29 @@ def build_record_functions(
 
     x = graphs.x
     q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars]).astype(x.dtype)
-    records = InMemoryRecords.from_nodes(graphs.data_nodes, chunk_size)
+    observed = {observed_data(model, rv) for rv in model.observed_RVs}
+    if records is None:
+        store = InMemoryRecords.from_nodes(graphs.data_nodes, chunk_size)
+    else:
+        if chunk_size is not None:
+            raise ValueError(
+                "chunk_size is set by the partitions of the records (DaskRecords); leave "
+                "chunk_size=None"
+            )
+        # names and public shapes only: no data value is read before the checks pass
+        keys = records.check_names(_node_names(model, graphs.data_nodes, observed))
+        shapes = [(node.dtype, node_shape(node)[1:]) for node in graphs.data_nodes]
+        store = records.store_for(keys, shapes)
     # The separability check runs on stand-in records with only the data's dtypes and
     # trailing shapes (public); no data value enters it.
-    templates = [np.zeros((1, *shape[1:]), dtype=dt) for dt, shape in records.dtypes_and_shapes]
-    check_separable(f_ll, q0, templates, graphs.n_records)
-    observed = {observed_data(model, rv) for rv in model.observed_RVs}
+    templates = [np.zeros((1, *shape[1:]), dtype=dt) for dt, shape in store.dtypes_and_shapes]
+    check_separable(f_ll, q0, templates, store.n_records)
     # Only arrays the user supplied (observed values, pm.Data): PyMC may also fold a
     # constant such as an all -inf bound into an array of n rows, which is not data.
     # The outcome of this check is one bit about the data, shown to the analyst who runs
     # the sampler (the trusted curator); no value, count or position is reported.
     user_data = [node in observed or isinstance(node, SharedVariable) for node in graphs.data_nodes]
-    if not records.all_finite(user_data):
+    if not store.all_finite(user_data):
         raise ValueError(
             "the observed data (or a covariate array with one row per record) contains NaN "
             "or infinite values; pymc_dp needs complete, finite data: drop or impute those "
@@ -105,12 +122,31 @@ def build_record_functions(
 
     fns = RecordFunctions(
         compiled=_Compiled(prior_and_grad=f_prior, ll_chunk=f_ll, llr_clipped=f_llr),
-        records=records,
-        n_records=graphs.n_records,
+        records=store,
+        n_records=store.n_records,
         ndim=int(q0.size),
-        chunk_size=int(chunk_size) if chunk_size else None,
+        chunk_size=store.chunk_size,
         tempering=float(tempering),
         graphs=graphs,
         compile_kwargs=compile_kwargs,
     )
     return fns, graphs.shared
+
+
+def _node_names(model: pm.Model, nodes: list, observed: set) -> list[list[str]]:
+    """The names every data node is known by: the observed variables bound to it and, for a
+    ``pm.Data`` container, its own name. Structure only; no data value is read."""
+    out = []
+    for node in nodes:
+        names = [rv.name for rv in model.observed_RVs if observed_data(model, rv) is node]
+        if isinstance(node, SharedVariable) and node.name:
+            names.append(node.name)
+        if not names:
+            raise ValueError(
+                f"the likelihood reads an unnamed array with one row per record "
+                f"({node.type}); records given by name (DaskRecords) need every such array "
+                "to be an observed variable or a pm.Data container: wrap it in "
+                "pm.Data('name', ...)"
+            )
+        out.append(list(dict.fromkeys(names)))
+    return out

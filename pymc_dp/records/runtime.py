@@ -26,6 +26,13 @@ class RecordSource(Protocol):
 
     n_records: int
     ndim: int
+    #: Keep the (non-private) clipped counts in the chunk results.
+    counts: bool
+    #: Released sums that reached the driver, by kind.
+    released: dict[str, int]
+
+    @property
+    def records(self) -> Any: ...
 
     def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]: ...
 
@@ -54,6 +61,10 @@ class RecordSource(Protocol):
         self, q: np.ndarray, bound: float
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
+    def shared_clipped_loglik_ratio_sum(
+        self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
+    ) -> float: ...
+
     def clipped_grad_sum(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]: ...
 
     def clipped_grad_sum_subset(
@@ -81,6 +92,69 @@ class _Compiled:
     llr_clipped: Any
     grad_chunk: Any | None = None
     grad_clipped: Any | None = None
+
+
+# -- what runs on one chunk of records, where the chunk lives ------------------------------------
+# Each returns a sum over the chunk and a count; the count of clipped records is computed from
+# the data without noise and is kept only when ``counts`` is set (non-private diagnostics).
+
+
+def _add_pairs(acc: tuple, part: tuple) -> tuple:
+    """Combine two ``(sum, count)`` pairs (the reduction of every released sum)."""
+    return acc[0] + part[0], acc[1] + part[1]
+
+
+def _all(acc: bool, part: bool) -> bool:
+    return acc and part
+
+
+@dataclass(frozen=True)
+class _LLRSumChunk:
+    """``(sum_i clip(r_i, -b, b), n_clipped)`` of one chunk (picklable)."""
+
+    f: Any
+    counts: bool
+
+    def __call__(self, q_new, q_old, bound, *chunk) -> tuple[float, int]:
+        s, k = self.f(q_new, q_old, bound, *chunk)
+        return float(s), int(k) if self.counts else 0
+
+
+@dataclass(frozen=True)
+class _GradSumChunk:
+    """``(sum_i clip_b(grad l_i), n_clipped)`` of one chunk through the chosen route."""
+
+    route: Any
+    generic: Any
+    counts: bool
+
+    def __call__(self, q, bound, prep, *chunk) -> tuple[np.ndarray, int]:
+        rows = list(chunk)
+        if prep is None:
+            g, k = self.generic(q, bound, [], rows)
+        else:
+            g, k = self.route(q, bound, prep, rows)
+        return np.asarray(g, dtype=float), int(k) if self.counts else 0
+
+
+@dataclass(frozen=True)
+class _Prepare:
+    """The route's data-only per-chunk arrays (cached by the store, never returned)."""
+
+    route: Any
+
+    def __call__(self, *chunk):
+        return self.route.prepared(list(chunk))
+
+
+@dataclass(frozen=True)
+class _StartCheck:
+    """Whether every record's log-likelihood is finite at ``q`` (one bit per chunk)."""
+
+    f: Any
+
+    def __call__(self, q, *chunk) -> bool:
+        return bool(np.all(np.isfinite(self.f(q, *chunk))))
 
 
 class RecordFunctions:
@@ -122,10 +196,37 @@ class RecordFunctions:
         self.tempering = tempering
         self._graphs = graphs
         self._compile_kwargs = dict(compile_kwargs or {})
+        #: Keep the clipped counts (non-private diagnostics) in the chunk results; a step
+        #: that does not publish them switches this off, so they never leave a worker.
+        self.counts = True
+        #: Released sums that reached the driver, by kind (``"llr"``, ``"grad"``).
+        self.released: dict[str, int] = {"llr": 0, "grad": 0}
+        self._kernels: dict[str, Any] = {}
 
     # -- chunking -------------------------------------------------------------------------
     def _chunks(self):
         return self._records.chunks()
+
+    @property
+    def records(self):
+        """The store holding the records (`InMemoryRecords` or a remote store)."""
+        return self._records
+
+    def _kernel(self, name: str):
+        """The per-chunk function ``name``, built once per setting of `counts` (a stable
+        object: a remote store ships it to the workers once)."""
+        key = f"{name}:{int(self.counts)}"
+        if key not in self._kernels:
+            if name == "llr":
+                self._kernels[key] = _LLRSumChunk(self._c.llr_clipped, self.counts)
+            elif name == "grad":
+                fs = self._c.grad_clipped
+                self._kernels[key] = _GradSumChunk(fs["route"], fs["generic"], self.counts)
+            elif name == "prepare":
+                self._kernels[key] = _Prepare(self._c.grad_clipped["route"])
+            else:  # "start"
+                self._kernels[key] = _StartCheck(self._c.ll_chunk)
+        return self._kernels[key]
 
     # -- data-free parts --------------------------------------------------------------------
     def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]:
@@ -166,14 +267,33 @@ class RecordFunctions:
 
         Returns the clipped sum and the number of clipped records. The count is computed from
         the data without noise: it must never be published except behind an explicit,
-        loudly labelled non-private option.
+        loudly labelled non-private option (with `counts` off it is 0). The chunk sums are
+        added in chunk order, wherever the chunks live.
         """
-        total, count = 0.0, 0
-        for c in self._chunks():
-            s, k = self._c.llr_clipped(q_new, q_old, bound, *c)
-            total += float(s)
-            count += int(k)
-        return total, count
+        total, count = self._records.map_reduce(
+            self._kernel("llr"), _add_pairs, (0.0, 0), args=(q_new, q_old, bound)
+        )
+        self.released["llr"] += 1
+        return float(total), int(count)
+
+    def shared_clipped_loglik_ratio_sum(
+        self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
+    ) -> float:
+        """The data-sharing release: the sum of every owner's noisy clipped ratio sum.
+
+        Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2, eq. (6): owner ``k`` releases
+        ``sum_{i in owner k} clip(r_i, -b, b) + N(0, noise_std^2)``, its noise drawn where
+        its records live; the driver adds the ``K`` noisy contributions (in owner order).
+        Needs records with data owners (`pymc_dp.distributed.DaskRecords` with ``owners``).
+        """
+        parts = self._records.owner_sums(
+            self._kernel("llr"), _add_pairs, (0.0, 0), noise_std, args=(q_new, q_old, bound)
+        )
+        self.released["llr"] += 1
+        total = 0.0
+        for p in parts:
+            total += float(p)
+        return total
 
     def _ensure_grad(self) -> None:
         if self._c.grad_chunk is None:
@@ -198,25 +318,16 @@ class RecordFunctions:
         """
         self._ensure_grad()
         route = self._c.grad_clipped["route"]
-        generic = self._c.grad_clipped["generic"]
-        step = self.chunk_size or self.n_records
-        cache = self.__dict__.setdefault("_grad_row_sq", {})
-        total = np.zeros(self.ndim)
-        count = 0
-        for start, c in zip(range(0, self.n_records, step), self._chunks(), strict=True):
-            prep = []
-            if route.prepare is not None:
-                key = (step, start)
-                if key not in cache:
-                    cache[key] = route.prepared(c)
-                prep = cache[key]
-            if prep is None:
-                g, k = generic(q, bound, [], c)
-            else:
-                g, k = route(q, bound, prep, c)
-            total += g
-            count += k
-        return total, count
+        kernel = self._kernel("grad")
+        init = (np.zeros(self.ndim), 0)
+        if route.prepare is None:  # no data-only arrays: the chunk function gets ``[]``
+            total, count = self._records.map_reduce(kernel, _add_pairs, init, args=(q, bound, []))
+        else:
+            total, count = self._records.map_reduce(
+                kernel, _add_pairs, init, args=(q, bound), prepare=self._kernel("prepare")
+            )
+        self.released["grad"] += 1
+        return total, int(count)
 
     def clipped_residual_ratio_sum(
         self,
@@ -237,6 +348,7 @@ class RecordFunctions:
         once per anchor and kept in memory (never published). Returns the sum and the number
         of clipped records (non-private, as in `clipped_loglik_ratio_sum`).
         """
+        self._require_local("the control variate (automatic mode)")
         key = (tuple(np.round(np.asarray(anchor, dtype=float), 15)), float(grad_bound))
         cache = self.__dict__.setdefault("_anchor_grads", {})
         if key not in cache:
@@ -254,7 +366,15 @@ class RecordFunctions:
             clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
             total += float(clipped.sum())
             count += int(np.count_nonzero(~ok | (np.abs(res) > bound)))
+        self.released["llr"] += 1
         return total, count
+
+    def _require_local(self, what: str) -> None:
+        if not getattr(self._records, "local", True):
+            raise NotImplementedError(
+                f"{what} needs the records in this process; records on a Dask cluster are "
+                "not supported there yet"
+            )
 
     def clipped_grad_moments(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
         """``(sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``.
@@ -264,6 +384,7 @@ class RecordFunctions:
         contributes 0. Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b^2`` (in
         Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``.
         """
+        self._require_local("the automatic warm start")
         self._ensure_grad()
         s1 = np.zeros(self.ndim)
         s2 = np.zeros((self.ndim, self.ndim))
@@ -314,12 +435,11 @@ class RecordFunctions:
     def check_start(self, q: np.ndarray) -> None:
         """Refuse a start point where some record's log-likelihood is NaN or -inf.
 
-        Reads the data once; the error names no record and no value.
+        Reads the data once (one bit per chunk); the error names no record and no value.
         """
-        for c in self._chunks():
-            if not np.all(np.isfinite(self._c.ll_chunk(q, *c))):
-                raise ValueError(
-                    "the log-likelihood is NaN or infinite for at least one record at the start "
-                    "point; choose initvals inside the support of every record's likelihood "
-                    "(or check the data against the model)"
-                )
+        if not self._records.map_reduce(self._kernel("start"), _all, True, args=(q,)):
+            raise ValueError(
+                "the log-likelihood is NaN or infinite for at least one record at the start "
+                "point; choose initvals inside the support of every record's likelihood "
+                "(or check the data against the model)"
+            )

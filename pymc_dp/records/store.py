@@ -3,7 +3,11 @@
 `InMemoryRecords` holds the data arrays (one row per record) in this process and
 hands them out as chunks (bounded memory), as the rows of a minibatch, or mapped and
 reduced over chunks. Everything above it (graphs, routes, compiled functions) is data-free;
-a store of another kind (records on a cluster) offers the same three operations.
+a store of another kind (`pymc_dp.records.dask_store.DaskStore`: records on a Dask
+cluster) offers the same operations. The runtime computes every sum the steps release
+through `map_reduce` (a function applied to each chunk where the chunk lives, its
+results combined in chunk order on the driver), so that the sums are the same numbers
+whichever store holds the records.
 """
 
 from __future__ import annotations
@@ -42,10 +46,18 @@ class InMemoryRecords:
         Records per chunk; ``None`` for all at once.
     """
 
+    #: The records live in this process: per-record values (`chunks`, `take`) are available.
+    local = True
+
     def __init__(self, arrays: list[np.ndarray], chunk_size: int | None = None) -> None:
         self._arrays = list(arrays)
         self.n_records = int(self._arrays[0].shape[0]) if self._arrays else 0
         self.chunk_size = int(chunk_size) if chunk_size else None
+        self._prepared: dict[int, tuple[Any, list]] = {}
+
+    def __getstate__(self) -> dict:
+        # the per-chunk cache is keyed by object ids, which do not survive pickling
+        return {**self.__dict__, "_prepared": {}}
 
     @classmethod
     def from_nodes(cls, nodes: list, chunk_size: int | None = None) -> InMemoryRecords:
@@ -71,11 +83,34 @@ class InMemoryRecords:
         """The rows ``idx`` of every array (one fancy-indexing read per array)."""
         return [a[idx] for a in self._arrays]
 
-    def map_reduce(self, fn: Callable[..., Any], reduce: Callable[[Any, Any], Any], init: Any):
-        """``reduce(...reduce(init, fn(*chunk_1))..., fn(*chunk_k))`` over the chunks, in order."""
+    def map_reduce(
+        self,
+        fn: Callable[..., Any],
+        reduce: Callable[[Any, Any], Any],
+        init: Any,
+        *,
+        args: tuple = (),
+        prepare: Callable[..., Any] | None = None,
+    ):
+        """``reduce(...reduce(init, fn(*args, *chunk_1))..., fn(*args, *chunk_k))``, in order.
+
+        With ``prepare``, ``fn(*args, prepare(*chunk), *chunk)``: ``prepare`` computes data-only
+        per-chunk arrays (e.g. row norms of a design matrix) once per chunk; they are cached
+        with the store (keyed by the ``prepare`` object, which must be kept alive by the
+        caller) and never returned.
+        """
+        if prepare is not None:
+            key = id(prepare)
+            if key not in self._prepared:
+                self._prepared[key] = (prepare, [prepare(*c) for c in self.chunks()])
+            preps = self._prepared[key][1]
+            acc = init
+            for p, c in zip(preps, self.chunks(), strict=True):
+                acc = reduce(acc, fn(*args, p, *c))
+            return acc
         acc = init
         for c in self.chunks():
-            acc = reduce(acc, fn(*c))
+            acc = reduce(acc, fn(*args, *c))
         return acc
 
     def all_finite(self, which: list[bool]) -> bool:

@@ -114,7 +114,16 @@ class DPStep(ArrayStepShared):
         # was calibrated for (0: no plan), so that an overrun shows in the result.
         "dp_ndim": (np.int64, []),
         "dp_plan_chains": (np.int64, []),
+        # Data-sharing (Yildirim & Ermis 2019, Algorithm 2): the number of data owners who
+        # each added their own noise to every release of the iteration (0: the central
+        # scheme, one noise added by the driver). Data-free.
+        "dp_owners": (np.int64, []),
     }
+
+    #: Whether the step works with records on a cluster (it releases sums only).
+    remote_records = False
+    #: Whether the step implements the data-sharing scheme (owners add their own noise).
+    data_sharing = False
 
     def _setup(
         self,
@@ -131,8 +140,10 @@ class DPStep(ArrayStepShared):
         plan: RunPlan | None,
         target_delta: float | None,
         nonprivate_diagnostics: bool,
+        records=None,
     ) -> None:
         model = pm.modelcontext(model)
+        _check_records(type(self), records, nonprivate_diagnostics)
         if initial_point is None:
             initial_point = model.initial_point()
         if vars is None:
@@ -158,7 +169,8 @@ class DPStep(ArrayStepShared):
                 UserWarning,
                 stacklevel=3,
             )
-        n = count_records(model)
+        count_records(model)  # refuses a model without records (structure only)
+        n = records.n_records if records is not None else count_records(model)
         if target_delta is not None and target_delta > 1.0 / n:
             warnings.warn(
                 f"delta={target_delta:g} is larger than 1/n = {1.0 / n:g}: a mechanism that "
@@ -189,7 +201,13 @@ class DPStep(ArrayStepShared):
             chunk_size=chunk_size,
             data_free_potentials=data_free_potentials,
             compile_kwargs=compile_kwargs,
+            records=records,
         )
+        if not self._fns.records.local:
+            # the clipped counts are computed from the data without noise: they leave the
+            # workers only when the user asked for non-private diagnostics
+            self._fns.counts = self.nonprivate_diagnostics
+        self._owners = int(getattr(self._fns.records, "n_owners", 0))
         q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars])
         self._fns.check_start(q0)
         self._iteration = 0
@@ -263,7 +281,21 @@ class DPStep(ArrayStepShared):
             "dp_target_delta": np.nan if self.target_delta is None else self.target_delta,
             "dp_ndim": self._fns.ndim,
             "dp_plan_chains": 0 if self.plan is None else self.plan.chains,
+            "dp_owners": getattr(self, "_owners", 0),
         }
+
+    def released_mu(self) -> float:
+        """Privacy-loss parameter of the releases that reached the driver so far (all chains).
+
+        Counted by the record functions as each released sum returns; used to account for a
+        run that stopped part-way (`pymc_dp.records.dask_store.RecordsLostError`).
+        """
+        mu = self._mu_per_release()
+        return float(sum(mu[kind] * k for kind, k in self._fns.released.items()))
+
+    def _mu_per_release(self) -> dict[str, float]:
+        """``{"llr": mu, "grad": mu}`` of one release of each kind (overridden by steps)."""
+        return {"llr": self._mu_per_iteration, "grad": self._mu_per_iteration}
 
     def astep(self, q0):
         self._begin_iteration()
@@ -279,6 +311,35 @@ class DPStep(ArrayStepShared):
 
     def _dp_astep(self, q0):  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def _check_records(step: type, records, nonprivate_diagnostics: bool) -> None:
+    """Refuse records a step cannot use, before anything is compiled or read."""
+    if records is None:
+        return
+    if not hasattr(records, "store_for"):
+        raise TypeError(
+            f"records must be pymc_dp.distributed.DaskRecords (or None: the model's data); got "
+            f"{type(records).__name__}"
+        )
+    if not step.remote_records:
+        raise ValueError(
+            f"{step.__name__} needs per-record values on the driver, which never leave the "
+            "workers of records on a cluster; with records=DaskRecords(...) use "
+            "DPPenaltyMetropolis or DPHMC"
+        )
+    if getattr(records, "owners", None) is not None:
+        if not step.data_sharing:
+            raise ValueError(
+                f"{step.__name__} does not implement the data-sharing scheme (owners=...); use "
+                "DPPenaltyMetropolis (Yildirim & Ermis 2019, Algorithm 2) or DaskRecords "
+                "without owners"
+            )
+        if nonprivate_diagnostics:
+            raise ValueError(
+                "nonprivate_diagnostics=True would send each owner's clipped counts to the "
+                "curator without noise; it is refused with data owners (owners=...)"
+            )
 
 
 class ScaleAdaptation:

@@ -26,6 +26,7 @@ from pymc_dp._validation import (
     check_unit_interval,
     resolve_noise_or_target,
 )
+from pymc_dp.accounting import GaussianEvent
 from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
     DualAveraging,
@@ -137,6 +138,10 @@ class DPHMC(DPStep):
         Also emit ``grad_clip_fraction_NONPRIVATE`` and ``llr_clip_fraction_NONPRIVATE``
         (fractions of clipped per-record gradients and ratios), computed from the data
         WITHOUT noise. Not differentially private; the privacy report flags the run.
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory): every clipped
+        sum is computed where the partitions live and only the sums reach the driver, which
+        adds the noise.
 
     Notes
     -----
@@ -154,6 +159,7 @@ class DPHMC(DPStep):
     """
 
     name = "dphmc"
+    remote_records = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
         "accept": (np.float64, []),
@@ -193,6 +199,7 @@ class DPHMC(DPStep):
         chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -264,6 +271,7 @@ class DPHMC(DPStep):
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         self._chain_tune: int | None = plan.tune if plan is not None else None
         self._reset_chain_state()
@@ -337,6 +345,12 @@ class DPHMC(DPStep):
             "llr_clip_fraction" + NONPRIVATE_SUFFIX: info.n_llr_clipped / n,
         }
         return q_next, stats
+
+    def _mu_per_release(self) -> dict[str, float]:
+        return {
+            "llr": GaussianEvent(self.llr_noise_multiplier).mu,
+            "grad": GaussianEvent(self.grad_noise_multiplier).mu,
+        }
 
     def _adapt(self, q_next: np.ndarray, accepted: bool, accept_prob: float) -> None:
         """Warmup adaptation from DP outputs only (the accept probability and the draws)."""

@@ -20,7 +20,12 @@ from pymc_dp._validation import (
     resolve_noise_or_target,
 )
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
-from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
+from pymc_dp.kernels.penalty import (
+    accept,
+    penalty_log_acceptance,
+    penalty_noise_std,
+    shared_penalty_log_acceptance,
+)
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
 
 __all__ = ["DPPenaltyMetropolis"]
@@ -107,9 +112,19 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     nonprivate_diagnostics : bool
         Also emit ``clip_fraction_NONPRIVATE``, the fraction of clipped ratios, computed from
         the data WITHOUT noise. Not differentially private; the privacy report flags the run.
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory). With data
+        owners (``DaskRecords(..., owners=...)``) the step runs the data-sharing scheme of
+        Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2: each of the ``K`` owners adds
+        its own ``N(0, sigma^2)`` to its own clipped sum, the test's penalty correction is
+        ``K sigma^2 / 2`` and ``noise_std`` is the total ``sqrt(K) sigma``; each owner's
+        privacy against the curator and the other owners is that of the central scheme at
+        the same ``z`` (``dp_owners`` records ``K``).
     """
 
     name = "dp_penalty_metropolis"
+    remote_records = True
+    data_sharing = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
         "accept": (np.float64, []),
@@ -141,6 +156,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -184,6 +200,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
@@ -230,15 +247,23 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         bound = self.clip_bound * norm
         lp0 = self._fns.prior_logp(q)
         lp1 = self._fns.prior_logp(q1)
-        # -- the one data access of the iteration: a Gaussian mechanism ------------------------
-        if self.control_variate is None:
-            llr, n_clipped = self._fns.clipped_loglik_ratio_sum(q1, q, bound)
-        else:
-            anchor, grad_sum, grad_bound = self.control_variate
-            llr, n_clipped = self._fns.clipped_residual_ratio_sum(q1, q, bound, anchor, grad_bound)
-            llr += float(grad_sum @ (q1 - q))  # post-processing of a released sum
         sigma = penalty_noise_std(self.noise_multiplier, self.clip_bound, norm)
-        log_a = penalty_log_acceptance(llr, lp1 - lp0, self._log_q_ratio(q, q1), sigma, self.rng)
+        log_q = self._log_q_ratio(q, q1)
+        # -- the one data access of the iteration: a Gaussian mechanism ------------------------
+        if self._owners:  # data-sharing: every owner adds its own noise (Algorithm 2)
+            noisy = self._fns.shared_clipped_loglik_ratio_sum(q1, q, bound, sigma)
+            log_a = shared_penalty_log_acceptance(noisy, lp1 - lp0, log_q, sigma, self._owners)
+            n_clipped, sigma = np.nan, float(np.sqrt(self._owners) * sigma)
+        else:
+            if self.control_variate is None:
+                llr, n_clipped = self._fns.clipped_loglik_ratio_sum(q1, q, bound)
+            else:
+                anchor, grad_sum, grad_bound = self.control_variate
+                llr, n_clipped = self._fns.clipped_residual_ratio_sum(
+                    q1, q, bound, anchor, grad_bound
+                )
+                llr += float(grad_sum @ (q1 - q))  # post-processing of a released sum
+            log_a = penalty_log_acceptance(llr, lp1 - lp0, log_q, sigma, self.rng)
         # -- everything below is post-processing of the noisy ratio -----------------------------
         accepted = accept(log_a, self.rng)
         if self.proposal == "guided" and not accepted:

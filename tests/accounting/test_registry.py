@@ -9,6 +9,7 @@ import pytest
 
 from pymc_dp.accounting import (
     ApproxDPEvent,
+    DataSharingGaussianEvent,
     DPBarkerEvent,
     GaussianEvent,
     NeighbourRelation,
@@ -30,6 +31,7 @@ EXAMPLES = [
     PoissonSubsampledGaussian(1.5, 0.1, 20),
     WORSubsampledGaussian(1.5, 100, 10, 20),
     DPBarkerEvent(200, 50, 20),
+    DataSharingGaussianEvent(2.0, 4, 10),
 ]
 
 
@@ -87,3 +89,23 @@ def test_neighbour_relation_is_an_enum_the_report_names():
     assert NEIGHBOUR_RELATION == NeighbourRelation.REPLACE_ONE.description
     assert PrivacyReport.__dataclass_fields__["neighbour_relation"].default == NEIGHBOUR_RELATION
     assert NEIGHBOUR_RELATION.startswith("replace-one (substitute)")
+
+
+def test_data_sharing_event_gives_each_owner_the_central_epsilon():
+    """Yildirim & Ermis 2019, Sec. 3.2.2: each owner's contribution has the sensitivity of the
+    central scheme's sum and its own noise, so each owner's epsilon (neighbours: replace one of
+    its records) is the Gaussian mechanism's at the same noise multiplier; the total noise
+    variance is K times the central one."""
+    shared = DataSharingGaussianEvent(2.0, 4, 10)
+    central = GaussianEvent(2.0, 10)
+    assert shared.owner_event() == central and shared.mu == central.mu
+    assert compose_epsilon([shared], 1e-5) == compose_epsilon([central], 1e-5)
+    # composed tightly with Gaussian events (one part, no delta split)
+    assert compose_epsilon([shared, central], 1e-5) == compose_epsilon(
+        [GaussianEvent(2.0, 20)], 1e-5
+    )
+    assert shared.noise_variance_factor == 4
+    with pytest.raises(ValueError, match="owners"):
+        DataSharingGaussianEvent(2.0, 0, 10)
+    with pytest.raises(ValueError, match="noise_multiplier"):
+        DataSharingGaussianEvent(-1.0, 2, 10)

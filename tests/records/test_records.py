@@ -44,7 +44,8 @@ def test_record_functions_satisfy_the_protocol_the_steps_use(logistic_model):
                 and node.value.attr == "_fns"
             ):
                 steps_use.add(node.attr)
-    protocol = {n for n in dir(RecordSource) if not n.startswith("_")} | {"n_records", "ndim"}
+    protocol = {n for n in dir(RecordSource) if not n.startswith("_")}
+    protocol |= set(RecordSource.__annotations__)  # the data attributes (n_records, ...)
     assert steps_use <= protocol, steps_use - protocol
 
 

@@ -141,3 +141,15 @@ def test_bench_auto_quick():
     rhat, err = (_positive(x) for x in row[bar + 1 : bar + 3])
     assert rhat >= 1.0 - 1e-9 and err >= 0
     assert float(row[-4]) <= 10.0  # the report's epsilon, never above the target
+
+
+def test_bench_distributed_tiny():
+    pytest.importorskip("distributed", reason="dask[distributed] is not installed")
+    out = _run("bench_distributed.py", "--quick")
+    for step in ("DPHMC", "DPPenaltyMetropolis"):
+        row = next(r for r in _rows(out, step) if "2,000" in r)
+        bar = row.index("|")
+        one, dask_t, ratio = (_positive(x) for x in row[bar + 1 : bar + 4])
+        assert ratio == pytest.approx(one / dask_t, rel=0.02, abs=2e-3)
+        assert "predicted n = 1e9 on W = 100" in out
+    assert _positive(re.search(r"round trip R .*: ([\d.]+) ms", out).group(1))

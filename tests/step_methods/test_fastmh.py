@@ -584,6 +584,7 @@ _PUBLIC_STATS = {
     "dp_iter_delta",
     "dp_ndim",  # the step's dimension (data-free)
     "dp_plan_chains",  # the calibrated number of chains (data-free)
+    "dp_owners",  # data owners of the data-sharing scheme (0 here; data-free)
 }
 
 

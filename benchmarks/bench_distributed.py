@@ -1,0 +1,173 @@
+"""Records on a Dask cluster: per-iteration time against one process, and a scaling model.
+
+On a ``LocalCluster`` with 2 worker processes (one thread each) this script measures, for the
+banana model of the DP-HMC paper (d = 2, generic route):
+
+* the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 2`` released sums) and of
+  DPPenaltyMetropolis (1 released sum) at each ``n``, in one process (``chunk_size`` = the
+  partition size) and with ``DaskRecords`` (the same partitions on the 2 workers);
+* the fixed cost ``R`` of one round trip: one released sum over records of 1 row per
+  partition (the per-call overhead of submitting the partition tasks and gathering their
+  sums);
+
+and fits the model ``T(W, n) = c n / W + k R`` of an iteration on ``W`` workers, with ``c``
+the single-process compute time per record and iteration (from the largest ``n``) and ``k``
+the released sums per iteration (``L + 2`` for DPHMC, 1 for the penalty step). Printed: the
+measurements, the model's prediction for ``W = 2`` next to the measured Dask time (how well
+the model fits here), and its prediction for ``n = 10^9`` on ``W = 100`` workers.
+
+Timings are medians of ``--iterations`` iterations after two warm-up iterations. The host's
+cores are shared by the driver and the workers (and by anything else running): on a
+2-core machine two workers cannot both run at full speed while the driver waits, so the
+measured speed-up is a lower bound of what separate machines give.
+
+Usage::
+
+    python benchmarks/bench_distributed.py                  # n = 1e6, 1e7
+    python benchmarks/bench_distributed.py --quick          # n = 2000: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+import warnings
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import dask.array as da  # noqa: E402
+import numpy as np  # noqa: E402
+from distributed import Client, LocalCluster  # noqa: E402
+
+import pymc_dp  # noqa: E402
+from pymc_dp.distributed import DaskRecords  # noqa: E402
+from pymc_dp.experiments.models import banana  # noqa: E402
+
+L = 5  # leapfrog steps of DPHMC: L + 2 released sums per iteration
+PARTITIONS = 4  # partitions of the records (2 per worker)
+
+
+def _steps(model, records, chunk):
+    kw = {} if records is not None else {"chunk_size": chunk}
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hmc = pymc_dp.DPHMC(
+            llr_clip_bound=1.0,
+            grad_clip_bound=1.0,
+            llr_noise_multiplier=1.0,
+            grad_noise_multiplier=1.0,
+            n_leapfrog=L,
+            step_size=1e-3,
+            adapt_mass_matrix=False,
+            records=records,
+            rng=np.random.default_rng(1),
+            **kw,
+        )
+        pen = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=1.0,
+            noise_multiplier=1.0,
+            scaling=1e-3,
+            records=records,
+            rng=np.random.default_rng(2),
+            **kw,
+        )
+    return {"DPHMC": hmc, "DPPenaltyMetropolis": pen}
+
+
+def _per_iteration(step, model, iterations: int) -> float:
+    point = model.initial_point()
+    for _ in range(2):  # warm-up: compilation on the workers, first shipping
+        point, _ = step.step(point)
+    times = []
+    for _ in range(iterations):
+        t = time.perf_counter()
+        point, _ = step.step(point)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _round_trip(client, model_small, iterations: int) -> float:
+    """One released sum over records of one row per partition: the fixed cost of a call."""
+    x = np.zeros((PARTITIONS, 2))
+    recs = DaskRecords(client, {"x": da.from_array(x, chunks=(1, 2))})
+    with model_small, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=1.0, noise_multiplier=1.0, records=recs)
+    fns = step._fns
+    q0, q1 = np.zeros(2), np.full(2, 0.01)
+    fns.clipped_loglik_ratio_sum(q1, q0, 0.1)
+    times = []
+    for _ in range(max(20, 10 * iterations)):
+        t = time.perf_counter()
+        fns.clipped_loglik_ratio_sum(q1, q0, 0.1)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="n = 2000, one timed iteration")
+    ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of n")
+    ap.add_argument("--iterations", type=int, default=None, help="timed iterations per point")
+    ap.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args(argv)
+    args.sizes = args.sizes or ([2_000] if args.quick else [1_000_000, 10_000_000])
+    args.iterations = args.iterations or (1 if args.quick else 3)
+    small = banana(n=10, seed=0)
+    rows = []
+    with (
+        LocalCluster(
+            n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        rt = _round_trip(client, small.model, args.iterations)
+        for n in args.sizes:
+            full = banana(n=n, seed=0)
+            chunk = -(-n // PARTITIONS)
+            x = np.asarray(full.data)
+            recs = DaskRecords(client, {"x": da.from_array(x, chunks=(chunk, x.shape[1]))})
+            local = _steps(full.model, None, chunk)
+            remote = _steps(banana(n=10, seed=0).model, recs, chunk)
+            for name in local:
+                t1 = _per_iteration(local[name], full.model, args.iterations)
+                tw = _per_iteration(remote[name], small.model, args.iterations)
+                rows.append((name, n, t1, tw))
+            del local, remote, recs, full, x
+    print(
+        f"LocalCluster: {args.workers} worker processes x 1 thread; {PARTITIONS} partitions; "
+        f"host: {os.cpu_count()} cores, load average at the end "
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}"
+    )
+    print(
+        f"round trip R (one released sum, {PARTITIONS} partitions of 1 record): {rt * 1e3:.2f} ms"
+    )
+    print()
+    head = (
+        f"{'step':<20} {'n':>11} | {'1 process s/iter':>16} {'Dask s/iter':>12} "
+        f"{'ratio':>7} | {'model W=2':>10}"
+    )
+    print(head)
+    print("-" * len(head))
+    k = {"DPHMC": L + 2, "DPPenaltyMetropolis": 1}
+    n_max = max(args.sizes)
+    c = {name: t1 / n for name, n, t1, _ in rows if n == n_max}
+    for name, n, t1, tw in rows:
+        model_w = c[name] * n / args.workers + k[name] * rt
+        print(f"{name:<20} {n:>11,d} | {t1:>16.4g} {tw:>12.4g} {t1 / tw:>#7.3g} | {model_w:>10.4g}")
+    print()
+    print("model T(W, n) = c n / W + k R  (c from the single-process run at the largest n)")
+    for name in k:
+        pred = c[name] * 1e9 / 100 + k[name] * rt
+        print(
+            f"  {name:<20} c = {c[name] * 1e9:.4g} ns/record, k = {k[name]} round trips: "
+            f"predicted n = 1e9 on W = 100: {pred:.4g} s/iter "
+            f"(compute {c[name] * 1e9 / 100:.4g} s + round trips {k[name] * rt:.4g} s)"
+        )
+
+
+if __name__ == "__main__":
+    main()

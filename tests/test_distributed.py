@@ -1,0 +1,386 @@
+"""Records on a Dask cluster (pymc_dp.distributed): same draws as in memory, bad input, the
+data-sharing scheme (Yildirim & Ermis 2019, Algorithm 2) and lost workers.
+
+The tests run on real ``dask.distributed`` ``LocalCluster``s: in-process workers
+(``processes=False``) except for the fault tests, which kill a worker process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import numpy as np
+import pymc as pm
+import pytest
+
+distributed = pytest.importorskip(
+    "distributed", reason="dask[distributed] is not installed (pip install pymc_dp[distributed])"
+)
+da = pytest.importorskip("dask.array", reason="dask[array] is not installed")
+
+import pymc_dp  # noqa: E402
+from pymc_dp.accounting import GaussianEvent, compose_epsilon  # noqa: E402
+from pymc_dp.distributed import DaskRecords, RecordsLostError  # noqa: E402
+from pymc_dp.report import _get_group as _group  # noqa: E402
+
+N, PART = 1200, 300
+RUN = dict(draws=12, tune=8, chains=2, progressbar=False, compute_convergence_checks=False)
+PLAN = {k: RUN[k] for k in ("draws", "tune", "chains")}  # the run a step is calibrated for
+
+
+def _data(n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    X = np.clip(rng.normal(size=(n, 2)), -3, 3)
+    y = (rng.uniform(size=n) < 1 / (1 + np.exp(-(X @ [1.0, -0.5])))).astype("int64")
+    return X, y
+
+
+def _model(X, y):
+    with pm.Model() as m:
+        Xd = pm.Data("X", X)
+        b = pm.Normal("b", 0.0, 3.0, shape=2)
+        pm.Bernoulli("y", logit_p=Xd @ b, observed=y)
+    return m
+
+
+def _records(client, X, y, chunk=PART, **kw):
+    return DaskRecords(
+        client,
+        {"X": da.from_array(X, chunks=(chunk, 2)), "y": da.from_array(y, chunks=chunk)},
+        **kw,
+    )
+
+
+@contextlib.contextmanager
+def _cluster(processes: bool):
+    """A client of a 2-worker LocalCluster (one thread per worker)."""
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=processes, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as c,
+    ):
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client():
+    with _cluster(processes=False) as c:
+        yield c
+
+
+STEPS = [
+    (pymc_dp.DPPenaltyMetropolis, {"clip_bound": 5.0}),
+    (pymc_dp.DPHMC, {"llr_clip_bound": 5.0, "grad_clip_bound": 5.0, "n_leapfrog": 3}),
+]
+
+
+@pytest.mark.parametrize("step,kwargs", STEPS, ids=["penalty", "dphmc"])
+def test_dask_draws_equal_the_in_memory_run_with_the_same_chunks(client, step, kwargs):
+    X, y = _data()
+    with _model(X, y):
+        local = pymc_dp.sample(
+            step,
+            epsilon=5.0,
+            delta=1e-5,
+            step_kwargs={**kwargs, "chunk_size": PART},
+            random_seed=7,
+            **RUN,
+        )
+    # the model holds a 10-record stand-in; the records live on the cluster
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.sample(
+            step,
+            epsilon=5.0,
+            delta=1e-5,
+            step_kwargs=kwargs,
+            records=_records(client, X, y),
+            random_seed=7,
+            **RUN,
+        )
+    np.testing.assert_array_equal(local.posterior["b"].values, remote.posterior["b"].values)
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    assert b.owners == 0 and b.noise_variance_factor == 1
+    assert b.raw_data_groups == () and _group(remote, "observed_data") is None
+
+
+def test_a_different_partitioning_gives_different_sums_only_by_rounding(client):
+    """The partition sums are combined in partition order: a different chunking changes the
+    sum by rounding only (the equality above is not an accident of one chunk)."""
+    X, y = _data()
+    with _model(X[:10], y[:10]) as m:
+        s1 = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0, noise_multiplier=1.0, records=_records(client, X, y, chunk=300)
+        )
+        s2 = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0, noise_multiplier=1.0, records=_records(client, X, y, chunk=250)
+        )
+    with _model(X, y):
+        s0 = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=1.0)
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.3, -0.1])
+    r0 = s0._fns.clipped_loglik_ratio_sum(q1, q0, 0.5)[0]
+    r1 = s1._fns.clipped_loglik_ratio_sum(q1, q0, 0.5)[0]
+    r2 = s2._fns.clipped_loglik_ratio_sum(q1, q0, 0.5)[0]
+    assert r1 == pytest.approx(r0, rel=1e-12) and r2 == pytest.approx(r0, rel=1e-12)
+    del m
+
+
+def _poison(shape, dtype):
+    """A dask array whose every read raises: errors must come before any data is read."""
+
+    def boom(block_info=None):
+        raise AssertionError("the records were read")
+
+    return da.map_blocks(lambda x: boom(), da.zeros(shape, chunks=(PART,) + shape[1:]), dtype=dtype)
+
+
+def test_bad_input_is_refused_before_any_data_is_read(client):
+    X = _poison((N, 2), "float64")
+    y = _poison((N,), "int64")
+    with pytest.raises(ValueError, match="different numbers of rows"):
+        DaskRecords(client, {"X": X, "y": _poison((N - 1,), "int64")})
+    with pytest.raises(ValueError, match="partitions differently"):
+        DaskRecords(client, {"X": X, "y": y.rechunk(400)})
+    with pytest.raises(ValueError, match="rechunk"):
+        DaskRecords(client, {"X": X.rechunk((PART, 1)), "y": y})
+    with pytest.raises(TypeError, match="not a dask array"):
+        DaskRecords(client, {"X": np.zeros((N, 2)), "y": y})
+    with pytest.raises(TypeError, match="dict"):
+        DaskRecords(client, [X, y])
+    with pytest.raises(ValueError, match="owners"):
+        DaskRecords(client, {"X": X, "y": y}, owners=[0, 1])
+    Xs, ys = _data(10)
+    with _model(Xs, ys):
+        with pytest.raises(ValueError, match=r"\['Z'\] match no observed variable"):
+            pymc_dp.DPPenaltyMetropolis(
+                clip_bound=5.0,
+                noise_multiplier=1.0,
+                records=DaskRecords(client, {"X": X, "y": y, "Z": X}),
+            )
+        with pytest.raises(ValueError, match="no array for it"):
+            pymc_dp.DPPenaltyMetropolis(
+                clip_bound=5.0, noise_multiplier=1.0, records=DaskRecords(client, {"X": X})
+            )
+        with pytest.raises(ValueError, match="dtype"):
+            pymc_dp.DPPenaltyMetropolis(
+                clip_bound=5.0,
+                noise_multiplier=1.0,
+                records=DaskRecords(client, {"X": X, "y": y.astype("float64")}),
+            )
+        with pytest.raises(ValueError, match="per-record values on the driver"):
+            pymc_dp.sample(
+                pymc_dp.DPSGLD,
+                epsilon=1.0,
+                delta=1e-5,
+                step_kwargs={"clip_bound": 1.0, "sampling_rate": 0.1, "step_size": 1e-3},
+                records=DaskRecords(client, {"X": X, "y": y}),
+                **RUN,
+            )
+        with pytest.raises(ValueError, match="data-sharing"):
+            pymc_dp.DPHMC(
+                llr_clip_bound=1.0,
+                grad_clip_bound=1.0,
+                llr_noise_multiplier=1.0,
+                grad_noise_multiplier=1.0,
+                records=DaskRecords(client, {"X": X, "y": y}, owners="partition"),
+            )
+        with pytest.raises(ValueError, match="cores=2"):
+            pymc_dp.sample(
+                pymc_dp.DPPenaltyMetropolis,
+                epsilon=1.0,
+                delta=1e-5,
+                step_kwargs={"clip_bound": 1.0},
+                records=DaskRecords(client, {"X": X, "y": y}),
+                cores=2,
+                **RUN,
+            )
+    closed = distributed.Client(client.cluster, set_as_default=False)
+    closed.close()
+    with pytest.raises(ValueError, match="not running"):
+        DaskRecords(closed, {"X": X, "y": y})
+
+
+# -- data-sharing (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2) ------------------------------
+
+
+def test_each_owner_adds_its_own_noise_k_times_the_central_variance(client):
+    """K = 4 owners each add N(0, sigma^2) to their clipped sum: the released total is the
+    exact clipped sum plus noise of variance K sigma^2 (checked against Monte Carlo error)."""
+    X, y = _data()
+    recs = _records(client, X, y, owners="partition", owner_seeds=[11, 12, 13, 14])
+    with _model(X[:10], y[:10]):
+        shared = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=1.0, records=recs)
+    with _model(X, y):
+        central = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=1.0)
+    q0, q1, bound, sigma = np.array([0.1, 0.2]), np.array([0.3, -0.1]), 0.05, 2.0
+    exact = central._fns.clipped_loglik_ratio_sum(q1, q0, bound)[0]
+    m, k = 400, recs.n_owners
+    draws = np.array(
+        [shared._fns.shared_clipped_loglik_ratio_sum(q1, q0, bound, sigma) for _ in range(m)]
+    )
+    var = k * sigma**2
+    assert abs(draws.mean() - exact) < 4.0 * np.sqrt(var / m)
+    assert abs(draws.var(ddof=1) - var) < 4.0 * var * np.sqrt(2.0 / (m - 1))
+    # not the central variance: sigma^2 is 4 standard errors away from K sigma^2
+    assert abs(draws.var(ddof=1) - sigma**2) > 4.0 * var * np.sqrt(2.0 / (m - 1))
+    assert shared._fns.released["llr"] == m
+
+
+def test_clipped_counts_do_not_leave_the_workers(client):
+    """Without non-private diagnostics a worker returns the clipped sum and a count of 0."""
+    X, y = _data()
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0, noise_multiplier=1.0, records=_records(client, X, y)
+        )
+    with _model(X, y):
+        local = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=1.0)
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
+    s_local, k_local = local._fns.clipped_loglik_ratio_sum(q1, q0, 0.01)
+    s_remote, k_remote = remote._fns.clipped_loglik_ratio_sum(q1, q0, 0.01)
+    assert k_local > 0 and k_remote == 0
+    assert s_remote == pytest.approx(s_local, rel=1e-12)
+
+
+def test_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(client):
+    X, y = _data()
+    recs = _records(client, X, y, owners=[0, 0, 1, 2], owner_seeds=[1, 2, 3])
+    kw = dict(epsilon=3.0, delta=1e-5, step_kwargs={"clip_bound": 5.0}, random_seed=3, **RUN)
+    with _model(X[:10], y[:10]):
+        idata = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, records=recs, **kw)
+    with _model(X, y):
+        central = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
+    rep, rep_c = pymc_dp.privacy_report(idata), pymc_dp.privacy_report(central)
+    assert rep.owners == 3 and rep.noise_variance_factor == 3
+    # every owner sees every release at the central scheme's noise multiplier
+    assert rep.owner_epsilons == (rep.epsilon,) * 3
+    assert rep.epsilon == pytest.approx(rep_c.epsilon, rel=1e-12) and rep.epsilon <= 3.0
+    assert rep.releases == rep_c.releases == 2 * (12 + 8)
+    st = _group(idata, "sample_stats")
+    step_z = np.sqrt(1.0 / (2.0 * float(st["dp_mu"].values.flat[0])))
+    expected_sd = np.sqrt(3) * step_z * 2 * 5.0 * st["step_norm"].values
+    np.testing.assert_allclose(st["noise_std"].values, expected_sd, rtol=1e-12)
+    w = _group(idata, "warmup_sample_stats")
+    sds = st["noise_std"].values
+    if w is not None:
+        sds = np.concatenate([w["noise_std"].values, sds], axis=1)
+    assert rep.total_noise_variance == pytest.approx(np.mean(sds**2), rel=1e-12)
+    assert "Algorithm 2" in rep.mechanism and "3 owners" in str(rep)
+    assert idata.attrs["dp_owners"] == 3
+    assert idata.attrs["dp_owner_epsilons"].count(",") == 2
+    assert np.all(np.isnan(st["clip_fraction_NONPRIVATE"].values))
+    # data-sharing refuses non-private diagnostics (the counts would reach the curator)
+    with _model(X[:10], y[:10]), pytest.raises(ValueError, match="nonprivate_diagnostics"):
+        pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0, noise_multiplier=1.0, nonprivate_diagnostics=True, records=recs
+        )
+
+
+# -- a worker lost during a run ------------------------------------------------------------------
+
+
+@pytest.fixture
+def process_client():
+    with _cluster(processes=True) as c:
+        yield c
+
+
+def _holder_of(client, store) -> str:
+    """Address of a worker holding partition 0 of the first array (public: placement)."""
+    who = client.who_has(store._parts[0][0])
+    return next(iter(who.values()))[0]
+
+
+def _kill(client, address: str) -> None:
+    """Kill a worker process (its nanny starts a fresh one with a new address)."""
+    pid = client.run(os.getpid, workers=[address])[address]
+    os.kill(pid, signal.SIGKILL)
+
+
+def _killer(client, store, at: int, calls: list, everyone: bool = False):
+    """A pm.sample callback that kills, after draw ``at``, the worker holding partition 0
+    (or every worker: then no copy of any partition is left on the cluster)."""
+
+    def callback(trace=None, draw=None):
+        calls.append(1)
+        if len(calls) == at:
+            addrs = list(client.scheduler_info()["workers"]) if everyone else []
+            for addr in addrs or [_holder_of(client, store)]:
+                _kill(client, addr)
+                calls.append(addr)
+
+    return callback
+
+
+def test_lost_worker_is_recovered_by_dask_and_the_run_is_unchanged(process_client):
+    """The partitions of a killed worker are recomputed from their source (from_array): the
+    draws equal those of a run without the fault, and every release is counted once."""
+    client = process_client
+    X, y = _data()
+    kw = dict(random_seed=5, **RUN)
+    draws, releases = [], []
+    for kill in (False, True):
+        with _model(X[:10], y[:10]):
+            step = pymc_dp.DPHMC(
+                llr_clip_bound=5.0,
+                grad_clip_bound=5.0,
+                n_leapfrog=2,
+                epsilon=5.0,
+                delta=1e-5,
+                **PLAN,
+                records=_records(client, X, y),
+            )
+            calls: list = []
+            cb = _killer(client, step._fns.records, 6, calls) if kill else None
+            idata = pymc_dp.sample(step, callback=cb, **kw)
+        if kill:
+            killed = calls[6]
+            assert killed not in client.scheduler_info()["workers"]  # the worker was lost
+        draws.append(idata.posterior["b"].values)
+        rep = pymc_dp.privacy_report(idata)
+        assert rep.releases == sum(step._fns.released.values())
+        releases.append(rep.releases)
+    np.testing.assert_array_equal(draws[0], draws[1])
+    assert releases[0] == releases[1] == 2 * (12 + 8) * (2 + 2)
+
+
+def _scattered_records(client, X, y):
+    """Records scattered to the workers: not recomputable when their worker is lost."""
+    xs, ys = [], []
+    for j in range(0, N, PART):
+        fx, fy = client.scatter([X[j : j + PART], y[j : j + PART]])
+        xs.append(da.from_delayed(fx, (PART, 2), dtype=X.dtype))
+        ys.append(da.from_delayed(fy, (PART,), dtype=y.dtype))
+    return DaskRecords(client, {"X": da.concatenate(xs), "y": da.concatenate(ys)})
+
+
+def test_lost_worker_that_cannot_be_recomputed_stops_the_run_and_counts_every_release(
+    process_client,
+):
+    client = process_client
+    X, y = _data()
+    with _model(X[:10], y[:10]):
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0,
+            epsilon=2.0,
+            delta=1e-5,
+            **PLAN,
+            records=_scattered_records(client, X, y),
+        )
+        calls: list = []
+        with pytest.raises(RecordsLostError, match="could not be recomputed") as info:
+            pymc_dp.sample(
+                step,
+                callback=_killer(client, step._fns.records, 5, calls, everyone=True),
+                random_seed=1,
+                **RUN,
+            )
+    # 5 iterations released their sum before the kill; the 6th never reached the driver
+    err = info.value
+    assert err.releases == 5 == step._fns.released["llr"]
+    mu = 5 * GaussianEvent(step.noise_multiplier).mu
+    assert err.epsilon == pytest.approx(compose_epsilon([GaussianEvent(np.sqrt(0.5 / mu))], 1e-5))
+    assert err.delta == 1e-5 and err.epsilon < 2.0
