@@ -13,7 +13,7 @@ stand-in of the same dtype and trailing shape). Give the records to a step
     records = pymc_dp.distributed.DaskRecords(
         client, {"y": da.from_zarr(...), "X": da.from_zarr(...)}
     )
-    idata = pymc_dp.sample(pymc_dp.DPHMC, records=records, ...)
+    idata = pymc_dp.sample(step=pymc_dp.DPHMC, records=records, ...)
 
 Every full-data read then runs where the partitions live: the per-record functions are
 compiled once on the driver, shipped to the workers once, evaluated on each partition, and a

@@ -242,8 +242,9 @@ def sample(
             )
     elif records is not None:
         raise ValueError(
-            "records= is given to the step class (pymc_dp.sample(pymc_dp.DPHMC, records=...)); "
-            "a step instance carries its own records (give them to its constructor)"
+            "records= is given to the step class (pymc_dp.sample(step=pymc_dp.DPHMC, "
+            "records=...)); a step instance carries its own records (give them to its "
+            "constructor)"
         )
     elif epsilon is not None or step_kwargs:
         raise ValueError(

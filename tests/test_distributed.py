@@ -82,7 +82,7 @@ def test_dask_draws_equal_the_in_memory_run_with_the_same_chunks(client, step, k
     X, y = _data()
     with _model(X, y):
         local = pymc_dp.sample(
-            step,
+            step=step,
             epsilon=5.0,
             delta=1e-5,
             step_kwargs={**kwargs, "chunk_size": PART},
@@ -92,7 +92,7 @@ def test_dask_draws_equal_the_in_memory_run_with_the_same_chunks(client, step, k
     # the model holds a 10-record stand-in; the records live on the cluster
     with _model(X[:10], y[:10]):
         remote = pymc_dp.sample(
-            step,
+            step=step,
             epsilon=5.0,
             delta=1e-5,
             step_kwargs=kwargs,
@@ -172,7 +172,7 @@ def test_bad_input_is_refused_before_any_data_is_read(client):
             )
         with pytest.raises(ValueError, match="per-record values on the driver"):
             pymc_dp.sample(
-                pymc_dp.DPSGLD,
+                step=pymc_dp.DPSGLD,
                 epsilon=1.0,
                 delta=1e-5,
                 step_kwargs={"clip_bound": 1.0, "sampling_rate": 0.1, "step_size": 1e-3},
@@ -189,7 +189,7 @@ def test_bad_input_is_refused_before_any_data_is_read(client):
             )
         with pytest.raises(ValueError, match="cores=2"):
             pymc_dp.sample(
-                pymc_dp.DPPenaltyMetropolis,
+                step=pymc_dp.DPPenaltyMetropolis,
                 epsilon=1.0,
                 delta=1e-5,
                 step_kwargs={"clip_bound": 1.0},
@@ -250,9 +250,9 @@ def test_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(cl
     recs = _records(client, X, y, owners=[0, 0, 1, 2], owner_seeds=[1, 2, 3])
     kw = dict(epsilon=3.0, delta=1e-5, step_kwargs={"clip_bound": 5.0}, random_seed=3, **RUN)
     with _model(X[:10], y[:10]):
-        idata = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, records=recs, **kw)
+        idata = pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, records=recs, **kw)
     with _model(X, y):
-        central = pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
+        central = pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, **kw)
     rep, rep_c = pymc_dp.privacy_report(idata), pymc_dp.privacy_report(central)
     assert rep.owners == 3 and rep.noise_variance_factor == 3
     # every owner sees every release at the central scheme's noise multiplier
@@ -335,7 +335,7 @@ def test_lost_worker_is_recovered_by_dask_and_the_run_is_unchanged(process_clien
             )
             calls: list = []
             cb = _killer(client, step._fns.records, 6, calls) if kill else None
-            idata = pymc_dp.sample(step, callback=cb, **kw)
+            idata = pymc_dp.sample(step=step, callback=cb, **kw)
         if kill:
             killed = calls[6]
             assert killed not in client.scheduler_info()["workers"]  # the worker was lost
@@ -373,7 +373,7 @@ def test_lost_worker_that_cannot_be_recomputed_stops_the_run_and_counts_every_re
         calls: list = []
         with pytest.raises(RecordsLostError, match="could not be recomputed") as info:
             pymc_dp.sample(
-                step,
+                step=step,
                 callback=_killer(client, step._fns.records, 5, calls, everyone=True),
                 random_seed=1,
                 **RUN,
