@@ -6,20 +6,24 @@ with ``compile_kwargs={"mode": ...}`` (given to the step); without a ``mode`` py
 chooses per kind of function, from measurements (``benchmarks/bench_models.py``,
 ``docs/benchmarks.md``):
 
-===================  =========================================  ==========================
-PyTensor line        log-likelihoods, GLM route, indexed route  everything else (generic
-                     with GLM blocks (``"loglik"``, ``"glm"``)  route, indexed route, prior)
-===================  =========================================  ==========================
-2.x (C default)      Numba when ``numba`` imports               PyTensor's default (C)
-3.x (Numba default)  PyTensor's default (Numba)                 PyTensor's default (Numba)
-===================  =========================================  ==========================
+===================  ============================================  ========================
+PyTensor line        log-likelihoods; GLM, indexed, blocks routes  generic route, prior
+                     (``"loglik"``, ``"route"``)                   (``"other"``)
+===================  ============================================  ========================
+2.x (C default)      Numba when ``numba`` imports                  PyTensor's default (C)
+3.x (Numba default)  PyTensor's default (Numba)                    PyTensor's default
+===================  ============================================  ========================
 
 On PyTensor 2.38 Numba computes the clipped log-likelihood-ratio sums 2.5-7x faster than C
-(0.23 ms against 0.71 ms on a 50-group hierarchical model, n = 10^5) and the GLM route's
-clipped gradient sums 1.2-1.5x faster (StudentT, logistic, Poisson with a random intercept),
-but the purely indexed and the generic routes' 1.4-2.2x slower, hence the split. If a Numba
-compilation (or its first call) fails, the function is compiled again with PyTensor's
-default: the automatic choice never makes a model fail that PyTensor's default compiles.
+(0.23 ms against 0.71 ms on a 50-group hierarchical model, n = 10^5) and, since the
+one-column blocks are summed inside the fused elementwise loop
+(`pymc_dp.records.clipping.weighted_sum`), the routes' clipped gradient sums 1.0-2.8x
+faster (banana on the blocks route 0.25 against 0.70 ms, 50-group model 1.5 against
+2.3 ms, Poisson with a random intercept 3.0 against 4.1 ms; varying slopes equal); Numba's
+``Dot`` of an ``m``-vector is what made it slower than C before. The generic route (which
+assembles an ``m x d`` matrix) stays on C there. If a Numba compilation (or its first
+call) fails, the function is compiled again with PyTensor's default: the automatic choice
+never makes a model fail that PyTensor's default compiles.
 JAX is never chosen automatically (not a dependency; ``mode="JAX"`` works where it
 compiles).
 """
@@ -43,7 +47,7 @@ def auto_mode(kind: str) -> str | None:
 
     ``None`` means PyTensor's default mode.
     """
-    if kind in ("loglik", "glm") and _PYTENSOR_MAJOR < 3 and importlib.util.find_spec("numba"):
+    if kind in ("loglik", "route") and _PYTENSOR_MAJOR < 3 and importlib.util.find_spec("numba"):
         return "NUMBA"
     return None
 
@@ -93,8 +97,9 @@ def compile_function(
         The user's options (e.g. ``{"mode": "NUMBA"}``), as given to the step. A ``mode``
         here overrides the automatic choice.
     kind : str
-        ``"loglik"`` for the per-record log-likelihood functions, ``"glm"`` for the GLM
-        route, else ``"other"``: selects the automatic backend (`auto_mode`).
+        ``"loglik"`` for the per-record log-likelihood functions, ``"route"`` for the GLM,
+        indexed and blocks routes, else ``"other"``: selects the automatic backend
+        (`auto_mode`).
     **kwargs
         Options of this call (e.g. ``on_unused_input="ignore"``); the user's take precedence.
     """

@@ -48,6 +48,7 @@ from pymc_dp.records.clipping import (
     clip_weights,
     factor_rows,
     mask_rows,
+    weighted_sum,
 )
 from pymc_dp.records.gathers import gather_parts, lift_gathers, unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
@@ -190,7 +191,7 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
         out = pt.zeros((d,), dtype="float64")
         for b, f, p in zip(bp, split, pos_p, strict=True):
             if f is None:
-                part = pt.dot(w, b)
+                part = weighted_sum(w, b)
             else:  # the data-only factor is finite (prepare checks it)
                 part = pt.dot(w * (mask_rows(f[1], finite) if masked else f[1]), f[0])
             out = pt.inc_subtensor(out[p.ravel()], part)
@@ -209,8 +210,7 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
     )
     ck = dict(compile_kwargs or {})
     ins = [x, bound, *row_sq_in, *batch]
-    # a route with GLM blocks compiles like the GLM route (backend choice, see backend.py)
-    kw = {"on_unused_input": "ignore", "kind": "glm" if row_sq_out else "other"}
+    kw = {"on_unused_input": "ignore", "kind": "route"}  # backend choice: see backend.py
     return ClipRoute(
         name="indexed",
         fast=compile_function(ins, [out, n_clipped], ck, **kw),
