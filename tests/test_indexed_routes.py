@@ -235,3 +235,20 @@ def test_non_centred_deterministic_is_sampled_and_a_data_deterministic_still_ref
         pm.Normal("y", a[D["g"]], 1.0, observed=D["y"])
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="'a_i' depends on the data"):
             pymc_dp.sample(pymc_dp.DPPenaltyMetropolis, **kw)
+
+
+def test_pure_c_mode_works_or_says_what_to_use_instead():
+    """``mode="C"`` (the C linker without Python fallbacks): PyTensor 2.38 and 3.3 have no C
+    code for an indexed increment of these functions; the error then names the modes that
+    work. Where it compiles, the sums are the loop's."""
+    D = _data()
+    model = _model("intercepts", D)
+    ip = model.initial_point()
+    fns, _ = build_record_functions(model, model.value_vars, ip, compile_kwargs={"mode": "C"})
+    q = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars]) + 0.2
+    try:
+        got = fns.clipped_grad_sum(q, 0.5)
+    except NotImplementedError as err:
+        assert "pure C linker" in str(err) and 'mode="CVM"' in str(err)
+    else:
+        _assert_same(got, _loop_reference(fns, q, 0.5))

@@ -79,6 +79,14 @@ class _WithFallback:
         return getattr(self._f, name)
 
 
+def _is_pure_c(mode) -> bool:
+    """Whether ``mode`` is PyTensor's ``"C"`` mode (the C linker without Python fallbacks)."""
+    if isinstance(mode, str):
+        return mode.upper() == "C"
+    linker = getattr(mode, "linker", None)
+    return type(linker).__name__ == "CLinker"
+
+
 def compile_function(
     inputs: Sequence,
     outputs: Any,
@@ -107,7 +115,19 @@ def compile_function(
     inputs = list(inputs)
     mode = None if "mode" in kw else auto_mode(kind)
     if mode is None:
-        return pm.pytensorf.compile(inputs, outputs, **kw)
+        try:
+            return pm.pytensorf.compile(inputs, outputs, **kw)
+        except NotImplementedError as err:
+            if _is_pure_c(kw.get("mode")):
+                raise NotImplementedError(
+                    f"compile_kwargs mode {kw['mode']!r} is PyTensor's pure C linker, which "
+                    "needs C code for every operation; PyTensor "
+                    f"{pytensor.__version__} has none for an operation of this model's "
+                    "per-record functions (e.g. the indexed increment of the segment sums). "
+                    'Use mode="CVM" (C with Python fallbacks), "NUMBA", or no mode '
+                    "(automatic choice)."
+                ) from err
+            raise
     try:
         f = pm.pytensorf.compile(inputs, outputs, **{**kw, "mode": mode})
     except Exception:  # noqa: BLE001 - a backend failure: fall back to the default
