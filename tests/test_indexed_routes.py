@@ -252,3 +252,57 @@ def test_pure_c_mode_works_or_says_what_to_use_instead():
         assert "pure C linker" in str(err) and 'mode="CVM"' in str(err)
     else:
         _assert_same(got, _loop_reference(fns, q, 0.5))
+
+
+@pytest.mark.slow
+def test_hierarchical_dphmc_step_ships_to_spawned_workers():
+    """PyMC ships a step to ``spawn``/``forkserver`` workers with cloudpickle (its models
+    do not pickle with the standard library's pickle, and neither do its own steps): a
+    DPHMC step on a hierarchical model round-trips after use, continues identically, and
+    ``pm.sample(cores=2, mp_ctx="spawn")`` gives the draws of ``cores=1``."""
+    import multiprocessing
+
+    import cloudpickle
+
+    D = _data()
+    model = _model("intercepts", D)
+    kw = dict(
+        llr_clip_bound=1.0,
+        grad_clip_bound=1.0,
+        llr_noise_multiplier=1.0,
+        grad_noise_multiplier=1.0,
+        n_leapfrog=3,
+        step_size=0.05,
+    )
+    with model:
+        step = pymc_dp.DPHMC(rng=np.random.default_rng(5), **kw)
+    point = model.initial_point()
+    for _ in range(3):
+        point, _ = step.step(point)
+    assert step._fns.gradient_route == "indexed"
+    clone = cloudpickle.loads(cloudpickle.dumps(step))
+    p1, p2 = dict(point), dict(point)
+    for _ in range(3):
+        p1, _ = step.step(p1)
+        p2, _ = clone.step(p2)
+        np.testing.assert_array_equal(p1["a"], p2["a"])
+    if "spawn" not in multiprocessing.get_all_start_methods():
+        return
+    runs = []
+    for cores, ctx in ((1, None), (2, "spawn")):
+        with model:
+            s = pymc_dp.DPHMC(**kw)
+            runs.append(
+                pm.sample(
+                    draws=5,
+                    tune=0,
+                    chains=2,
+                    cores=cores,
+                    mp_ctx=ctx,
+                    step=s,
+                    random_seed=7,
+                    progressbar=False,
+                    compute_convergence_checks=False,
+                )
+            )
+    np.testing.assert_array_equal(runs[0].posterior["a"].values, runs[1].posterior["a"].values)
