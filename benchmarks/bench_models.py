@@ -21,11 +21,16 @@ For each model, side by side in one process (interleaved blocks, medians, one BL
    log-likelihood-ratio sum of the penalty tests) against a hand-written numpy version of the
    same function on the same data and parameter vector (checked to agree before timing).
 
-Per *iteration* is what is measured, not per effective sample. Usage::
+Per *iteration* is what is measured, not per effective sample. With ``--scaling`` the
+script instead times the package functions at each ``--sizes`` value of ``n`` (default
+10^4, 10^5, 10^6), without and with chunking (``chunk_size = n / 16``), and prints the
+time per record and the peak of the temporaries of one call (`peak_mb`): linear
+scaling in ``n`` and memory bounded by ``chunk_size``. Usage::
 
     python benchmarks/bench_models.py               # n = 100 000
     python benchmarks/bench_models.py --quick       # n = 5 000, short blocks
     python benchmarks/bench_models.py --models hier50 banana --mode NUMBA
+    python benchmarks/bench_models.py --scaling --models hier50 slopes banana
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import argparse
 import os
 import sys
 import time
+import tracemalloc
 import warnings
 
 warnings.filterwarnings("ignore", message=".*BLAS.*")
@@ -45,6 +51,7 @@ from scipy.special import expit, gammaln  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+from bench_memory import _reset_peak_rss, _status_kb  # noqa: E402
 from bench_vs_pymc import (  # noqa: E402
     N_LEAPFROG,
     STEP_SIZE,
@@ -353,6 +360,63 @@ def run_model(name: str, n: int, blocks: int, block_s: float, compile_kwargs, ki
     return rows
 
 
+def peak_mb(f) -> float:
+    """Peak memory of the temporaries of one ``f()`` call, MB: the larger of the growth of
+    the process's peak resident set over its resident set before the call (VmHWM, reset
+    through ``/proc/self/clear_refs``; catches Numba's own allocations) and the peak traced
+    by ``tracemalloc`` (numpy and PyTensor buffers)."""
+    reset = _reset_peak_rss()
+    before = _status_kb("VmRSS")
+    tracemalloc.start()
+    base, _ = tracemalloc.get_traced_memory()
+    f()
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rss = (_status_kb("VmHWM") - before) / 1024 if reset else 0.0
+    return max((peak - base) / 2**20, rss)
+
+
+def scaling_rows(name: str, sizes, blocks: int, block_s: float, compile_kwargs) -> list[str]:
+    """Time per call and per record, and the temporaries' peak, of the package functions."""
+    rows = []
+    for n in sizes:
+        model, _ = MODELS[name](n, np.random.default_rng(0))
+        sl, q0 = slices(model)
+        d = q0.size
+        q = q0 + 0.05 * np.sin(np.arange(d) + 1.0)
+        q2 = q + 0.01 * np.cos(np.arange(d))
+        fs, route = {}, ""
+        for chunk in (None, max(n // 16, 1)):
+            fns, _ = build_record_functions(
+                model,
+                model.value_vars,
+                model.initial_point(),
+                compile_kwargs=compile_kwargs,
+                chunk_size=chunk,
+            )
+            fs[("grad", chunk)] = lambda fns=fns, q=q: fns.clipped_grad_sum(q, 1.0)
+            fs[("llr", chunk)] = lambda fns=fns, q=q, q2=q2: fns.clipped_loglik_ratio_sum(
+                q2, q, 0.01
+            )
+            fs[("grad", chunk)]()
+            route = fns.gradient_route
+        t = time_functions(fs, blocks, block_s / 2)
+        for (key, chunk), f in fs.items():
+            what = "clipped grad sum" if key == "grad" else "clipped LLR sum"
+            ms = t[(key, chunk)] * 1e3
+            rows.append(
+                f"{'scaling':<20} {name:<9} {n:>9,d} {d:>4} | {what:<17} "
+                f"{chunk or n:>9,d} {ms:>9.4f} {ms * 1e6 / n:>8.2f} {peak_mb(f):>8.2f} "
+                f"| route {route}"
+            )
+    return rows
+
+
+SCALING_HEADER = (
+    f"{'row':<20} {'model':<9} {'n':>9} {'d':>4} | {'what':<17} {'chunk':>9} {'ms':>9} "
+    f"{'ns/rec':>8} {'peak MB':>8} | note"
+)
+
 HEADER = (
     f"{'row':<20} {'model':<9} {'n':>8} {'d':>4} | {'what':<28} {'pkg ms':>9} {'ref ms':>9} "
     f"{'ratio':>7} | note"
@@ -374,6 +438,10 @@ def main(argv: list[str] | None = None) -> None:
         choices=["DPHMC", "DPPenaltyMetropolis"],
     )
     ap.add_argument("--mode", default=None, help="compile_kwargs mode of the DP side")
+    ap.add_argument("--scaling", action="store_true", help="functions vs n, with chunking")
+    ap.add_argument(
+        "--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000], help="--scaling n"
+    )
     args = ap.parse_args(argv)
     limit_blas(args.blas_threads)
     n = args.n or (5_000 if args.quick else 100_000)
@@ -381,6 +449,17 @@ def main(argv: list[str] | None = None) -> None:
     block_s = args.block_seconds or (0.05 if args.quick else 0.4)
     ck = {"mode": args.mode} if args.mode else None
     print_header("bench_models: the models PyMC users write, pymc_dp vs PyMC and numpy")
+    if args.scaling:
+        print(
+            f"package functions vs n; medians of {blocks} interleaved blocks of ~{block_s / 2:g} "
+            f"s; chunk = chunk_size (n: no chunking); peak MB: temporaries of one call "
+            f"(peak RSS growth or tracemalloc); DP backend: {args.mode or 'automatic'}\n"
+        )
+        print(SCALING_HEADER, flush=True)
+        for name in args.models:
+            for row in scaling_rows(name, args.sizes, blocks, block_s, ck):
+                print(row, flush=True)
+        return
     print(
         f"HMC pair: L = {N_LEAPFROG}, step size {STEP_SIZE:g}; medians of {blocks} interleaved "
         f"blocks of ~{block_s:g} s; DP backend: {args.mode or 'automatic'}"

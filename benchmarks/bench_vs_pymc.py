@@ -27,7 +27,7 @@ Models:
   ``x_i1 ~ N(theta_1, 2000)``, ``x_i2 ~ N(theta_2 + 20 theta_1^2, 2500)`` (variances),
   ``d = 2``, with a ``N(0, 1000 I)`` prior on ``theta`` instead of the paper's banana prior
   (the prior is data-free and does not change the cost). Its per-record gradient does not
-  factorise: DPHMC takes the generic route (``n x d`` per-record gradients).
+  factorise: DPHMC takes the blocks route (one per-record array per parameter entry).
 
 Timing: each step is constructed, started as in ``pm.sample`` (``set_rng`` on PyMC 5.x,
 ``setup_chain`` on PyMC 6.x), tuning is switched off, it is warmed up (lazy compilation),
@@ -269,7 +269,7 @@ def pymc_proposals_per_iteration(step) -> int:
 
 
 def dphmc_route(step) -> str:
-    """Which clipped-gradient route a DPHMC step took: "GLM fast" or "generic"."""
+    """Which clipped-gradient route a DPHMC step took ("GLM fast", "blocks", ...)."""
     return step._fns.gradient_route
 
 

@@ -6,20 +6,24 @@ with ``compile_kwargs={"mode": ...}`` (given to the step); without a ``mode`` py
 chooses per kind of function, from measurements (``benchmarks/bench_models.py``,
 ``docs/benchmarks.md``):
 
-===================  =========================================  ==========================
-PyTensor line        log-likelihoods, GLM route, indexed route  everything else (generic
-                     with GLM blocks (``"loglik"``, ``"glm"``)  route, indexed route, prior)
-===================  =========================================  ==========================
-2.x (C default)      Numba when ``numba`` imports               PyTensor's default (C)
-3.x (Numba default)  PyTensor's default (Numba)                 PyTensor's default (Numba)
-===================  =========================================  ==========================
+===================  ============================================  ========================
+PyTensor line        log-likelihoods; GLM, indexed, blocks routes  generic route, prior
+                     (``"loglik"``, ``"route"``)                   (``"other"``)
+===================  ============================================  ========================
+2.x (C default)      Numba when ``numba`` imports                  PyTensor's default (C)
+3.x (Numba default)  PyTensor's default (Numba)                    PyTensor's default
+===================  ============================================  ========================
 
 On PyTensor 2.38 Numba computes the clipped log-likelihood-ratio sums 2.5-7x faster than C
-(0.23 ms against 0.71 ms on a 50-group hierarchical model, n = 10^5) and the GLM route's
-clipped gradient sums 1.2-1.5x faster (StudentT, logistic, Poisson with a random intercept),
-but the purely indexed and the generic routes' 1.4-2.2x slower, hence the split. If a Numba
-compilation (or its first call) fails, the function is compiled again with PyTensor's
-default: the automatic choice never makes a model fail that PyTensor's default compiles.
+(0.23 ms against 0.71 ms on a 50-group hierarchical model, n = 10^5) and, since the
+one-column blocks are summed inside the fused elementwise loop
+(`pymc_dp.records.clipping.weighted_sum`), the routes' clipped gradient sums 1.0-2.8x
+faster (banana on the blocks route 0.25 against 0.70 ms, 50-group model 1.5 against
+2.3 ms, Poisson with a random intercept 3.0 against 4.1 ms; varying slopes equal); Numba's
+``Dot`` of an ``m``-vector is what made it slower than C before. The generic route (which
+assembles an ``m x d`` matrix) stays on C there. If a Numba compilation (or its first
+call) fails, the function is compiled again with PyTensor's default: the automatic choice
+never makes a model fail that PyTensor's default compiles.
 JAX is never chosen automatically (not a dependency; ``mode="JAX"`` works where it
 compiles).
 """
@@ -43,7 +47,7 @@ def auto_mode(kind: str) -> str | None:
 
     ``None`` means PyTensor's default mode.
     """
-    if kind in ("loglik", "glm") and _PYTENSOR_MAJOR < 3 and importlib.util.find_spec("numba"):
+    if kind in ("loglik", "route") and _PYTENSOR_MAJOR < 3 and importlib.util.find_spec("numba"):
         return "NUMBA"
     return None
 
@@ -75,6 +79,14 @@ class _WithFallback:
         return getattr(self._f, name)
 
 
+def _is_pure_c(mode) -> bool:
+    """Whether ``mode`` is PyTensor's ``"C"`` mode (the C linker without Python fallbacks)."""
+    if isinstance(mode, str):
+        return mode.upper() == "C"
+    linker = getattr(mode, "linker", None)
+    return type(linker).__name__ == "CLinker"
+
+
 def compile_function(
     inputs: Sequence,
     outputs: Any,
@@ -93,8 +105,9 @@ def compile_function(
         The user's options (e.g. ``{"mode": "NUMBA"}``), as given to the step. A ``mode``
         here overrides the automatic choice.
     kind : str
-        ``"loglik"`` for the per-record log-likelihood functions, ``"glm"`` for the GLM
-        route, else ``"other"``: selects the automatic backend (`auto_mode`).
+        ``"loglik"`` for the per-record log-likelihood functions, ``"route"`` for the GLM,
+        indexed and blocks routes, else ``"other"``: selects the automatic backend
+        (`auto_mode`).
     **kwargs
         Options of this call (e.g. ``on_unused_input="ignore"``); the user's take precedence.
     """
@@ -102,7 +115,19 @@ def compile_function(
     inputs = list(inputs)
     mode = None if "mode" in kw else auto_mode(kind)
     if mode is None:
-        return pm.pytensorf.compile(inputs, outputs, **kw)
+        try:
+            return pm.pytensorf.compile(inputs, outputs, **kw)
+        except NotImplementedError as err:
+            if _is_pure_c(kw.get("mode")):
+                raise NotImplementedError(
+                    f"compile_kwargs mode {kw['mode']!r} is PyTensor's pure C linker, which "
+                    "needs C code for every operation; PyTensor "
+                    f"{pytensor.__version__} has none for an operation of this model's "
+                    "per-record functions (e.g. the indexed increment of the segment sums). "
+                    'Use mode="CVM" (C with Python fallbacks), "NUMBA", or no mode '
+                    "(automatic choice)."
+                ) from err
+            raise
     try:
         f = pm.pytensorf.compile(inputs, outputs, **{**kw, "mode": mode})
     except Exception:  # noqa: BLE001 - a backend failure: fall back to the default

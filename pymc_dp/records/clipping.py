@@ -34,6 +34,7 @@ __all__ = [
     "mask_rows",
     "reference_clipped_sum",
     "verify_route",
+    "weighted_sum",
 ]
 
 _HUGE = np.finfo(np.float64).max
@@ -51,6 +52,19 @@ def clip_weights(sq_norms, bound):
     w = pt.switch(finite, inv_norm, 0.0)
     n_clipped = pt.sum(pt.invert(pt.le(sq_norms, bound * bound)))
     return finite, w, n_clipped
+
+
+def weighted_sum(w, block):
+    """``block^T w`` (shape ``(k,)``) for a per-record block ``m x k``.
+
+    A one-column block is summed as ``sum(w * b)``, which PyTensor fuses with the
+    elementwise work that makes ``w`` and ``b`` (one pass over the records, no ``m``-long
+    temporaries); a wider block is a matrix-vector product. (The summation order of
+    ``sum`` differs from a BLAS ``dot``: results may differ in the last bits.)
+    """
+    if block.type.shape[1] == 1:
+        return pt.sum(w * block[:, 0], keepdims=True)
+    return pt.dot(w, block)
 
 
 def mask_rows(block, finite):

@@ -30,6 +30,7 @@ from pymc_dp.records.clipping import (
     factor_rows,
     mask_rows,
     verify_route,
+    weighted_sum,
 )
 from pymc_dp.records.gathers import unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
@@ -37,6 +38,7 @@ from pymc_dp.records.segment import build_segment_route
 
 __all__ = [
     "GRADIENT_ROUTES",
+    "build_blocks_route",
     "build_glm_route",
     "compile_gradients",
     "compile_likelihood",
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 #: Faster clipped-gradient routes, tried in order after the generic one is built.
-GRADIENT_ROUTES = ("GLM fast", "indexed")
+GRADIENT_ROUTES = ("GLM fast", "indexed", "blocks")
 
 
 def compile_prior(graphs: RecordGraphs, compile_kwargs: dict | None = None):
@@ -101,6 +103,14 @@ def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
         factorise (an intercept, a scale) are handled like the generic route.
     ``"indexed"``
         Group-indexed models (``theta[g_i]``): `pymc_dp.records.segment`.
+    ``"blocks"``
+        Every other model whose one-record graph reads ``q`` through slices or entries
+        (one per value variable): the GLM route's layout with no factorising block. Each
+        block's per-record gradient stays its own array, so no ``m x d`` matrix is
+        assembled (the generic route builds it with one indexed write per entry); a
+        one-column block's clipped sum fuses with the elementwise work
+        (`pymc_dp.records.clipping.weighted_sum`). Tried after ``"indexed"``: a gathered
+        block would be dense here.
 
     Records whose gradient is not finite contribute 0 in every route and count as clipped.
     """
@@ -135,8 +145,16 @@ def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
     return f_grad, {"generic": generic, "route": chosen}
 
 
-def build_glm_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
-    """The GLM route of ``graphs`` (a `ClipRoute`), or None when it does not apply."""
+def build_glm_route(
+    graphs: RecordGraphs, compile_kwargs: dict | None = None, name: str = "GLM fast"
+):
+    """The GLM route of ``graphs`` (a `ClipRoute`), or None when it does not apply.
+
+    With ``name="blocks"`` the same route without the need for a factorising block: the
+    per-record gradient of each parameter block the one-record graph reads is its own
+    ``m x k`` array (no ``m x d`` matrix assembled from them), squared norms and clipped
+    sums per block (`pymc_dp.records.clipping.weighted_sum`).
+    """
     x, batch = graphs.x, graphs.batch
     d = graphs.ndim
     to_batch = dict(zip(graphs.rows, batch, strict=True))
@@ -164,7 +182,7 @@ def build_glm_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
     ]
     blocks = [b[:, None] if b.ndim == 1 else b for b in blocks]
     split = [factor_rows(b, x) for b in blocks]
-    if not any(split):
+    if not any(split) and name == "GLM fast":
         return None
     bound = pt.dscalar("grad_clip_bound")
     row_sq_in, row_sq_out, sq_terms = [], [], []
@@ -182,7 +200,7 @@ def build_glm_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
         parts = []
         for b, f in zip(blocks, split, strict=True):
             if f is None:
-                parts.append(pt.dot(w, mask_rows(b, finite) if masked else b))
+                parts.append(weighted_sum(w, mask_rows(b, finite) if masked else b))
             else:  # the data-only factor is finite (prepare checks it)
                 v = w * (mask_rows(f[1], finite) if masked else f[1])
                 parts.append(pt.dot(v, f[0]))
@@ -190,13 +208,22 @@ def build_glm_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
 
     ck = dict(compile_kwargs or {})
     ins = [x, bound, *row_sq_in, *batch]
-    kw = {"on_unused_input": "ignore", "kind": "glm"}
+    kw = {"on_unused_input": "ignore", "kind": "route"}  # backend choice: see backend.py
     return ClipRoute(
-        name="GLM fast",
+        name=name,
         fast=compile_function(ins, [clipped(False), n_clipped], ck, **kw),
         masked=LazyFunction(ins, [clipped(True), n_clipped], ck, **kw),
-        prepare=compile_function(list(batch), row_sq_out, ck, **kw),
+        prepare=compile_function(list(batch), row_sq_out, ck, **kw) if row_sq_out else None,
     )
 
 
-_BUILDERS = {"GLM fast": build_glm_route, "indexed": build_segment_route}
+def build_blocks_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
+    """The *blocks* route of ``graphs`` (`build_glm_route` with ``name="blocks"``)."""
+    return build_glm_route(graphs, compile_kwargs, name="blocks")
+
+
+_BUILDERS = {
+    "GLM fast": build_glm_route,
+    "indexed": build_segment_route,
+    "blocks": build_blocks_route,
+}

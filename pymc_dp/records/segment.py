@@ -18,7 +18,10 @@ its own groups. This route
    blocks plus, for two gathers of the same source, ``2 <g_ik, g_ik'> [idx_ik == idx_ik']``
    (their entries coincide when the indices do);
 4. sums the clipped shared blocks as matrix-vector products and the clipped group blocks as
-   segment sums (an indexed increment into ``d`` entries, ``np.add.at`` semantics). Shared
+   segment sums (an indexed increment, ``np.add.at`` semantics). A group block of one entry
+   per group is summed into its ``J`` groups with the very index of its gather, so that
+   PyTensor 3.x fuses gather, gradient, clip weight and segment sum into one loop over the
+   records (``FusedElemwise``; measured 1.3x faster there, 2x on PyTensor 2.38 with Numba). Shared
    blocks that factorise as ``v_i(q) m_i`` with ``m_i`` data-only (the fixed effects of a
    GLM with random effects) take the GLM route's form: ``||m_i||^2`` once per chunk,
    ``M^T (w v)`` per call.
@@ -48,6 +51,7 @@ from pymc_dp.records.clipping import (
     clip_weights,
     factor_rows,
     mask_rows,
+    weighted_sum,
 )
 from pymc_dp.records.gathers import gather_parts, lift_gathers, unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
@@ -138,7 +142,11 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
     grads = pytensor.grad(one2, wrt=[*pieces, *g_in], disconnected_inputs="ignore")
     to_batch = dict(zip(rows, batch, strict=True))
     v_idx = unbatch_gathers(vectorize_graph([n.inputs[1] for n in gathers], to_batch))
-    v_g = unbatch_gathers(vectorize_graph(g_out, to_batch))
+    raw_idx = [pt.flatten(i, ndim=1) for i in v_idx]  # one index per record
+    # The gathered values as ``src[idx]`` with the same 1-D index as the segment sums below:
+    # PyTensor 3.x then fuses gather, elementwise work, segment sum and reductions into one
+    # loop (``FusedElemwise``), and the Numba backend of 2.x runs them without temporaries.
+    v_g = [pt.expand_dims(n.inputs[0][i], 1) for n, i in zip(gathers, raw_idx, strict=True)]
     v_grads = unbatch_gathers(
         vectorize_graph(list(grads), {**to_batch, **dict(zip(g_in, v_g, strict=True))})
     )
@@ -155,8 +163,7 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
         blocks_g.append(_flat2(g, m))
     # numpy semantics: a negative index -k is the group J - k
     idx_vec = []
-    for i, p in zip(v_idx, pos_g, strict=True):
-        i = pt.flatten(i, ndim=1)
+    for i, p in zip(raw_idx, pos_g, strict=True):
         idx_vec.append(pt.switch(pt.lt(i, 0), i + int(p.shape[0]), i))
     # Shared blocks that factorise as M * v[:, None] with M data-only (the GLM part of a
     # GLM with random effects): squared norms v^2 ||m_i||^2 with ||m_i||^2 prepared once per
@@ -190,12 +197,20 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
         out = pt.zeros((d,), dtype="float64")
         for b, f, p in zip(bp, split, pos_p, strict=True):
             if f is None:
-                part = pt.dot(w, b)
+                part = weighted_sum(w, b)
             else:  # the data-only factor is finite (prepare checks it)
                 part = pt.dot(w * (mask_rows(f[1], finite) if masked else f[1]), f[0])
             out = pt.inc_subtensor(out[p.ravel()], part)
-        for b, p, i in zip(bg, pos_g, idx_vec, strict=True):
+        for b, p, i, i_raw in zip(bg, pos_g, idx_vec, raw_idx, strict=True):
             k = int(p[0].size)
+            p0, n_groups = int(p.flat[0]), int(p.shape[0])
+            if k == 1 and np.array_equal(p.ravel(), p0 + np.arange(p.size)):
+                # one entry per group, contiguous: a segment sum into J groups indexed like
+                # the gather (numpy semantics for negative indices), then one slice update
+                part = pt.zeros((n_groups,), dtype="float64")
+                part = pt.inc_subtensor(part[i_raw], w * b[:, 0])
+                out = pt.inc_subtensor(out[p0 : p0 + n_groups], part)
+                continue
             if np.array_equal(p.ravel(), p.flat[0] + np.arange(p.size)):  # a contiguous block
                 flat = i + int(p.flat[0]) if k == 1 else i[:, None] * k + (p.flat[0] + np.arange(k))
             else:
@@ -209,8 +224,7 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
     )
     ck = dict(compile_kwargs or {})
     ins = [x, bound, *row_sq_in, *batch]
-    # a route with GLM blocks compiles like the GLM route (backend choice, see backend.py)
-    kw = {"on_unused_input": "ignore", "kind": "glm" if row_sq_out else "other"}
+    kw = {"on_unused_input": "ignore", "kind": "route"}  # backend choice: see backend.py
     return ClipRoute(
         name="indexed",
         fast=compile_function(ins, [out, n_clipped], ck, **kw),

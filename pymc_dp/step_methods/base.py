@@ -210,6 +210,10 @@ class DPStep(ArrayStepShared):
         self._owners = int(getattr(self._fns.records, "n_owners", 0))
         q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars])
         self._fns.check_start(q0)
+        # With no other free variable (nothing shared) the log prior is a function of q alone
+        # and the last value can be reused (`_prior_logp`).
+        self._prior_memo: tuple[np.ndarray, float] | None = None
+        self._prior_memo_ok = not shared
         self._iteration = 0
         self._chains_started = 0
         # Adapt during warmup; pm.sample switches this off (stop_tuning) when warmup ends.
@@ -249,6 +253,7 @@ class DPStep(ArrayStepShared):
             and iterations > self.max_iterations
         ):
             self._raise_budget_exceeded()
+        self._prior_memo = None
         self._reset_chain_state()
 
     def _reset_chain_state(self) -> None:
@@ -308,6 +313,20 @@ class DPStep(ArrayStepShared):
                 if key.endswith(NONPRIVATE_SUFFIX):
                     stats[key] = np.nan
         return q, [stats]
+
+    def _prior_logp(self, q: np.ndarray) -> float:
+        """Log prior + log-Jacobian at ``q`` (data-free), reusing the last value remembered
+        by `_remember_prior` when ``q`` is the same point and no other variable can change
+        it; the value is the same either way."""
+        memo = self._prior_memo
+        if memo is not None and np.array_equal(memo[0], q):
+            return memo[1]
+        return self._fns.prior_logp(q)
+
+    def _remember_prior(self, q: np.ndarray, lp: float) -> None:
+        """Remember ``lp`` as the log prior at ``q`` (only when nothing else is shared)."""
+        if self._prior_memo_ok:
+            self._prior_memo = (np.array(q, copy=True), lp)
 
     def _dp_astep(self, q0):  # pragma: no cover - abstract
         raise NotImplementedError

@@ -245,7 +245,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         q1, j = self._propose(q)
         norm = float(np.linalg.norm(q1 - q))
         bound = self.clip_bound * norm
-        lp0 = self._fns.prior_logp(q)
+        lp0 = self._prior_logp(q)
         lp1 = self._fns.prior_logp(q1)
         sigma = penalty_noise_std(self.noise_multiplier, self.clip_bound, norm)
         log_q = self._log_q_ratio(q, q1)
@@ -268,6 +268,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         accepted = accept(log_a, self.rng)
         if self.proposal == "guided" and not accepted:
             self._direction[j] = -self._direction[j]
+        self._remember_prior(q1 if accepted else q, lp1 if accepted else lp0)
         if self.tune:
             self._adapt_scaling(accepted)
         stats = {

@@ -165,7 +165,7 @@ def test_non_finite_records_contribute_zero_and_count_as_clipped(pattern):
     _assert_same(fns.clipped_grad_sum(q, 1e6), (ref_g, ref_k))
 
 
-def test_glm_and_generic_routes_match_the_loop_with_non_finite_records():
+def test_glm_blocks_and_generic_routes_match_the_loop_with_non_finite_records():
     D = _data()
     y = D["y"].copy()
     y[7] = 1e200
@@ -176,7 +176,10 @@ def test_glm_and_generic_routes_match_the_loop_with_non_finite_records():
     with pm.Model() as banana:
         t = pm.Normal("t", 0, 1, shape=2)
         pm.Normal("y", t[1] + t[0] ** 2, 1.0, observed=y)
-    for model, route in ((glm, "GLM fast"), (banana, "generic")):
+    with pm.Model() as generic:  # overlapping reads of q: no blocks route
+        t = pm.Normal("t", 0, 1, shape=3)
+        pm.Normal("y", t[:2].sum() + t[1:].prod() ** 2, 1.0, observed=y)
+    for model, route in ((glm, "GLM fast"), (banana, "blocks"), (generic, "generic")):
         fns, q0 = _fns(model, chunk_size=25)
         q = q0 + 0.2
         for bound in (0.1, 1e6):
@@ -184,8 +187,9 @@ def test_glm_and_generic_routes_match_the_loop_with_non_finite_records():
         assert fns.gradient_route == route
 
 
-def test_a_route_that_does_not_apply_falls_back_to_generic():
-    """A gather of a source that is not a selection of q (a sum-to-zero construction)."""
+def test_a_route_that_does_not_apply_falls_back_to_the_next():
+    """A gather of a source that is not a selection of q (a sum-to-zero construction): not
+    the indexed route; the blocks route (dense per-record blocks) serves it."""
     D = _data()
     with pm.Model() as m:
         raw = pm.Normal("raw", 0, 1, shape=J - 1)
@@ -194,7 +198,7 @@ def test_a_route_that_does_not_apply_falls_back_to_generic():
     fns, q0 = _fns(m)
     q = q0 + 0.2
     _assert_same(fns.clipped_grad_sum(q, 0.5), _loop_reference(fns, q, 0.5))
-    assert fns.gradient_route == "generic"
+    assert fns.gradient_route == "blocks"
 
 
 @pytest.mark.slow
@@ -231,3 +235,74 @@ def test_non_centred_deterministic_is_sampled_and_a_data_deterministic_still_ref
         pm.Normal("y", a[D["g"]], 1.0, observed=D["y"])
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="'a_i' depends on the data"):
             pymc_dp.sample(step=pymc_dp.DPPenaltyMetropolis, **kw)
+
+
+def test_pure_c_mode_works_or_says_what_to_use_instead():
+    """``mode="C"`` (the C linker without Python fallbacks): PyTensor 2.38 and 3.3 have no C
+    code for an indexed increment of these functions; the error then names the modes that
+    work. Where it compiles, the sums are the loop's."""
+    D = _data()
+    model = _model("intercepts", D)
+    ip = model.initial_point()
+    fns, _ = build_record_functions(model, model.value_vars, ip, compile_kwargs={"mode": "C"})
+    q = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars]) + 0.2
+    try:
+        got = fns.clipped_grad_sum(q, 0.5)
+    except NotImplementedError as err:
+        assert "pure C linker" in str(err) and 'mode="CVM"' in str(err)
+    else:
+        _assert_same(got, _loop_reference(fns, q, 0.5))
+
+
+@pytest.mark.slow
+def test_hierarchical_dphmc_step_ships_to_spawned_workers():
+    """PyMC ships a step to ``spawn``/``forkserver`` workers with cloudpickle (its models
+    do not pickle with the standard library's pickle, and neither do its own steps): a
+    DPHMC step on a hierarchical model round-trips after use, continues identically, and
+    ``pm.sample(cores=2, mp_ctx="spawn")`` gives the draws of ``cores=1``."""
+    import multiprocessing
+
+    import cloudpickle
+
+    D = _data()
+    model = _model("intercepts", D)
+    kw = dict(
+        llr_clip_bound=1.0,
+        grad_clip_bound=1.0,
+        llr_noise_multiplier=1.0,
+        grad_noise_multiplier=1.0,
+        n_leapfrog=3,
+        step_size=0.05,
+    )
+    with model:
+        step = pymc_dp.DPHMC(rng=np.random.default_rng(5), **kw)
+    point = model.initial_point()
+    for _ in range(3):
+        point, _ = step.step(point)
+    assert step._fns.gradient_route == "indexed"
+    clone = cloudpickle.loads(cloudpickle.dumps(step))
+    p1, p2 = dict(point), dict(point)
+    for _ in range(3):
+        p1, _ = step.step(p1)
+        p2, _ = clone.step(p2)
+        np.testing.assert_array_equal(p1["a"], p2["a"])
+    if "spawn" not in multiprocessing.get_all_start_methods():
+        return
+    runs = []
+    for cores, ctx in ((1, None), (2, "spawn")):
+        with model:
+            s = pymc_dp.DPHMC(**kw)
+            runs.append(
+                pm.sample(
+                    draws=5,
+                    tune=0,
+                    chains=2,
+                    cores=cores,
+                    mp_ctx=ctx,
+                    step=s,
+                    random_seed=7,
+                    progressbar=False,
+                    compute_convergence_checks=False,
+                )
+            )
+    np.testing.assert_array_equal(runs[0].posterior["a"].values, runs[1].posterior["a"].values)

@@ -54,7 +54,7 @@ def test_bench_vs_pymc_tiny():
             bar = row.index("|")
             dp, ref, ratio = (_positive(x) for x in row[bar + 1 : bar + 4])
             assert ratio == pytest.approx(dp / ref, rel=0.02, abs=2e-3)
-    assert "route GLM fast" in out and "route generic" in out
+    assert "route GLM fast" in out and "route blocks" in out
 
 
 @pytest.mark.slow
@@ -129,7 +129,22 @@ def test_bench_models_tiny():
             pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
             assert ratio == pytest.approx(pkg / ref, rel=0.05, abs=0.01)
         assert all("agree True" in r for r in rows if r.startswith("function"))
-    assert "route indexed" in out and "route generic" in out
+    assert "route indexed" in out and "route blocks" in out
+
+
+@pytest.mark.slow
+def test_bench_models_scaling_tiny():
+    out = _run(
+        "bench_models.py",
+        *("--scaling", "--sizes", "320", "640", "--blocks", "1", "--block-seconds", "0.01"),
+        *("--models", "hier50", "banana"),
+    )
+    rows = [r for r in out.splitlines() if r.startswith("scaling")]
+    assert len(rows) == 2 * 2 * 2 * 2, out  # models x sizes x (grad, LLR) x (whole, chunked)
+    for r in rows:
+        chunk, ms, ns, peak = r.split("|")[1].split()[-4:]
+        assert _positive(ms) and _positive(ns) and float(peak) >= 0.0
+    assert "route indexed" in out and "route blocks" in out
 
 
 @pytest.mark.slow
