@@ -170,3 +170,29 @@ def test_astep_blanks_every_nonprivate_stat():
             assert all(np.isnan(v) for v in nonprivate.values())
         else:
             assert stats["new_stat_NONPRIVATE"] == SENTINEL
+
+
+def test_no_sentinel_published_by_the_automatic_mode(caplog):
+    """``pymc_dp.sample(step=None)``: the warm start, the clip selection, the control variate
+    and the chains publish nothing that carries the sentinel record (attrs, arrays, report,
+    warnings, log records)."""
+    model = _sentinel_model()
+    caplog.set_level(logging.DEBUG)
+    with model, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        idata = pymc_dp.sample(
+            epsilon=2.0, delta=1e-5, chains=2, cores=1, random_seed=5,
+            auto_kwargs={"max_iterations": 400}, **SAMPLE,
+        )  # fmt: skip
+        report = pymc_dp.privacy_report(idata)
+    assert "warm start" in idata.attrs["dp_phases"]
+    published = _strings(idata) + [str(report)]
+    published += [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
+    text = "\n".join(published)
+    for token in ("7.123456789", "7.12345", "7.1234"):
+        assert token not in text, f"sentinel {token} published by the automatic mode"
+    for a in _arrays(idata) + [np.asarray(v) for v in idata.attrs.values()]:
+        if np.issubdtype(np.asarray(a).dtype, np.number):
+            assert not np.any(np.isclose(a, SENTINEL, rtol=0, atol=1e-9))
+    for group in ("observed_data", "constant_data", "log_likelihood"):
+        assert group not in {g.strip("/") for g in _group_names(idata)}
