@@ -1,18 +1,23 @@
 """Private auto-configuration: warm start, clip selection, budget split, step choice.
 
-``pymc_dp.sample(step=None)`` runs this before the chains. Every data access is one of three
-Gaussian mechanisms, all calibrated before the data is read and all composed with the
-sampling phase in the privacy report:
+``pymc_dp.sample(step=None)`` runs this before the chains. Every data access is a Gaussian
+mechanism, calibrated before the data is read and composed with the chains in the privacy
+report (`AutoPlan.to_attrs`):
 
-1. *warm start*: a private Laplace approximation (`pymc_dp.kernels.warmstart.private_laplace`:
-   noisy clipped gradient sums, each clipped at a DP quantile of the gradient norms);
-2. *clip selection*: a DP quantile of the per-record log-likelihood ratios per unit step
-   for proposals drawn from that approximation (`noisy_histogram_quantile`);
-3. *sampling*: DPPenaltyMetropolis with an independence proposal from the approximation
-   or a random walk whose covariance is the approximation's, chosen by the predicted
-   effective sample size (`pymc_dp.auto.predict`).
+1. *warm start*: a private Laplace approximation by private Fisher scoring
+   (`pymc_dp.kernels.warmstart.private_laplace`: noisy gradient-norm histograms, noisy
+   clipped gradient and outer-product sums);
+2. *clip selection*: a DP quantile (noisy histogram) of the per-record residuals of the
+   log-likelihood ratio after a first-order control variate, per unit step, for pairs of
+   draws from that approximation;
+3. *control variate*: one noisy clipped gradient sum at the last warm-start iterate, whose
+   share of the budget is chosen against the sampler's predicted effective sample size
+   (`choose_anchor_share`);
+4. *sampling*: DPPenaltyMetropolis with an independence proposal centred on the target's
+   mode (a random walk with the approximation's covariance only with
+   ``allow_random_walk=True``), run length from `pymc_dp.auto.predict`.
 
-Choices 1-3 depend on the data only through released (noisy) values: post-processing.
+Steps 2-4 depend on the data only through released (noisy) values: post-processing.
 """
 
 from __future__ import annotations
