@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     print(f"acceptance rate (a DP output): {acc:.3f}")
     print()
     print("Privacy spend of the whole run:")
-    print(pymc_dp.privacy_report(idata))
+    print(pymc_dp.privacy_report(idata, model=model))
     if args.nonprivate_reference:
         import pymc as pm
 
