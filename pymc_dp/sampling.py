@@ -215,8 +215,7 @@ def sample(
     if inspect.isclass(step):
         if not issubclass(step, DPStep):
             raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
-        _require_target(epsilon, delta, step.__name__)
-        epsilon, delta = check_target(epsilon, delta)
+        epsilon, delta = _require_target(epsilon, delta, step.__name__)
         # Everything that needs no data is checked before the step compiles: the model, and
         # what pm.sample would store.
         check_model_supported(
@@ -266,7 +265,8 @@ def sample(
     )
 
 
-def _require_target(epsilon, delta, what: str) -> None:
+def _require_target(epsilon, delta, what: str) -> tuple[float, float]:
+    """The run's (epsilon, delta), validated; both are required to calibrate ``what``."""
     if epsilon is None or delta is None:
         missing = [k for k, v in (("epsilon", epsilon), ("delta", delta)) if v is None]
         raise ValueError(
@@ -274,6 +274,7 @@ def _require_target(epsilon, delta, what: str) -> None:
             f"run) to calibrate {what}; missing: {', '.join(missing)}. For "
             "example epsilon=1.0, delta=0.1 / n"
         )
+    return check_target(epsilon, delta)
 
 
 def _run(
@@ -353,8 +354,7 @@ def _sample_auto(
     from pymc_dp.auto import auto_configure
     from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
-    _require_target(epsilon, delta, "the automatic configuration")
-    epsilon, delta = check_target(epsilon, delta)
+    epsilon, delta = _require_target(epsilon, delta, "the automatic configuration")
     if step_kwargs:
         raise ValueError("step_kwargs go with a step class; use auto_kwargs with step=None")
     if "initvals" in sample_kwargs:
