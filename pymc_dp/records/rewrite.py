@@ -3,6 +3,11 @@
 PyMC pins shapes to the ``n`` records of the dataset and PyTensor 3 freezes static shapes
 inside ``OpFromGraph`` nodes; both would fail (or silently broadcast) once the data arrays
 are replaced by chunks or single rows.
+
+`lift_switches` is a speed rewrite of the log-likelihood functions: a log-density written
+as ``switch(y, f(a), f(b))`` (PyMC's Bernoulli, ``log(sigmoid(eta))`` or ``log(1 -
+sigmoid(eta))`` by the observed value, stabilised to two ``softplus``) evaluates ``f``
+twice per record; ``f(switch(y, a, b))`` evaluates it once and gives the same numbers.
 """
 
 from __future__ import annotations
@@ -10,13 +15,16 @@ from __future__ import annotations
 import pytensor.tensor as pt
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.replace import clone_replace
+from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
+from pytensor.scalar import Switch
 from pytensor.tensor.basic import Alloc
+from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.variable import TensorConstant
 
-__all__ = ["canonicalize", "drop_shape_pins", "inline_op_from_graph"]
+__all__ = ["canonicalize", "drop_shape_pins", "inline_op_from_graph", "lift_switches"]
 
 
 def canonicalize(graph):
@@ -91,3 +99,54 @@ def _drop_shape_pins(graph):
 
 inline_op_from_graph = _inline_op_from_graph
 drop_shape_pins = _drop_shape_pins
+
+
+def _only_client(fgraph, var, node) -> bool:
+    """Whether ``node`` is the one client of ``var`` (so rewriting ``node`` frees ``var``)."""
+    clients = fgraph.clients.get(var, [])
+    return len(clients) == 1 and clients[0][0] is node
+
+
+@node_rewriter([Elemwise])
+def _lift_switch(fgraph, node):
+    """``switch(c, f(a1, ...), f(b1, ...)) -> f(switch(c, a1, b1), ...)``.
+
+    Applies when both branches are outputs of the same single-output elementwise op with
+    inputs of the same types, and this switch is their only client (the rewrite then
+    evaluates ``f`` once per element instead of twice). Exact: element ``i`` of both sides is
+    ``f`` of the same arguments. An input shared by both branches needs no switch.
+    """
+    if not isinstance(node.op.scalar_op, Switch):
+        return None
+    cond, left, right = node.inputs
+    lo, ro = left.owner, right.owner
+    if lo is None or ro is None or lo is ro:
+        return None
+    if not (isinstance(lo.op, Elemwise) and lo.op == ro.op and len(lo.outputs) == 1):
+        return None
+    if isinstance(lo.op.scalar_op, Switch) or len(lo.inputs) != len(ro.inputs):
+        return None
+    if any(a.type != b.type for a, b in zip(lo.inputs, ro.inputs, strict=True)):
+        return None
+    if not (_only_client(fgraph, left, node) and _only_client(fgraph, right, node)):
+        return None
+    pairs = zip(lo.inputs, ro.inputs, strict=True)
+    args = [a if a is b else pt.switch(cond, a, b) for a, b in pairs]
+    out = lo.op(*args)
+    if out.type != node.outputs[0].type:
+        try:
+            out = node.outputs[0].type.filter_variable(out)
+        except (TypeError, ValueError):
+            return None
+    return [out]
+
+
+def lift_switches(graph):
+    """``graph`` after PyTensor's ``canonicalize`` and ``stabilize`` rewrites (no constant
+    folding: no data value is folded) with every ``switch(c, f(a), f(b))`` whose branches
+    serve only it lifted to ``f(switch(c, a, b))``, repeatedly (``-softplus(-x)`` and
+    ``-softplus(x)``: one ``softplus``). The same values, fewer evaluations of ``f``."""
+    stable = rewrite_graph(
+        graph, include=("canonicalize", "stabilize", "specialize"), exclude=("constant_folding",)
+    )
+    return rewrite_graph(stable, include=(), custom_rewrite=in2out(_lift_switch), clone=False)

@@ -34,6 +34,7 @@ from pymc_dp.records.clipping import (
 )
 from pymc_dp.records.gathers import unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
+from pymc_dp.records.rewrite import lift_switches
 from pymc_dp.records.segment import build_segment_route
 
 __all__ = [
@@ -64,8 +65,13 @@ def compile_likelihood(graphs: RecordGraphs, compile_kwargs: dict | None = None)
     gives NaN: it contributes 0 (any value within the bounds keeps the sensitivity
     ``2 b``) and counts as clipped, instead of a NaN that would decide the test without
     noise; +-inf are clipped like any large ratio.
+
+    Both are compiled from the per-record log-likelihoods with `lift_switches` applied
+    (one evaluation of ``f`` where the log-density is ``switch(y, f(a), f(b))``: the same
+    values).
     """
-    x, batch, ll_batch = graphs.x, graphs.batch, graphs.ll_batch
+    x, batch = graphs.x, graphs.batch
+    ll_batch = lift_switches(graphs.ll_batch)
     x_new = x.type("q_new")
     bound = pt.dscalar("llr_clip_bound")
     r = clone_replace(ll_batch, replace={x: x_new}) - ll_batch
@@ -73,8 +79,10 @@ def compile_likelihood(graphs: RecordGraphs, compile_kwargs: dict | None = None)
     llr_sum = pt.sum(pt.switch(nan, 0.0, pt.clip(r, -bound, bound)))
     llr_count = pt.sum(pt.or_(nan, pt.gt(pt.abs(r), bound)))
     ck = compile_kwargs
-    f_ll = compile_function([x, *batch], ll_batch, ck, kind="loglik")
-    f_llr = compile_function([x_new, x, bound, *batch], [llr_sum, llr_count], ck, kind="loglik")
+    # the rewrites may drop a data array that no longer matters (a check folded away)
+    kw = {"kind": "loglik", "on_unused_input": "ignore"}
+    f_ll = compile_function([x, *batch], ll_batch, ck, **kw)
+    f_llr = compile_function([x_new, x, bound, *batch], [llr_sum, llr_count], ck, **kw)
     return f_ll, f_llr
 
 

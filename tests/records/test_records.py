@@ -94,3 +94,62 @@ def test_binomial_numpy_observed_is_accepted_and_exact_whatever_the_values():
         q = np.array([-0.4])  # log-odds of p
         p = 1 / (1 + np.exp(0.4))
         np.testing.assert_allclose(fns.loglik(q), stats.binom.logpmf(y, 5, p), rtol=1e-10)
+
+
+def _count_ops(graph, name: str) -> int:
+    from pytensor.graph.traversal import ancestors
+
+    ops = [v.owner.op for v in ancestors([graph]) if v.owner is not None]
+    return sum(1 for op in ops if name in type(getattr(op, "scalar_op", op)).__name__)
+
+
+def test_lift_switches_evaluates_the_branch_function_once_with_the_same_values():
+    import pytensor
+    import pytensor.tensor as pt
+
+    from pymc_dp.records.rewrite import lift_switches
+
+    c = pt.vector("c", dtype="bool")
+    a, b = pt.vector("a"), pt.vector("b")
+    out = pt.switch(c, pt.exp(pt.log1p(a) * 2.0), pt.exp(pt.log1p(b) * 2.0))
+    lifted = lift_switches(out)
+    assert _count_ops(out, "Exp") == 2 and _count_ops(lifted, "Exp") == 1
+    assert _count_ops(lifted, "Log1p") == 1
+    rng = np.random.default_rng(0)
+    cv = rng.uniform(size=50) < 0.5
+    av = np.concatenate([rng.normal(size=46), [np.nan, np.inf, -1.0, -2.0]])
+    bv = np.concatenate([rng.normal(size=46), [0.0, np.nan, np.inf, -np.inf]])
+    f0 = pytensor.function([c, a, b], out, mode="FAST_COMPILE")
+    f1 = pytensor.function([c, a, b], lifted, mode="FAST_COMPILE")
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(f1(cv, av, bv), f0(cv, av, bv))
+    # a branch with another client stays: lifting would not save its evaluation
+    shared = pt.exp(a)
+    kept = lift_switches(pt.switch(c, shared, pt.exp(b)) + shared)
+    assert _count_ops(kept, "Exp") == 2
+
+
+def test_bernoulli_logit_loglik_has_one_softplus_and_matches_pymc_at_extreme_logits():
+    """PyMC's Bernoulli-logit log-density is switch(y, -softplus(-eta), -softplus(eta)): the
+    per-record functions compute one softplus per record and give PyMC's values."""
+    from pymc_dp.records.rewrite import lift_switches
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(300, 2)) * np.array([1.0, 400.0])  # logits up to ~1e3 in size
+    y = rng.integers(0, 2, 300)
+    with pm.Model() as model:
+        w = pm.Normal("w", 0, 2, shape=2)
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, w), observed=y)
+    fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    assert _count_ops(lift_switches(fns._graphs.ll_batch), "Softplus") == 1
+    pointwise = model.compile_fn(
+        model.logp(vars=model.observed_RVs, sum=False), inputs=model.value_vars
+    )
+    for wv in ([0.3, -0.8], [-1.5, 2.0], [0.0, 0.0]):
+        q = np.array(wv)
+        np.testing.assert_allclose(fns.loglik(q), pointwise({"w": q})[0], rtol=1e-12, atol=0)
+        q2 = q + 0.01
+        r = pointwise({"w": q2})[0] - pointwise({"w": q})[0]
+        s, k = fns.clipped_loglik_ratio_sum(q2, q, 0.5)
+        assert k == int(np.sum(np.abs(r) > 0.5))
+        np.testing.assert_allclose(s, np.clip(r, -0.5, 0.5).sum(), rtol=1e-12)
