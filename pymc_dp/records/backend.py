@@ -26,6 +26,14 @@ call) fails, the function is compiled again with PyTensor's default: the automat
 never makes a model fail that PyTensor's default compiles.
 JAX is never chosen automatically (not a dependency; ``mode="JAX"`` works where it
 compiles).
+
+Every compiled function is called through `_TrustedCall`: when the arguments already have
+the types of the inputs (numpy arrays of the input's dtype, number of dimensions and static
+shape; a Python number for a 0-d floating-point input), PyTensor's per-call input filter
+is skipped (``trust_input``), as PyMC does for its own logp-and-gradient function. That
+filter cost 27 us per call of a five-input function on PyTensor 3.3 (3.6 us with
+``trust_input``), one tenth of a clipped gradient sum at ``n = 10^5``. Any other argument
+goes through the filter as before (same conversions, same errors).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import importlib.util
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pymc as pm
 import pytensor
 
@@ -68,7 +77,7 @@ class _WithFallback:
             out = self._f(*a)
         except Exception:  # noqa: BLE001 - a backend failure: fall back to the default
             inputs, outputs, kw = self._args
-            self._f = pm.pytensorf.compile(inputs, outputs, **kw)
+            self._f = _compile(inputs, outputs, **kw)
             out = self._f(*a)
         self._tried = True
         return out
@@ -77,6 +86,62 @@ class _WithFallback:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(self._f, name)
+
+
+class _TrustedCall:
+    """A compiled function that skips PyTensor's input filter for arguments that already
+    have the input types (picklable); any other call is filtered as usual."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+        self._spec = []
+        for i in f.maker.inputs:
+            t = i.variable.type
+            shape = tuple(t.shape)
+            # the static shape to compare with: all of it, none of it, or per axis (rare)
+            check = shape if None not in shape else (None if set(shape) == {None} else False)
+            self._spec.append((np.dtype(t.dtype), t.ndim, check, shape))
+        self._n = len(self._spec)
+
+    def _exact(self, args) -> list | None:
+        """``args`` (a Python number made a 0-d array of a float input's dtype) when each
+        has its input's dtype, dimensions and static shape; else None."""
+        if len(args) != self._n:
+            return None
+        out = []
+        for a, (dtype, ndim, check, shape) in zip(args, self._spec):  # noqa: B905 - checked
+            if type(a) is not np.ndarray:
+                if ndim or dtype.kind != "f" or type(a) not in (float, int):
+                    return None
+                a = np.asarray(a, dtype=dtype)
+            elif a.dtype != dtype or a.ndim != ndim or not a.flags.aligned:
+                return None
+            elif check is not None and a.shape != check:
+                if check is not False or any(
+                    s is not None and s != t for s, t in zip(shape, a.shape, strict=True)
+                ):
+                    return None
+            out.append(a)
+        return out
+
+    def __call__(self, *args):
+        f = self._f
+        exact = self._exact(args)
+        if exact is None:
+            f.trust_input = False
+            return f(*args)
+        f.trust_input = True
+        return f(*exact)
+
+    def __getattr__(self, name):  # ``maker``, ``profile``, ... of the compiled function
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._f, name)
+
+
+def _compile(inputs, outputs, **kw):
+    """`pymc.pytensorf.compile`, called through `_TrustedCall`."""
+    return _TrustedCall(pm.pytensorf.compile(inputs, outputs, **kw))
 
 
 def _is_pure_c(mode) -> bool:
@@ -116,7 +181,7 @@ def compile_function(
     mode = None if "mode" in kw else auto_mode(kind)
     if mode is None:
         try:
-            return pm.pytensorf.compile(inputs, outputs, **kw)
+            return _compile(inputs, outputs, **kw)
         except NotImplementedError as err:
             if _is_pure_c(kw.get("mode")):
                 raise NotImplementedError(
@@ -129,7 +194,7 @@ def compile_function(
                 ) from err
             raise
     try:
-        f = pm.pytensorf.compile(inputs, outputs, **{**kw, "mode": mode})
+        f = _compile(inputs, outputs, **{**kw, "mode": mode})
     except Exception:  # noqa: BLE001 - a backend failure: fall back to the default
-        return pm.pytensorf.compile(inputs, outputs, **kw)
+        return _compile(inputs, outputs, **kw)
     return _WithFallback(f, (inputs, outputs, kw))

@@ -153,3 +153,33 @@ def test_bernoulli_logit_loglik_has_one_softplus_and_matches_pymc_at_extreme_log
         s, k = fns.clipped_loglik_ratio_sum(q2, q, 0.5)
         assert k == int(np.sum(np.abs(r) > 0.5))
         np.testing.assert_allclose(s, np.clip(r, -0.5, 0.5).sum(), rtol=1e-12)
+
+
+def test_compiled_functions_skip_the_input_filter_only_for_exact_arguments():
+    """`_TrustedCall`: exact arguments skip PyTensor's filter (``trust_input``); anything else
+    is filtered as before (same conversions, same errors); picklable."""
+    import pickle
+
+    import pytensor.tensor as pt
+    import pytest
+
+    from pymc_dp.records.backend import compile_function
+
+    q = pt.tensor("q", dtype="float64", shape=(3,))
+    b = pt.dscalar("b")
+    data = pt.tensor("data", dtype="int64", shape=(None,))
+    f = compile_function([q, b, data], pt.sum(q) * b + pt.sum(data))
+    qv, dv = np.array([1.0, 2.0, 3.0]), np.arange(4)
+    assert f._exact((qv, 2.0, dv)) is not None
+    assert float(f(qv, 2.0, dv)) == 18.0 and f._f.trust_input
+    # not exact: PyTensor's filter converts (a list, an int array) or refuses, as without us
+    converted = (([1.0, 2.0, 3.0], 2.0, dv), (qv.astype("float32"), np.float64(2.0), [0, 1, 2, 3]))
+    for args in converted:
+        assert f._exact(args) is None
+        assert float(f(*args)) == 18.0 and not f._f.trust_input
+    for bad in ((np.ones(4), 2.0, dv), (qv, 2.0, np.arange(4.0)), (qv, "2", dv)):
+        assert f._exact(bad) is None
+        with pytest.raises((TypeError, ValueError)):
+            f(*bad)
+    g = pickle.loads(pickle.dumps(f))
+    assert float(g(qv, 2.0, dv)) == 18.0
