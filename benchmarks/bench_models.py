@@ -31,6 +31,14 @@ scaling in ``n`` and memory bounded by ``chunk_size``. Usage::
     python benchmarks/bench_models.py --quick       # n = 5 000, short blocks
     python benchmarks/bench_models.py --models hier50 banana --mode NUMBA
     python benchmarks/bench_models.py --scaling --models hier50 slopes banana
+    python benchmarks/bench_models.py --floor       # against PyMC's gradient and Numba loops
+
+With ``--floor`` (models ``hier50``, ``hier500``, ``slopes``, ``banana``) it times the
+package's clipped gradient sum against the gradient function ``pm.HamiltonianMC`` calls in
+each leapfrog step and against two hand-written Numba loops over the records, one with the
+clip weight (the clipped sum, checked against the numpy version) and one without (the plain
+gradient sum): the cost of clipping each record's gradient on its own, which no
+per-record function avoids.
 """
 
 from __future__ import annotations
@@ -412,6 +420,136 @@ def scaling_rows(name: str, sizes, blocks: int, block_s: float, compile_kwargs) 
     return rows
 
 
+# -- the floor: hand-written Numba loops (``--floor``) -----------------------------------------
+def numba_loops(name: str, data: dict, sl: dict, d: int):
+    """``(clipped, unclipped)``: hand-written Numba versions of the model's clipped gradient
+    sum (one fused loop over the records: gradient, clip weight, segment sums), and of the
+    same loop without the clip weight (the plain gradient sum, PyMC's work); for ``hier*``,
+    ``slopes`` and ``banana``. Compiled with PyTensor's fastmath flags and numpy's error
+    model (so that the loop may vectorise where it has no segment sum)."""
+    import numba
+
+    fm = {"arcp", "contract", "afn", "reassoc", "nsz"}
+    jit = numba.njit(fastmath=fm, error_model="numpy")
+    huge = np.finfo(np.float64).max
+    D = data
+    if name == "banana":
+
+        @jit
+        def banana_loop(t0, t1, x1, x2, b, clip):
+            s1 = s2 = 0.0
+            k = 0
+            for i in range(x1.size):
+                r1 = (x1[i] - t0) / BANANA_VAR1
+                r2 = (x2[i] - t1 - BANANA_A * t0 * t0) / BANANA_VAR2
+                g1 = r1 + r2 * 2.0 * BANANA_A * t0
+                sq = g1 * g1 + r2 * r2
+                w = 1.0
+                if clip:
+                    w = min(1.0, b / np.sqrt(max(sq, 1e-300)))
+                    w = w if sq <= huge else 0.0
+                s1 += w * g1
+                s2 += w * r2
+                k += (sq > b * b) | (sq != sq)
+            return s1, s2, k
+
+        def run(q, b, clip):
+            t = q[sl["theta"]]
+            s1, s2, k = banana_loop(t[0], t[1], D["x1"], D["x2"], b, clip)
+            out = np.zeros(d)
+            out[sl["theta"]] = [s1, s2]
+            return out, k
+
+    else:
+        x = D.get("x", np.zeros(D["y"].size))
+        slopes_model = name == "slopes"
+
+        @jit
+        def group_loop(a, bb, s, g, x, y, J, b, clip, with_slopes):
+            ga = np.zeros(J)
+            gb = np.zeros(J)
+            ss = 0.0
+            k = 0
+            inv = 1.0 / s
+            for i in range(y.size):
+                j = g[i]
+                mean = a[j] + bb[j] * x[i] if with_slopes else a[j]
+                r = (y[i] - mean) * inv
+                ea = r * inv
+                es = r * r - 1.0
+                sq = ea * ea * (1.0 + x[i] * x[i]) + es * es if with_slopes else ea * ea + es * es
+                w = 1.0
+                if clip:
+                    w = min(1.0, b / np.sqrt(max(sq, 1e-300)))
+                    w = w if sq <= huge else 0.0
+                ga[j] += w * ea
+                if with_slopes:
+                    gb[j] += w * ea * x[i]
+                ss += w * es
+                k += (sq > b * b) | (sq != sq)
+            return ga, gb, ss, k
+
+        def run(q, b, clip):
+            a = q[sl["a"]]
+            bb = q[sl["b"]] if slopes_model else a
+            s = float(np.exp(q[sl["s_log__"]][0]))
+            ga, gb, ss, k = group_loop(a, bb, s, D["g"], x, D["y"], D["J"], b, clip, slopes_model)
+            out = np.zeros(d)
+            out[sl["a"]] = ga
+            if slopes_model:
+                out[sl["b"]] = gb
+            out[sl["s_log__"]] = ss
+            return out, k
+
+    return (lambda q, b: run(q, b, True)), (lambda q, b: run(q, b, False))
+
+
+FLOOR_MODELS = ("hier50", "hier500", "slopes", "banana")
+
+
+def floor_rows(name: str, n: int, blocks: int, block_s: float, compile_kwargs) -> list[str]:
+    """The package's clipped gradient sum against PyMC's own gradient (the function
+    ``pm.HamiltonianMC`` calls each leapfrog step, ``trust_input`` as PyMC sets it) and
+    against hand-written Numba loops with and without the clip weight."""
+    rng = np.random.default_rng(0)
+    model, data = MODELS[name](n, rng)
+    sl, q0 = slices(model)
+    d = q0.size
+    fns, _ = build_record_functions(
+        model, model.value_vars, model.initial_point(), compile_kwargs=compile_kwargs
+    )
+    q = q0 + 0.05 * np.sin(np.arange(d) + 1.0)
+    clipped, unclipped = numba_loops(name, data, sl, d)
+    g_ref, k_ref = Numpy(name, data, sl, d).clipped_grad_sum(q, 1.0)
+    g_nb, k_nb = clipped(q, 1.0)
+    agree = np.allclose(g_nb, g_ref, rtol=1e-7, atol=1e-9) and k_nb == k_ref
+    dlogp = model.logp_dlogp_function(ravel_inputs=True)
+    dlogp.set_extra_values({})
+    dlogp._pytensor_function.trust_input = True
+    t = time_functions(
+        {
+            "pkg": lambda: fns.clipped_grad_sum(q, 1.0),
+            "numba": lambda: clipped(q, 1.0),
+            "numba_noclip": lambda: unclipped(q, 1.0),
+            "pymc": lambda: dlogp(q),
+        },
+        blocks,
+        block_s / 2,
+    )
+    rows = []
+    for key, what in (
+        ("pkg", "pymc_dp clipped grad sum"),
+        ("numba", "Numba loop, clipped"),
+        ("numba_noclip", "Numba loop, no clip weight"),
+    ):
+        rows.append(
+            f"{'floor':<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {t[key] * 1e3:>9.4f} "
+            f"{t['pymc'] * 1e3:>9.4f} {t[key] / t['pymc']:>7.2f} | ref: PyMC logp+grad; "
+            f"agree {agree}"
+        )
+    return rows
+
+
 SCALING_HEADER = (
     f"{'row':<20} {'model':<9} {'n':>9} {'d':>4} | {'what':<17} {'chunk':>9} {'ms':>9} "
     f"{'ns/rec':>8} {'peak MB':>8} | note"
@@ -440,6 +578,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mode", default=None, help="compile_kwargs mode of the DP side")
     ap.add_argument("--scaling", action="store_true", help="functions vs n, with chunking")
     ap.add_argument(
+        "--floor",
+        action="store_true",
+        help="clipped gradient sum vs PyMC's gradient and hand-written Numba loops "
+        f"({', '.join(FLOOR_MODELS)})",
+    )
+    ap.add_argument(
         "--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000], help="--scaling n"
     )
     args = ap.parse_args(argv)
@@ -458,6 +602,17 @@ def main(argv: list[str] | None = None) -> None:
         print(SCALING_HEADER, flush=True)
         for name in args.models:
             for row in scaling_rows(name, args.sizes, blocks, block_s, ck):
+                print(row, flush=True)
+        return
+    if args.floor:
+        print(
+            f"clipped gradient sum per call; medians of {blocks} interleaved blocks of "
+            f"~{block_s / 2:g} s; ratio = row / PyMC's logp+grad function (one leapfrog step "
+            f"of pm.HamiltonianMC); DP backend: {args.mode or 'automatic'}\n"
+        )
+        print(HEADER.replace("pkg ms", "ms    ").replace("ref ms", "PyMC ms"), flush=True)
+        for name in [m for m in args.models if m in FLOOR_MODELS]:
+            for row in floor_rows(name, n, blocks, block_s, ck):
                 print(row, flush=True)
         return
     print(
