@@ -132,6 +132,21 @@ def test_bench_models_tiny():
     assert "route indexed" in out and "route blocks" in out
 
 
+def test_bench_models_floor_tiny():
+    pytest.importorskip("numba", reason="the floor's loops are Numba")
+    out = _run(
+        "bench_models.py",
+        *("--floor", "--n", "400", "--blocks", "1", "--block-seconds", "0.01"),
+        *("--models", "hier50", "slopes", "banana"),
+    )
+    rows = [r for r in out.splitlines() if r.startswith("floor")]
+    assert len(rows) == 3 * 3, out  # models x (pymc_dp, Numba clipped, Numba unclipped)
+    for r in rows:
+        ms, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
+        assert ratio == pytest.approx(ms / ref, rel=0.05, abs=0.01)
+        assert "agree True" in r  # the Numba clipped loop gives the numpy clipped sum
+
+
 @pytest.mark.slow
 def test_bench_models_scaling_tiny():
     out = _run(
