@@ -18,11 +18,13 @@ The modules follow the data flow, and raw data values enter only in the store:
 ``errors``          `ModelNotSupportedError`
 ``graph_facts``     graph facts from structure and static shapes (data nodes, ``n``, reads)
 ``guards``          what is refused and why (model support, privacy policy)
-``rewrite``         graph -> graph (``OpFromGraph`` inlining, shape pins, canonicalize)
+``rewrite``         graph -> graph (``OpFromGraph`` inlining, shape pins, canonicalize,
+                    ``switch(c, f(a), f(b)) -> f(switch(c, a, b))``)
 ``graphs``          the per-record graphs as frozen data (`RecordGraphs`)
 ``fakes``           data-free stand-in records and the separability check
 ``backend``         the one compile call; the backend (C / Numba / JAX): automatic per kind of
-                    function, or ``compile_kwargs["mode"]``
+                    function, or ``compile_kwargs["mode"]``; no input filter for exact
+                    arguments
 ``clipping``        the clipping layout every route shares, `ClipRoute`, the numpy
                     reference of the clipped sum, the check of a route on stand-ins
 ``gathers``         ``theta[g_i]`` kept one vectorised gather (lift, un-Blockwise)
