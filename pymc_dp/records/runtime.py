@@ -44,6 +44,18 @@ class RecordSource(Protocol):
         self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
     ) -> np.ndarray: ...
 
+    def ratio_subset_terms(
+        self,
+        q_new: np.ndarray,
+        q_old: np.ndarray,
+        idx: np.ndarray,
+        terms: Any,
+        merge: Any = ...,
+        *,
+        row_args: tuple = (),
+        params: tuple = (),
+    ) -> tuple[tuple, tuple]: ...
+
     def clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float
     ) -> tuple[float, int]: ...
@@ -138,6 +150,58 @@ class _GradSumChunk:
 
 
 @dataclass(frozen=True)
+class _GradRowsChunk:
+    """``(sum_{i in rows} clip_b(grad l_i), n_clipped)`` of the selected rows of one chunk
+    (the route's data-only arrays computed for those rows)."""
+
+    route: Any
+    generic: Any
+    counts: bool
+
+    def __call__(self, q, bound, inverse, row_args, *rows) -> tuple[np.ndarray, int]:
+        if inverse.size != len(rows[0]):  # repeated records count once per repeat
+            rows = [a[inverse] for a in rows]
+        prep = self.route.prepared(rows)
+        if prep is None:
+            g, k = self.generic(q, bound, [], rows)
+        else:
+            g, k = self.route(q, bound, prep, rows)
+        return np.asarray(g, dtype=float), int(k) if self.counts else 0
+
+
+@dataclass(frozen=True)
+class _RatioRowsChunk:
+    """``terms(r, *row_args, *params)`` of the selected rows of one chunk, with ``r`` their
+    log-likelihood ratios (each distinct row evaluated once). ``terms`` is a pure function
+    returning ``(sums, counts)``; the counts are non-private and dropped unless `counts`."""
+
+    f: Any
+    terms: Any
+    counts: bool
+
+    def __call__(self, q_new, q_old, params, inverse, row_args, *rows) -> tuple[tuple, tuple]:
+        r = np.asarray(self.f(q_new, *rows)) - np.asarray(self.f(q_old, *rows))
+        sums, counts = self.terms(r[inverse], *row_args, *params)
+        return tuple(sums), tuple(counts) if self.counts else tuple(0 for _ in counts)
+
+
+def _add_tuples(a: tuple, b: tuple) -> tuple:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+@dataclass(frozen=True)
+class _MergeTerms:
+    """Reduce ``(sums, counts)`` chunk results: ``merge`` the sums, add the counts."""
+
+    merge: Any
+
+    def __call__(self, acc, part):
+        if acc is None:
+            return part
+        return self.merge(acc[0], part[0]), _add_tuples(acc[1], part[1])
+
+
+@dataclass(frozen=True)
 class _Prepare:
     """The route's data-only per-chunk arrays (cached by the store, never returned)."""
 
@@ -222,6 +286,9 @@ class RecordFunctions:
             elif name == "grad":
                 fs = self._c.grad_clipped
                 self._kernels[key] = _GradSumChunk(fs["route"], fs["generic"], self.counts)
+            elif name == "grad_rows":
+                fs = self._c.grad_clipped
+                self._kernels[key] = _GradRowsChunk(fs["route"], fs["generic"], self.counts)
             elif name == "prepare":
                 self._kernels[key] = _Prepare(self._c.grad_clipped["route"])
             else:  # "start"
@@ -253,12 +320,55 @@ class RecordFunctions:
         """``T * (l_i(q_new) - l_i(q_old))`` for the records ``idx`` only (repeats allowed).
 
         Reads only the rows ``idx`` of every data array (one fancy-indexing read per array), so
-        the cost is ``O(len(idx))``, independent of ``n``: the minibatch of DP-Fast MH.
+        the cost is ``O(len(idx))``, independent of ``n``. Per-record values: in-memory
+        records only (the steps use `ratio_subset_terms`, which returns sums).
         """
         rows = self._records.take(idx)
         return np.asarray(self._c.ll_chunk(q_new, *rows)) - np.asarray(
             self._c.ll_chunk(q_old, *rows)
         )
+
+    def ratio_subset_terms(
+        self,
+        q_new: np.ndarray,
+        q_old: np.ndarray,
+        idx: np.ndarray,
+        terms: Any,
+        merge: Any = _add_tuples,
+        *,
+        row_args: tuple = (),
+        params: tuple = (),
+    ) -> tuple[tuple, tuple]:
+        """A minibatch release: ``terms`` of the log-likelihood ratios of the records ``idx``.
+
+        ``terms(r, *row_args, *params) -> (sums, counts)`` is a pure, picklable function of
+        the ratios ``r = T (l_i(q_new) - l_i(q_old))`` of a part of the minibatch (e.g.
+        `pymc_dp.kernels.subsampled_penalty.clipped_moments`); it must return sums over
+        the part, never per-record values. ``row_args`` are per-index arrays (public, drawn
+        on the driver), ``params`` scalars. The store evaluates ``terms`` where each chunk
+        of records lives, on that chunk's selected rows only; the parts are combined in chunk
+        order (``merge`` for the sums, added counts). The counts are computed from the data
+        without noise (0 unless `counts`). Keep ``terms`` a module-level function (it is
+        shipped to a remote store once).
+        """
+        idx = np.asarray(idx)
+        if idx.size == 0:
+            empty = np.empty(0)
+            sums, counts = terms(empty, *(empty for _ in row_args), *params)
+            return tuple(sums), tuple(0 for _ in counts)
+        key = f"rows:{terms.__module__}.{terms.__qualname__}:{int(self.counts)}"
+        if key not in self._kernels:
+            self._kernels[key] = _RatioRowsChunk(self._c.ll_chunk, terms, self.counts)
+        out = self._records.map_reduce_rows(
+            self._kernels[key],
+            _MergeTerms(merge),
+            None,
+            idx,
+            args=(q_new, q_old, tuple(params)),
+            row_args=tuple(row_args),
+        )
+        self.released["llr"] += 1
+        return out
 
     def clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float
@@ -400,27 +510,22 @@ class RecordFunctions:
         """``sum_{i in idx} clip_b(grad l_i(q))`` reading only the rows ``idx`` of the data.
 
         The minibatch gradient of DP-SGLD / DP-SGNHT. Returns the sum (shape ``(d,)``) and the
-        number of clipped records (non-private, as in `clipped_grad_sum`). One
-        fancy-indexing read per data array, in chunks of ``chunk_size``, through the chosen
-        route (its data-only per-chunk arrays computed for the rows read); an empty subsample
-        reads nothing and gives 0.
+        number of clipped records (non-private, as in `clipped_grad_sum`). The store reads,
+        in every chunk holding some of the records ``idx`` (repeats allowed), only those rows
+        (through the chosen route, its data-only arrays computed for the rows read), and
+        returns their sum; the chunk sums are added in chunk order. An empty subsample reads
+        nothing and gives 0.
         """
         total = np.zeros(self.ndim)
-        count = 0
         idx = np.asarray(idx)
         if idx.size == 0:
-            return total, count
+            return total, 0
         self._ensure_grad()
-        route = self._c.grad_clipped["route"]
-        generic = self._c.grad_clipped["generic"]
-        step = self.chunk_size or idx.size
-        for start in range(0, idx.size, step):
-            rows = self._records.take(idx[start : start + step])
-            prep = route.prepared(rows)
-            g, k = generic(q, bound, [], rows) if prep is None else route(q, bound, prep, rows)
-            total += g
-            count += k
-        return total, count
+        total, count = self._records.map_reduce_rows(
+            self._kernel("grad_rows"), _add_pairs, (total, 0), idx, args=(q, bound)
+        )
+        self.released["grad"] += 1
+        return total, int(count)
 
     @property
     def gradient_route(self) -> str:
