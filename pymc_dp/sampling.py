@@ -12,9 +12,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pymc as pm
 
-from pymc_dp.accounting import gaussian_epsilon
+from pymc_dp.accounting import GaussianEvent, compose_epsilon
 from pymc_dp.records import (
     ModelNotSupportedError,
     check_model_supported,
@@ -405,13 +406,16 @@ def _check_cores(sample_kwargs: dict) -> None:
 def _account_partial_run(err: RecordsLostError, steps: list, delta: float | None) -> None:
     """Attach to ``err`` the releases that reached the driver and their privacy spend."""
     mu = sum(s.released_mu() for s in steps)
+    events = [ev for s in steps for ev in s.released_events()]
+    if mu > 0:  # the Gaussian releases, as one Gaussian mechanism of the composed mu
+        events.append(GaussianEvent(float(np.sqrt(0.5 / mu))))
     err.releases = int(sum(sum(s._fns.released.values()) for s in steps))
     if delta is None:
         targets = [s.target_delta for s in steps if s.target_delta is not None]
         delta = min(targets) if targets else None
     if delta is not None:
         err.delta = float(delta)
-        err.epsilon = gaussian_epsilon(mu, delta) if mu > 0 else 0.0
+        err.epsilon = compose_epsilon(events, delta) if events else 0.0
     err.add_note(
         f"{err.releases} released sums reached the driver before the run stopped"
         + (f": (epsilon, delta) = ({err.epsilon:.4g}, {err.delta:.3g})" if delta else "")

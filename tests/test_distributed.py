@@ -128,6 +128,133 @@ def test_a_different_partitioning_gives_different_sums_only_by_rounding(client):
     del m
 
 
+# -- minibatch steps: indices drawn on the driver, only the selected rows' sums come back -------
+
+MINIBATCH_STEPS = [  # (step, step_kwargs, epsilon of the run)
+    (pymc_dp.DPSGLD, {"clip_bound": 5.0, "step_size": 2e-3, "batch_size": 150}, 5.0),
+    (pymc_dp.DPSGNHT, {"clip_bound": 5.0, "step_size": 2e-3, "batch_size": 150}, 5.0),
+    # lam + C * max_step = 20 + 6000 * 0.02: a minibatch of ~140 rows with repeats; with
+    # max_batch = 140 some of the iterations take the full-batch branch
+    (
+        pymc_dp.DPFastMH,
+        {"clip_bound": 5.0, "max_step": 0.02, "lam": 20.0, "max_batch": 140, "scaling": 0.3},
+        20.0,
+    ),
+    (
+        pymc_dp.DPFastMH,
+        {
+            "clip_bound": np.linspace(4.0, 6.0, N),
+            "max_step": 0.02,
+            "lam": 20.0,
+            "max_batch": 140,
+            "scaling": 0.3,
+        },
+        20.0,
+    ),
+    (pymc_dp.DPBarker, {"tempering": 0.02, "proposal_scale": 0.2}, 5.0),
+    (
+        pymc_dp.DPSubsampledPenalty,
+        {"batch_size": 300, "clip_bound": 5.0, "proposal_scale": 0.02},
+        5.0,
+    ),
+]
+MINIBATCH_IDS = ["sgld", "sgnht", "fastmh", "fastmh-vector-c", "barker", "subsampled-penalty"]
+
+
+@pytest.mark.parametrize("step,kwargs,epsilon", MINIBATCH_STEPS, ids=MINIBATCH_IDS)
+def test_minibatch_step_on_dask_draws_equal_the_in_memory_run(client, step, kwargs, epsilon):
+    X, y = _data()
+    kw = dict(epsilon=epsilon, delta=1e-5, random_seed=11, **RUN)
+    with _model(X, y):
+        local = pymc_dp.sample(step=step, step_kwargs={**kwargs, "chunk_size": PART}, **kw)
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.sample(step=step, step_kwargs=kwargs, records=_records(client, X, y), **kw)
+    b_local = local.posterior["b"].values
+    assert np.unique(b_local).size > 4  # the chains moved: the equality below is not trivial
+    np.testing.assert_array_equal(b_local, remote.posterior["b"].values)
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    assert a.releases == 2 * (12 + 8)  # one release per iteration, in both runs
+    if step is pymc_dp.DPFastMH:  # both branches ran: minibatch rows and the full batch
+        full = _group(remote, "sample_stats")["full_batch"].values
+        assert full.any() and not full.all()
+
+
+class _Spy:
+    """Wraps `DaskStore._gather`: keeps every result that reached the driver from a worker."""
+
+    def __init__(self, real):
+        self.real, self.returned = real, []
+
+    def __call__(self, store, futures):
+        out = self.real(store, futures)
+        self.returned.extend(out)
+        return out
+
+
+def test_minibatch_workers_return_sums_only_and_no_counts(client, monkeypatch):
+    """Every partition returns fixed-size sums whatever its number of selected rows, and the
+    non-private counts are 0 unless asked for; the sums add up to the in-memory ones."""
+    from pymc_dp.kernels.subsampled_penalty import clipped_moments, merge_moments
+    from pymc_dp.records import dask_store
+
+    spy = _Spy(dask_store.DaskStore._gather)
+    monkeypatch.setattr(dask_store.DaskStore, "_gather", lambda self, f: spy(self, f))
+    X, y = _data()
+    kw = {"batch_size": 200, "clip_bound": 5.0, "noise_multiplier": 1.0}
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.DPSubsampledPenalty(**kw, records=_records(client, X, y))
+    with _model(X, y):
+        local = pymc_dp.DPSubsampledPenalty(**kw, chunk_size=PART, nonprivate_diagnostics=True)
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
+    idx = np.random.default_rng(0).choice(N, size=700, replace=False)
+    spy.returned.clear()  # the start checks
+    got = remote._fns.ratio_subset_terms(
+        q1, q0, idx, clipped_moments, merge_moments, params=(0.05,)
+    )
+    want = local._fns.ratio_subset_terms(
+        q1, q0, idx, clipped_moments, merge_moments, params=(0.05,)
+    )
+    assert len(spy.returned) == N // PART  # one call per partition holding selected rows
+    for sums, counts in spy.returned:
+        assert len(sums) == 3 and all(np.ndim(v) == 0 for v in sums) and counts == (0,)
+    assert got[0] == want[0] and want[1][0] > 0 and got[1] == (0,)
+    g_remote = pymc_dp.DPSGLD(
+        clip_bound=0.1,
+        step_size=1e-3,
+        batch_size=100,
+        noise_multiplier=1.0,
+        model=_model(X[:10], y[:10]),
+        records=_records(client, X, y),
+    )
+    spy.returned.clear()
+    s, k = g_remote._fns.clipped_grad_sum_subset(q1, 0.1, idx[:5])
+    assert len(spy.returned) <= 5 and k == 0
+    for g, count in spy.returned:
+        assert np.shape(g) == (2,) and count == 0
+    assert s.shape == (2,)
+
+
+def test_minibatch_indices_out_of_range_are_refused_before_any_data_is_read(client):
+    X, y = _poison((N, 2), "float64"), _poison((N,), "int64")
+    recs = DaskRecords(client, {"X": X, "y": y})
+    store = recs.store_for(["X", "y"], [(np.dtype("float64"), (2,)), (np.dtype("int64"), ())])
+
+    def fn(*args):  # never runs: the indices are refused first
+        raise AssertionError("a minibatch function ran")
+
+    for bad, match in (
+        (np.array([0, N]), r"idx .* \[0, n\) with n = 1200"),
+        (np.array([-1, 3]), r"idx .* \[0, n\)"),
+        (np.array([0.5, 1.0]), "integers"),
+        (np.zeros((2, 2), dtype=int), "1-d"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            store.map_reduce_rows(fn, lambda a, b: b, None, bad)
+    with pytest.raises(ValueError, match=r"row_args\[0\]"):
+        store.map_reduce_rows(fn, lambda a, b: b, None, np.array([1, 2]), row_args=(np.ones(3),))
+
+
 def _poison(shape, dtype):
     """A dask array whose every read raises: errors must come before any data is read."""
 
@@ -169,15 +296,6 @@ def test_bad_input_is_refused_before_any_data_is_read(client):
                 clip_bound=5.0,
                 noise_multiplier=1.0,
                 records=DaskRecords(client, {"X": X, "y": y.astype("float64")}),
-            )
-        with pytest.raises(ValueError, match="per-record values on the driver"):
-            pymc_dp.sample(
-                step=pymc_dp.DPSGLD,
-                epsilon=1.0,
-                delta=1e-5,
-                step_kwargs={"clip_bound": 1.0, "sampling_rate": 0.1, "step_size": 1e-3},
-                records=DaskRecords(client, {"X": X, "y": y}),
-                **RUN,
             )
         with pytest.raises(ValueError, match="data-sharing"):
             pymc_dp.DPHMC(
@@ -384,3 +502,29 @@ def test_lost_worker_that_cannot_be_recomputed_stops_the_run_and_counts_every_re
     mu = 5 * GaussianEvent(step.noise_multiplier).mu
     assert err.epsilon == pytest.approx(compose_epsilon([GaussianEvent(np.sqrt(0.5 / mu))], 1e-5))
     assert err.delta == 1e-5 and err.epsilon < 2.0
+
+
+def test_a_stopped_minibatch_run_is_charged_for_the_releases_that_reached_the_driver(client):
+    """The partial-run account of a minibatch step is its own mechanism (Poisson-subsampled
+    Gaussian) composed over the releases made, not the (zero) Gaussian mu of the step."""
+    from pymc_dp.accounting import PoissonSubsampledGaussian
+    from pymc_dp.sampling import _account_partial_run
+
+    X, y = _data()
+    with _model(X[:10], y[:10]):
+        step = pymc_dp.DPSGLD(
+            clip_bound=5.0,
+            step_size=1e-3,
+            batch_size=100,
+            noise_multiplier=2.0,
+            records=_records(client, X, y),
+        )
+    q = np.array([0.1, 0.2])
+    for _ in range(3):
+        step._noisy_gradient(q)
+    err = RecordsLostError("lost")
+    _account_partial_run(err, [step], 1e-5)
+    z = step.total_noise_multiplier  # the added noise and the sampler's own diffusion noise
+    assert z >= 2.0
+    want = compose_epsilon([PoissonSubsampledGaussian(z, 100 / N, 3)], 1e-5)
+    assert err.releases == 3 and err.epsilon == pytest.approx(want, rel=1e-12) and want > 0
