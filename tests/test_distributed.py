@@ -528,3 +528,60 @@ def test_a_stopped_minibatch_run_is_charged_for_the_releases_that_reached_the_dr
     assert z >= 2.0
     want = compose_epsilon([PoissonSubsampledGaussian(z, 100 / N, 3)], 1e-5)
     assert err.releases == 3 and err.epsilon == pytest.approx(want, rel=1e-12) and want > 0
+
+
+# -- DPExpFamilyPenalty: the clipped sufficient statistics, summed where the partitions live -----
+
+
+def _regression(n=N, seed=2):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 2))
+    x3 = rng.uniform(0, 2, size=n)
+    y = 0.5 + X @ [1.0, -0.7] + 0.3 * x3 + rng.normal(size=n)
+    return X, x3, y
+
+
+def _regression_model(X, x3, y):
+    with pm.Model() as m:
+        Xd = pm.Data("Xd", X)
+        x3d = pm.Data("x3", x3)
+        b = pm.Normal("b", 0, 2, size=2)
+        c = pm.Normal("c", 0, 2)
+        yd = pm.Data("yd", y)  # a container: a constant would be folded into 1.0 - y
+        pm.Normal("y", 1.0 + Xd @ b + c * x3d, 1.0, observed=yd)
+    return m
+
+
+def test_expfam_step_on_dask_draws_equal_the_in_memory_run(client):
+    X, x3, y = _regression()
+    kwargs = {"data_bounds": {"y": (-6, 6), "Xd": (-1, 1), "x3": (0, 2)}, "proposal_scale": 0.003}
+    kw = dict(epsilon=3.0, delta=1e-5, random_seed=4, **RUN)
+    with _regression_model(X, x3, y):
+        local = pymc_dp.sample(
+            step=pymc_dp.DPExpFamilyPenalty, step_kwargs={**kwargs, "chunk_size": PART}, **kw
+        )
+    recs = DaskRecords(
+        client,
+        {
+            "yd": da.from_array(y, chunks=PART),
+            "Xd": da.from_array(X, chunks=(PART, 2)),
+            "x3": da.from_array(x3, chunks=PART),
+        },
+    )
+    with _regression_model(X[:10], x3[:10], y[:10]) as m:
+        remote = pymc_dp.sample(
+            step=pymc_dp.DPExpFamilyPenalty, step_kwargs=kwargs, records=recs, **kw
+        )
+        # S itself (never published): the partition sums add up to the in-memory pass
+        step = pymc_dp.DPExpFamilyPenalty(noise_multiplier=1.0, records=recs, **kwargs)
+    with _regression_model(X, x3, y):
+        here = pymc_dp.DPExpFamilyPenalty(noise_multiplier=1.0, chunk_size=PART, **kwargs)
+    np.testing.assert_array_equal(step._stat_sum, here._stat_sum)
+    assert step._expfam.n_records == N and step._fns.n_records == N
+    for name in ("b", "c"):
+        v = local.posterior[name].values
+        assert np.unique(v).size > 4
+        np.testing.assert_array_equal(v, remote.posterior[name].values)
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    del m
