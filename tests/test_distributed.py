@@ -585,3 +585,32 @@ def test_expfam_step_on_dask_draws_equal_the_in_memory_run(client):
     a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
     assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
     del m
+
+
+# -- the automatic mode (step=None): every phase reads the records through partition sums --------
+
+
+def test_automatic_mode_on_dask_equals_the_in_memory_run(client):
+    """Warm start (clipped gradient moments, gradient-norm histograms), clip selection (the
+    control variate's residual histogram), the control variate release and the penalty run:
+    with the same seed and chunks the Dask run is the in-memory run, draw for draw."""
+    X, y = _data()
+    kw = dict(epsilon=4.0, delta=1e-5, random_seed=9, draws=20, tune=0, chains=2)
+    kw.update(progressbar=False, compute_convergence_checks=False)
+    with _model(X, y):
+        local = pymc_dp.sample(auto_kwargs={"chunk_size": PART}, **kw)
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.sample(records=_records(client, X, y), **kw)
+    v = local.posterior["b"].values
+    assert np.unique(v).size > 4
+    np.testing.assert_array_equal(v, remote.posterior["b"].values)
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    assert b.epsilon <= 4.0
+    for key in ("dp_auto_laplace_mean", "dp_auto_laplace_sd", "dp_phases"):  # DP outputs
+        np.testing.assert_array_equal(local.attrs[key], remote.attrs[key])
+    with (
+        _model(X[:10], y[:10]),
+        pytest.raises(ValueError, match="automatic mode .* data-sharing"),
+    ):
+        pymc_dp.sample(records=_records(client, X, y, owners="partition"), **kw)

@@ -281,6 +281,16 @@ class DaskStore:
             self._prepared[key] = (prepare, futs)
         return self._prepared[key][1]
 
+    def forget(self, prepare) -> None:
+        """Drop the per-partition arrays of ``prepare`` from the cluster (if any)."""
+        entry = self._prepared.pop(id(prepare), None)
+        shipped = self._shipped.pop(id(prepare), None)
+        futures = (entry[1] if entry is not None else []) + (
+            [shipped[1]] if shipped is not None else []
+        )
+        if futures and getattr(self._client, "status", None) == "running":
+            self._client.cancel(futures)
+
     def _partition_futures(self, fn, args, prepare) -> list:
         self._check_client()
         f = self._ship(fn)

@@ -202,6 +202,50 @@ class _MergeTerms:
 
 
 @dataclass(frozen=True)
+class _GradMomentsChunk:
+    """``(sum_i c_i, sum_i c_i c_i^T)`` of one chunk, ``c_i = clip_b(grad l_i(q))``."""
+
+    f: Any
+
+    def __call__(self, q, bound, *chunk) -> tuple[np.ndarray, np.ndarray]:
+        g = _clip_rows(self.f(q, *chunk), bound)
+        return g.sum(axis=0), g.T @ g
+
+
+@dataclass(frozen=True, eq=False)
+class _AnchorGrads:
+    """Per-record clipped anchor gradients ``c_i`` of one chunk (data-only arrays kept where
+    the chunk lives, never returned): the control variate's coefficients."""
+
+    f: Any
+    anchor: np.ndarray
+    grad_bound: float
+
+    def __call__(self, *chunk) -> np.ndarray:
+        return _clip_rows(self.f(self.anchor, *chunk), self.grad_bound)
+
+
+@dataclass(frozen=True)
+class _ResidualChunk:
+    """``(sum_i clip(r_i - c_i . dq, +-b), n_clipped)`` of one chunk (control variate)."""
+
+    f: Any
+    counts: bool
+
+    def __call__(self, q_new, q_old, bound, dq, c, *chunk) -> tuple[float, int]:
+        r = np.asarray(self.f(q_new, *chunk)) - np.asarray(self.f(q_old, *chunk))
+        res = r - c @ dq
+        ok = np.isfinite(res)
+        clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
+        k = int(np.count_nonzero(~ok | (np.abs(res) > bound))) if self.counts else 0
+        return float(clipped.sum()), k
+
+
+def _add_moments(acc: tuple, part: tuple) -> tuple:
+    return acc[0] + part[0], acc[1] + part[1]
+
+
+@dataclass(frozen=True)
 class _Prepare:
     """The route's data-only per-chunk arrays (cached by the store, never returned)."""
 
@@ -289,6 +333,10 @@ class RecordFunctions:
             elif name == "grad_rows":
                 fs = self._c.grad_clipped
                 self._kernels[key] = _GradRowsChunk(fs["route"], fs["generic"], self.counts)
+            elif name == "residual":
+                self._kernels[key] = _ResidualChunk(self._c.ll_chunk, self.counts)
+            elif name == "moments":
+                self._kernels[key] = _GradMomentsChunk(self._c.grad_chunk)
             elif name == "prepare":
                 self._kernels[key] = _Prepare(self._c.grad_clipped["route"])
             else:  # "start"
@@ -455,36 +503,31 @@ class RecordFunctions:
         adds a *released* ``sum_i c_i`` (a DP output) back recovers the full ratio; the
         residuals are second order in the step and far smaller than the ``r_i``, so the same
         replace-one sensitivity ``2 bound`` buys a much smaller bound. The ``c_i`` are computed
-        once per anchor and kept in memory (never published). Returns the sum and the number
-        of clipped records (non-private, as in `clipped_loglik_ratio_sum`).
+        once per anchor where each chunk lives and kept there (never returned, never
+        published); every call returns the chunks' clipped residual sums, added in chunk
+        order. Returns the sum and the number of clipped records (non-private, as in
+        `clipped_loglik_ratio_sum`; 0 unless `counts`).
         """
-        self._require_local("the control variate (automatic mode)")
         key = (tuple(np.round(np.asarray(anchor, dtype=float), 15)), float(grad_bound))
         cache = self.__dict__.setdefault("_anchor_grads", {})
         if key not in cache:
             self._ensure_grad()
+            for old in cache.values():  # one anchor at a time: free the old coefficients
+                self._records.forget(old)
             cache.clear()
-            cache[key] = [
-                _clip_rows(self._c.grad_chunk(anchor, *c), grad_bound) for c in self._chunks()
-            ]
-        dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
-        total, count = 0.0, 0
-        for c, g in zip(self._chunks(), cache[key], strict=True):
-            r = np.asarray(self._c.ll_chunk(q_new, *c)) - np.asarray(self._c.ll_chunk(q_old, *c))
-            res = r - g @ dq
-            ok = np.isfinite(res)
-            clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
-            total += float(clipped.sum())
-            count += int(np.count_nonzero(~ok | (np.abs(res) > bound)))
-        self.released["llr"] += 1
-        return total, count
-
-    def _require_local(self, what: str) -> None:
-        if not getattr(self._records, "local", True):
-            raise NotImplementedError(
-                f"{what} needs the records in this process; records on a Dask cluster are "
-                "not supported there yet"
+            cache[key] = _AnchorGrads(
+                self._c.grad_chunk, np.array(anchor, dtype=float), float(grad_bound)
             )
+        dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
+        total, count = self._records.map_reduce(
+            self._kernel("residual"),
+            _add_pairs,
+            (0.0, 0),
+            args=(q_new, q_old, bound, dq),
+            prepare=cache[key],
+        )
+        self.released["llr"] += 1
+        return float(total), int(count)
 
     def clipped_grad_moments(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
         """``(sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``.
@@ -492,16 +535,15 @@ class RecordFunctions:
         The sufficient statistics of the private Fisher scoring of the automatic warm start
         (`pymc_dp.kernels.warmstart.private_laplace`). A record whose gradient is not finite
         contributes 0. Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b^2`` (in
-        Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``.
+        Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``; each
+        chunk returns its two sums (where it lives), added in chunk order.
         """
-        self._require_local("the automatic warm start")
         self._ensure_grad()
-        s1 = np.zeros(self.ndim)
-        s2 = np.zeros((self.ndim, self.ndim))
-        for c in self._chunks():
-            g = _clip_rows(self._c.grad_chunk(q, *c), bound)
-            s1 += g.sum(axis=0)
-            s2 += g.T @ g
+        init = (np.zeros(self.ndim), np.zeros((self.ndim, self.ndim)))
+        s1, s2 = self._records.map_reduce(
+            self._kernel("moments"), _add_moments, init, args=(q, bound)
+        )
+        self.released["grad"] += 1
         return s1, s2
 
     def clipped_grad_sum_subset(

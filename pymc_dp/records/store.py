@@ -196,6 +196,10 @@ class InMemoryRecords:
             acc = reduce(acc, fn(*args, inverse, ra, *rows))
         return acc
 
+    def forget(self, prepare) -> None:
+        """Drop the cached per-chunk arrays of ``prepare`` (if any)."""
+        self._prepared.pop(id(prepare), None)
+
     def all_finite(self, which: list[bool]) -> bool:
         """Whether every float array flagged in ``which`` is finite (one bit about the data)."""
         for a, check in zip(self._arrays, which, strict=True):
