@@ -298,11 +298,11 @@ def test_bad_input_is_refused_before_any_data_is_read(client):
                 records=DaskRecords(client, {"X": X, "y": y.astype("float64")}),
             )
         with pytest.raises(ValueError, match="data-sharing"):
-            pymc_dp.DPHMC(
-                llr_clip_bound=1.0,
-                grad_clip_bound=1.0,
-                llr_noise_multiplier=1.0,
-                grad_noise_multiplier=1.0,
+            pymc_dp.DPSGLD(
+                clip_bound=1.0,
+                step_size=1e-3,
+                batch_size=10,
+                noise_multiplier=1.0,
                 records=DaskRecords(client, {"X": X, "y": y}, owners="partition"),
             )
         with pytest.raises(ValueError, match="cores=2"):
@@ -395,6 +395,60 @@ def test_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(cl
         pymc_dp.DPPenaltyMetropolis(
             clip_bound=5.0, noise_multiplier=1.0, nonprivate_diagnostics=True, records=recs
         )
+
+
+HMC_KW = {"llr_clip_bound": 5.0, "grad_clip_bound": 5.0, "n_leapfrog": 3}
+
+
+def test_dphmc_owners_add_their_own_gradient_noise_k_times_the_central_variance(client):
+    """K = 4 owners each add N(0, sigma^2 I) to their clipped gradient sum: the released
+    gradient is the exact clipped sum plus noise of variance K sigma^2 per coordinate."""
+    X, y = _data()
+    recs = _records(client, X, y, owners="partition", owner_seeds=[21, 22, 23, 24])
+    z = dict(llr_noise_multiplier=1.0, grad_noise_multiplier=1.0)
+    with _model(X[:10], y[:10]):
+        shared = pymc_dp.DPHMC(**HMC_KW, **z, records=recs)
+    with _model(X, y):
+        central = pymc_dp.DPHMC(**HMC_KW, **z)
+    q, bound, sigma = np.array([0.3, -0.1]), 0.5, 3.0
+    exact = central._fns.clipped_grad_sum(q, bound)[0]
+    m, k = 300, recs.n_owners
+    draws = np.array([shared._fns.shared_clipped_grad_sum(q, bound, sigma) for _ in range(m)])
+    var = k * sigma**2
+    assert np.all(np.abs(draws.mean(axis=0) - exact) < 4.0 * np.sqrt(var / m))
+    v = draws.var(axis=0, ddof=1)
+    assert np.all(np.abs(v - var) < 4.0 * var * np.sqrt(2.0 / (m - 1)))
+    assert np.all(np.abs(v - sigma**2) > 4.0 * var * np.sqrt(2.0 / (m - 1)))  # not central
+    assert shared._fns.released["grad"] == m
+
+
+def test_dphmc_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(client):
+    X, y = _data()
+    recs = _records(client, X, y, owners=[0, 0, 1, 2], owner_seeds=[4, 5, 6])
+    kw = dict(epsilon=3.0, delta=1e-5, step_kwargs=HMC_KW, random_seed=3, **RUN)
+    with _model(X[:10], y[:10]):
+        idata = pymc_dp.sample(step=pymc_dp.DPHMC, records=recs, **kw)
+    with _model(X, y):
+        central = pymc_dp.sample(step=pymc_dp.DPHMC, **kw)
+    rep, rep_c = pymc_dp.privacy_report(idata), pymc_dp.privacy_report(central)
+    assert rep.owners == 3 and rep.noise_variance_factor == 3
+    assert rep.owner_epsilons == (rep.epsilon,) * 3
+    assert rep.epsilon == pytest.approx(rep_c.epsilon, rel=1e-12) and rep.epsilon <= 3.0
+    assert rep.releases == rep_c.releases == 2 * (12 + 8) * (3 + 2)
+    assert "Algorithm 2" in rep.mechanism and "3 owners" in str(rep)
+    st = _group(idata, "sample_stats")
+    assert np.unique(idata.posterior["b"].values).size > 4  # the chains moved
+    # the test's noise: sqrt(K) times the central sigma_l = z_l 2 b_l ||q' - q||
+    w = _group(idata, "warmup_sample_stats")
+    sds, norms = st["llr_noise_std"].values, st["step_norm"].values
+    if w is not None:
+        sds = np.concatenate([w["llr_noise_std"].values, sds], axis=1)
+        norms = np.concatenate([w["step_norm"].values, norms], axis=1)
+    step_z = pymc_dp.DPHMC(**HMC_KW, epsilon=3.0, delta=1e-5, **PLAN, model=_model(X, y))
+    expected = np.sqrt(3) * step_z.llr_noise_multiplier * 2 * 5.0 * norms
+    np.testing.assert_allclose(sds, expected, rtol=1e-12)
+    assert rep.total_noise_variance == pytest.approx(np.mean(sds**2), rel=1e-12)
+    assert np.all(np.isnan(st["llr_clip_fraction_NONPRIVATE"].values))
 
 
 # -- a worker lost during a run ------------------------------------------------------------------

@@ -224,8 +224,8 @@ class DaskStore:
         """Refused: per-record values never leave the workers."""
         raise RemoteRecordsError(
             "per-record values of records on a Dask cluster never leave the workers; this "
-            "operation needs them on the driver. Use a step that releases sums only "
-            "(DPPenaltyMetropolis, DPHMC) or in-memory records"
+            "operation needs them on the driver (the steps use sums only); use in-memory "
+            "records for it"
         )
 
     def take(self, idx):

@@ -453,6 +453,29 @@ class RecordFunctions:
             total += float(p)
         return total
 
+    def shared_clipped_grad_sum(self, q: np.ndarray, bound: float, noise_std: float) -> np.ndarray:
+        """The data-sharing gradient release: the sum of every owner's noisy clipped sum.
+
+        Owner ``k`` releases ``sum_{i in owner k} clip_b(grad l_i(q)) + N(0, noise_std^2 I)``,
+        its noise drawn where its records live (Yildirim & Ermis 2019, Algorithm 2, applied
+        to the gradient releases of DP-HMC); the driver adds the ``K`` noisy contributions in
+        owner order. Needs records with data owners.
+        """
+        self._ensure_grad()
+        route = self._c.grad_clipped["route"]
+        kernel = self._kernel("grad")
+        init = (np.zeros(self.ndim), 0)
+        if route.prepare is None:
+            kw: dict[str, Any] = {"args": (q, bound, [])}
+        else:
+            kw = {"args": (q, bound), "prepare": self._kernel("prepare")}
+        parts = self._records.owner_sums(kernel, _add_pairs, init, noise_std, **kw)
+        self.released["grad"] += 1
+        total = np.zeros(self.ndim)
+        for p in parts:
+            total = total + np.asarray(p, dtype=float)
+        return total
+
     def _ensure_grad(self) -> None:
         if self._c.grad_chunk is None:
             self._c.grad_chunk, self._c.grad_clipped = compile_gradients(
