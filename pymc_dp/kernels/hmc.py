@@ -322,14 +322,16 @@ def dphmc_transition(
         ``b_l`` and ``z_l``.
     clipped_grad_sum, prior_logp_and_grad, clipped_loglik_ratio_sum : callable
         The model's per-record functions (`pymc_dp.model.RecordFunctions`).
-    owners, shared_grad_sum, shared_llr_sum : int and callables, optional
-        The data-sharing scheme (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2) with
-        ``owners = K > 0``: every release is the sum of the ``K`` owners' contributions, each
-        with the owner's own noise (``shared_grad_sum(x, b_g, sigma_g)``,
-        ``shared_llr_sum(q', q, b_l ||q' - q||, sigma_l)``), so no noise is added here and
-        the penalty correction is ``K sigma_l^2 / 2``; ``info.llr_noise_std`` is the total
-        ``sqrt(K) sigma_l``. A proposal outside the prior's support is rejected without a
-        release.
+    owners : int
+        ``K > 0``: the data-sharing scheme (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2):
+        every release is the sum of the ``K`` owners' contributions, each with the owner's
+        own noise, so no noise is added here and the penalty correction is
+        ``K sigma_l^2 / 2``; ``info.llr_noise_std`` is the total ``sqrt(K) sigma_l``. A
+        proposal outside the prior's support is rejected without a release. 0 (default):
+        the central scheme.
+    shared_grad_sum, shared_llr_sum : callable, optional
+        With ``owners > 0``: ``shared_grad_sum(x, b_g, sigma_g)`` and
+        ``shared_llr_sum(q', q, b_l ||q' - q||, sigma_l)``, the owners' noisy sums.
     """
     shared = owners > 0
     if shared and (shared_grad_sum is None or shared_llr_sum is None):
