@@ -6,13 +6,18 @@ banana model of the DP-HMC paper (d = 2, generic route):
 * the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 2`` released sums) and of
   DPPenaltyMetropolis (1 released sum) at each ``n``, in one process (``chunk_size`` = the
   partition size) and with ``DaskRecords`` (the same partitions on the 2 workers);
+* the per-iteration time of DPSGLD with a Poisson minibatch of expected size ``B`` (1
+  released sum; the indices are drawn on the driver and only the partitions holding some
+  of them read those rows), in one process and with ``DaskRecords``;
 * the fixed cost ``R`` of one round trip: one released sum over records of 1 row per
   partition (the per-call overhead of submitting the partition tasks and gathering their
   sums);
 
 and fits the model ``T(W, n) = c n / W + k R`` of an iteration on ``W`` workers, with ``c``
 the single-process compute time per record and iteration (from the largest ``n``) and ``k``
-the released sums per iteration (``L + 2`` for DPHMC, 1 for the penalty step). Printed: the
+the released sums per iteration (``L + 2`` for DPHMC, 1 for the penalty step); for the
+minibatch step ``T(W, B) = c_B B / W + R`` with ``c_B`` its single-process time per
+minibatch record (independent of ``n``). Printed: the
 measurements, the model's prediction for ``W = 2`` next to the measured Dask time (how well
 the model fits here), and its prediction for ``n = 10^9`` on ``W = 100`` workers.
 
@@ -47,6 +52,7 @@ from pymc_dp.distributed import DaskRecords  # noqa: E402
 from pymc_dp.experiments.models import banana  # noqa: E402
 
 L = 5  # leapfrog steps of DPHMC: L + 2 released sums per iteration
+B = 1000  # expected minibatch of DPSGLD (1 released sum per iteration)
 PARTITIONS = 4  # partitions of the records (2 per worker)
 
 
@@ -74,7 +80,16 @@ def _steps(model, records, chunk):
             rng=np.random.default_rng(2),
             **kw,
         )
-    return {"DPHMC": hmc, "DPPenaltyMetropolis": pen}
+        sgld = pymc_dp.DPSGLD(
+            clip_bound=1.0,
+            step_size=1e-6,
+            batch_size=B,
+            noise_multiplier=1.0,
+            records=records,
+            rng=np.random.default_rng(3),
+            **kw,
+        )
+    return {"DPHMC": hmc, "DPPenaltyMetropolis": pen, f"DPSGLD (B={B})": sgld}
 
 
 def _per_iteration(step, model, iterations: int) -> float:
@@ -155,8 +170,13 @@ def main(argv: list[str] | None = None) -> None:
     k = {"DPHMC": L + 2, "DPPenaltyMetropolis": 1}
     n_max = max(args.sizes)
     c = {name: t1 / n for name, n, t1, _ in rows if n == n_max}
+    mb = f"DPSGLD (B={B})"  # minibatch: the work is B rows, whatever n
+    c[mb] = min(t1 for name, _, t1, _ in rows if name == mb) / B
     for name, n, t1, tw in rows:
-        model_w = c[name] * n / args.workers + k[name] * rt
+        if name == mb:
+            model_w = c[name] * B / args.workers + rt
+        else:
+            model_w = c[name] * n / args.workers + k[name] * rt
         print(f"{name:<20} {n:>11,d} | {t1:>16.4g} {tw:>12.4g} {t1 / tw:>#7.3g} | {model_w:>10.4g}")
     print()
     print("model T(W, n) = c n / W + k R  (c from the single-process run at the largest n)")
@@ -167,6 +187,11 @@ def main(argv: list[str] | None = None) -> None:
             f"predicted n = 1e9 on W = 100: {pred:.4g} s/iter "
             f"(compute {c[name] * 1e9 / 100:.4g} s + round trips {k[name] * rt:.4g} s)"
         )
+    print(
+        f"  {mb:<20} c_B = {c[mb] * 1e9:.4g} ns/minibatch record (the fastest single-process "
+        f"n), 1 round trip: T(W, B) = c_B B / W + R, independent of n: "
+        f"{c[mb] * B / 100 + rt:.4g} s/iter on W = 100"
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,13 @@ log-likelihood-ratio sum on the cluster, so each owner is protected against the 
 against the other owners with the (epsilon, delta) of the central scheme at the same noise
 multiplier (neighbours: replace one record of that owner). The price: with ``K`` owners the
 log acceptance ratio carries ``K`` times the noise variance of the central scheme, which
-lowers the acceptance rate. Supported by `pymc_dp.DPPenaltyMetropolis`.
+lowers the acceptance rate. Supported by `pymc_dp.DPPenaltyMetropolis` and `pymc_dp.DPHMC`
+(every owner noises its own gradient sums too).
+
+Every step takes ``records=``: the full-data steps as above, the minibatch steps (DPSGLD,
+DPSGNHT, DPFastMH, DPBarker, DPSubsampledPenalty) draw their minibatch indices on the driver
+and each partition holding some of them returns only those rows' sums; so does the
+automatic mode, ``pymc_dp.sample(step=None, records=...)``.
 """
 
 from __future__ import annotations

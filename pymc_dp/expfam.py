@@ -108,6 +108,38 @@ def _fake_response(family: str, m: int, trailing: tuple, constants: Mapping[str,
     return base
 
 
+@dataclass(frozen=True)
+class _StatSumChunk:
+    """``(sum_i clip_C(T(x_i)), n_clipped, finite)`` of one chunk ``(y, *covariates)``.
+
+    Runs where the chunk lives (picklable: the family travels by name) and returns the
+    chunk's clipped sum, the number of clipped records (0 unless ``counts``: computed without
+    noise) and one bit, whether every statistic was finite (a non-finite chunk contributes
+    0 and the driver refuses the data).
+    """
+
+    family: str
+    constants: tuple
+    counts: bool
+
+    def __call__(self, bound, y, *xs) -> tuple[np.ndarray, int, bool]:
+        y = np.asarray(y)
+        X = (
+            np.column_stack([np.asarray(a, dtype=float).reshape(y.shape[0], -1) for a in xs])
+            if xs
+            else None
+        )
+        T = EXPFAM_FAMILIES[self.family].stats(y, X, **dict(self.constants))
+        if not np.all(np.isfinite(T)):
+            return np.zeros(T.shape[1]), 0, False
+        Tc, k = clip_stats(T, bound)
+        return Tc.sum(axis=0), int(k) if self.counts else 0, True
+
+
+def _add_stat_sums(acc: tuple, part: tuple) -> tuple:
+    return acc[0] + part[0], acc[1] + part[1], acc[2] and part[2]
+
+
 @dataclass
 class ExpFamilyStructure:
     """Data-free structure of a supported model (before compiling the parameter functions).
@@ -400,36 +432,52 @@ class ExpFamilyModel:
         return float(min(c, support)) if support is not None else float(c)
 
     # -- the one data pass --------------------------------------------------------------------
-    def clipped_stat_sum(self, bound: float, chunk_size: int = 100_000) -> tuple[np.ndarray, int]:
+    def clipped_stat_sum(
+        self, bound: float, chunk_size: int = 100_000, *, store=None, counts: bool = True
+    ) -> tuple[np.ndarray, int]:
         """``S = sum_i clip_C(T(x_i))`` in one chunked pass, and the number of clipped records.
 
         The sum is the input of the Gaussian mechanism (never publish it); the count is
-        computed without noise (only behind ``nonprivate_diagnostics``). The error for
-        non-finite statistics names no record, count or value.
+        computed without noise (only behind ``nonprivate_diagnostics``; 0 unless
+        ``counts``). The chunk sums are added in chunk order. With ``store`` (records on a
+        cluster whose arrays are the response and the covariates, in this order: see
+        `record_names`) each partition computes its own clipped sum where it lives and
+        only the sums reach the driver; otherwise the model's data are read in chunks of
+        ``chunk_size``. The error for non-finite statistics names no record, count or value.
         """
-        y, xs = self.structure._arrays()
-        S = np.zeros(self.stat_dim)
-        clipped = 0
-        for start in range(0, self.n_records, chunk_size):
-            sl = slice(start, start + chunk_size)
-            yc = y[sl]
-            Xc = (
-                np.column_stack(
-                    [np.asarray(a[sl], dtype=float).reshape(yc.shape[0], -1) for a in xs]
+        chunk = _StatSumChunk(self.family.name, tuple(sorted(self.constants.items())), counts)
+        init = (np.zeros(self.stat_dim), 0, True)
+        if store is not None:
+            S, clipped, finite = store.map_reduce(chunk, _add_stat_sums, init, args=(bound,))
+        else:
+            y, xs = self.structure._arrays()
+            S, clipped, finite = init
+            for start in range(0, self.n_records, chunk_size):
+                sl = slice(start, start + chunk_size)
+                S, clipped, finite = _add_stat_sums(
+                    (S, clipped, finite), chunk(bound, y[sl], *(a[sl] for a in xs))
                 )
-                if xs
-                else None
+        if not finite:
+            raise ValueError(
+                "the sufficient statistics of the data are not finite (NaN, infinite or "
+                "overflowing values); DPExpFamilyPenalty needs finite data of moderate size"
             )
-            T = self.family.stats(yc, Xc, **self.constants)
-            if not np.all(np.isfinite(T)):
-                raise ValueError(
-                    "the sufficient statistics of the data are not finite (NaN, infinite or "
-                    "overflowing values); DPExpFamilyPenalty needs finite data of moderate size"
-                )
-            Tc, k = clip_stats(T, bound)
-            S += Tc.sum(axis=0)
-            clipped += k
-        return S, clipped
+        return S, int(clipped)
+
+    def record_names(self) -> list[list[str]]:
+        """The names of the response and of every covariate array, in the order of
+        `clipped_stat_sum` (structure only; no data value is read)."""
+        s = self.structure
+        out = [[s.response_name]]
+        if isinstance(s._y_node, SharedVariable) and s._y_node.name:
+            out[0].append(s._y_node.name)
+        out += [[name] for name in s.covariate_names]
+        return [list(dict.fromkeys(n)) for n in out]
+
+    def record_templates(self) -> list[tuple[np.dtype, tuple[int, ...]]]:
+        """Dtype and trailing shape of the response and of every covariate (public)."""
+        nodes = [self.structure._y_node, *self.structure._x_nodes]
+        return [(np.dtype(node.dtype), tuple(_node_shape(node)[1:])) for node in nodes]
 
     # -- verification on stand-in records ------------------------------------------------------
     def _verify(self, x, ll, yb, xb, split_cols, initial_point, vars, ck) -> None:

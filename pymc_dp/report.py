@@ -501,9 +501,11 @@ def privacy_report(
     )
     total_var = float("nan")
     if owners:
-        sd = _per_iteration(stats, "noise_std")
+        # the noise of the test's release: "noise_std" (penalty), "llr_noise_std" (DP-HMC)
+        name = "noise_std" if _per_iteration(stats, "noise_std") is not None else "llr_noise_std"
+        sd = _per_iteration(stats, name)
         if sd is not None:
-            w = _per_iteration(warm, "noise_std") if mu_warm is not None else None
+            w = _per_iteration(warm, name) if mu_warm is not None else None
             both = sd if w is None else np.concatenate([w, sd], axis=1)
             total_var = float(np.mean(both**2))
     report = PrivacyReport(

@@ -12,9 +12,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pymc as pm
 
-from pymc_dp.accounting import gaussian_epsilon
+from pymc_dp.accounting import GaussianEvent, compose_epsilon
 from pymc_dp.records import (
     ModelNotSupportedError,
     check_model_supported,
@@ -23,6 +24,7 @@ from pymc_dp.records import (
 from pymc_dp.records.dask_store import RecordsLostError
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
+from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
 __all__ = ["sample", "check_run_is_private"]
 
@@ -154,7 +156,8 @@ def sample(
         Passed to `pymc.sample`.
     records : pymc_dp.distributed.DaskRecords, optional
         The records on a Dask cluster, used in place of the model's data (which may be a small
-        stand-in of the same dtype); given to the step class. The chains then run one after
+        stand-in of the same dtype); given to the step class, or (``step=None``) used by every
+        phase of the automatic mode (without data owners). The chains then run one after
         the other in this process (``cores=1``), the cluster does the parallel work. If a
         partition is lost and cannot be recomputed, the run stops with
         `pymc_dp.distributed.RecordsLostError`, whose ``releases``, ``epsilon`` and
@@ -189,10 +192,13 @@ def sample(
         _check_cores(sample_kwargs)
     if step is None:
         if records is not None:
-            raise ValueError(
-                "records= (records on a Dask cluster) goes with a step class; the automatic "
-                "mode (step=None) needs the records in this process for now"
-            )
+            _check_records(DPPenaltyMetropolis, records, False)
+            if getattr(records, "owners", None) is not None:
+                raise ValueError(
+                    "the automatic mode (step=None) does not implement the data-sharing scheme "
+                    "(its warm start and clip selection use the central scheme); give "
+                    "DaskRecords without owners=, or step=pymc_dp.DPPenaltyMetropolis"
+                )
         return _sample_auto(
             model,
             draws=draws,
@@ -207,6 +213,7 @@ def sample(
             var_names=var_names,
             idata_kwargs=idata_kwargs,
             sample_kwargs=sample_kwargs,
+            records=records,
         )
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
@@ -347,12 +354,10 @@ def _sample_auto(
     var_names,
     idata_kwargs,
     sample_kwargs,
+    records=None,
 ):
     """``step=None``: the private auto-configuration, then the configured penalty run."""
-    import numpy as np
-
     from pymc_dp.auto import auto_configure
-    from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
     epsilon, delta = _require_target(epsilon, delta, "the automatic configuration")
     if step_kwargs:
@@ -371,10 +376,20 @@ def _sample_auto(
         draws=draws,
         tune=tune,
         rng=np.random.default_rng(seeds[0]),
+        records=records,
         **(auto_kwargs or {}),
     )
+    # the penalty run reads the records in the chunks of the configuration (the partitions
+    # of records on a cluster)
+    chunks = {} if records is not None else {"chunk_size": (auto_kwargs or {}).get("chunk_size")}
     step = DPPenaltyMetropolis(
-        model=model, draws=plan.draws, tune=plan.tune, chains=chains, **plan.step_kwargs
+        model=model,
+        draws=plan.draws,
+        tune=plan.tune,
+        chains=chains,
+        records=records,
+        **chunks,
+        **plan.step_kwargs,
     )
     seed = int(seeds[1].generate_state(1)[0]) if random_seed is not None else None
     return _run(
@@ -405,13 +420,16 @@ def _check_cores(sample_kwargs: dict) -> None:
 def _account_partial_run(err: RecordsLostError, steps: list, delta: float | None) -> None:
     """Attach to ``err`` the releases that reached the driver and their privacy spend."""
     mu = sum(s.released_mu() for s in steps)
+    events = [ev for s in steps for ev in s.released_events()]
+    if mu > 0:  # the Gaussian releases, as one Gaussian mechanism of the composed mu
+        events.append(GaussianEvent(float(np.sqrt(0.5 / mu))))
     err.releases = int(sum(sum(s._fns.released.values()) for s in steps))
     if delta is None:
         targets = [s.target_delta for s in steps if s.target_delta is not None]
         delta = min(targets) if targets else None
     if delta is not None:
         err.delta = float(delta)
-        err.epsilon = gaussian_epsilon(mu, delta) if mu > 0 else 0.0
+        err.epsilon = compose_epsilon(events, delta) if events else 0.0
     err.add_note(
         f"{err.releases} released sums reached the driver before the run stopped"
         + (f": (epsilon, delta) = ({err.epsilon:.4g}, {err.delta:.3g})" if delta else "")

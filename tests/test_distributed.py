@@ -128,6 +128,133 @@ def test_a_different_partitioning_gives_different_sums_only_by_rounding(client):
     del m
 
 
+# -- minibatch steps: indices drawn on the driver, only the selected rows' sums come back -------
+
+MINIBATCH_STEPS = [  # (step, step_kwargs, epsilon of the run)
+    (pymc_dp.DPSGLD, {"clip_bound": 5.0, "step_size": 2e-3, "batch_size": 150}, 5.0),
+    (pymc_dp.DPSGNHT, {"clip_bound": 5.0, "step_size": 2e-3, "batch_size": 150}, 5.0),
+    # lam + C * max_step = 20 + 6000 * 0.02: a minibatch of ~140 rows with repeats; with
+    # max_batch = 140 some of the iterations take the full-batch branch
+    (
+        pymc_dp.DPFastMH,
+        {"clip_bound": 5.0, "max_step": 0.02, "lam": 20.0, "max_batch": 140, "scaling": 0.3},
+        20.0,
+    ),
+    (
+        pymc_dp.DPFastMH,
+        {
+            "clip_bound": np.linspace(4.0, 6.0, N),
+            "max_step": 0.02,
+            "lam": 20.0,
+            "max_batch": 140,
+            "scaling": 0.3,
+        },
+        20.0,
+    ),
+    (pymc_dp.DPBarker, {"tempering": 0.02, "proposal_scale": 0.2}, 5.0),
+    (
+        pymc_dp.DPSubsampledPenalty,
+        {"batch_size": 300, "clip_bound": 5.0, "proposal_scale": 0.02},
+        5.0,
+    ),
+]
+MINIBATCH_IDS = ["sgld", "sgnht", "fastmh", "fastmh-vector-c", "barker", "subsampled-penalty"]
+
+
+@pytest.mark.parametrize("step,kwargs,epsilon", MINIBATCH_STEPS, ids=MINIBATCH_IDS)
+def test_minibatch_step_on_dask_draws_equal_the_in_memory_run(client, step, kwargs, epsilon):
+    X, y = _data()
+    kw = dict(epsilon=epsilon, delta=1e-5, random_seed=11, **RUN)
+    with _model(X, y):
+        local = pymc_dp.sample(step=step, step_kwargs={**kwargs, "chunk_size": PART}, **kw)
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.sample(step=step, step_kwargs=kwargs, records=_records(client, X, y), **kw)
+    b_local = local.posterior["b"].values
+    assert np.unique(b_local).size > 4  # the chains moved: the equality below is not trivial
+    np.testing.assert_array_equal(b_local, remote.posterior["b"].values)
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    assert a.releases == 2 * (12 + 8)  # one release per iteration, in both runs
+    if step is pymc_dp.DPFastMH:  # both branches ran: minibatch rows and the full batch
+        full = _group(remote, "sample_stats")["full_batch"].values
+        assert full.any() and not full.all()
+
+
+class _Spy:
+    """Wraps `DaskStore._gather`: keeps every result that reached the driver from a worker."""
+
+    def __init__(self, real):
+        self.real, self.returned = real, []
+
+    def __call__(self, store, futures):
+        out = self.real(store, futures)
+        self.returned.extend(out)
+        return out
+
+
+def test_minibatch_workers_return_sums_only_and_no_counts(client, monkeypatch):
+    """Every partition returns fixed-size sums whatever its number of selected rows, and the
+    non-private counts are 0 unless asked for; the sums add up to the in-memory ones."""
+    from pymc_dp.kernels.subsampled_penalty import clipped_moments, merge_moments
+    from pymc_dp.records import dask_store
+
+    spy = _Spy(dask_store.DaskStore._gather)
+    monkeypatch.setattr(dask_store.DaskStore, "_gather", lambda self, f: spy(self, f))
+    X, y = _data()
+    kw = {"batch_size": 200, "clip_bound": 5.0, "noise_multiplier": 1.0}
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.DPSubsampledPenalty(**kw, records=_records(client, X, y))
+    with _model(X, y):
+        local = pymc_dp.DPSubsampledPenalty(**kw, chunk_size=PART, nonprivate_diagnostics=True)
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
+    idx = np.random.default_rng(0).choice(N, size=700, replace=False)
+    spy.returned.clear()  # the start checks
+    got = remote._fns.ratio_subset_terms(
+        q1, q0, idx, clipped_moments, merge_moments, params=(0.05,)
+    )
+    want = local._fns.ratio_subset_terms(
+        q1, q0, idx, clipped_moments, merge_moments, params=(0.05,)
+    )
+    assert len(spy.returned) == N // PART  # one call per partition holding selected rows
+    for sums, counts in spy.returned:
+        assert len(sums) == 3 and all(np.ndim(v) == 0 for v in sums) and counts == (0,)
+    assert got[0] == want[0] and want[1][0] > 0 and got[1] == (0,)
+    g_remote = pymc_dp.DPSGLD(
+        clip_bound=0.1,
+        step_size=1e-3,
+        batch_size=100,
+        noise_multiplier=1.0,
+        model=_model(X[:10], y[:10]),
+        records=_records(client, X, y),
+    )
+    spy.returned.clear()
+    s, k = g_remote._fns.clipped_grad_sum_subset(q1, 0.1, idx[:5])
+    assert len(spy.returned) <= 5 and k == 0
+    for g, count in spy.returned:
+        assert np.shape(g) == (2,) and count == 0
+    assert s.shape == (2,)
+
+
+def test_minibatch_indices_out_of_range_are_refused_before_any_data_is_read(client):
+    X, y = _poison((N, 2), "float64"), _poison((N,), "int64")
+    recs = DaskRecords(client, {"X": X, "y": y})
+    store = recs.store_for(["X", "y"], [(np.dtype("float64"), (2,)), (np.dtype("int64"), ())])
+
+    def fn(*args):  # never runs: the indices are refused first
+        raise AssertionError("a minibatch function ran")
+
+    for bad, match in (
+        (np.array([0, N]), r"idx .* \[0, n\) with n = 1200"),
+        (np.array([-1, 3]), r"idx .* \[0, n\)"),
+        (np.array([0.5, 1.0]), "integers"),
+        (np.zeros((2, 2), dtype=int), "1-d"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            store.map_reduce_rows(fn, lambda a, b: b, None, bad)
+    with pytest.raises(ValueError, match=r"row_args\[0\]"):
+        store.map_reduce_rows(fn, lambda a, b: b, None, np.array([1, 2]), row_args=(np.ones(3),))
+
+
 def _poison(shape, dtype):
     """A dask array whose every read raises: errors must come before any data is read."""
 
@@ -170,21 +297,12 @@ def test_bad_input_is_refused_before_any_data_is_read(client):
                 noise_multiplier=1.0,
                 records=DaskRecords(client, {"X": X, "y": y.astype("float64")}),
             )
-        with pytest.raises(ValueError, match="per-record values on the driver"):
-            pymc_dp.sample(
-                step=pymc_dp.DPSGLD,
-                epsilon=1.0,
-                delta=1e-5,
-                step_kwargs={"clip_bound": 1.0, "sampling_rate": 0.1, "step_size": 1e-3},
-                records=DaskRecords(client, {"X": X, "y": y}),
-                **RUN,
-            )
         with pytest.raises(ValueError, match="data-sharing"):
-            pymc_dp.DPHMC(
-                llr_clip_bound=1.0,
-                grad_clip_bound=1.0,
-                llr_noise_multiplier=1.0,
-                grad_noise_multiplier=1.0,
+            pymc_dp.DPSGLD(
+                clip_bound=1.0,
+                step_size=1e-3,
+                batch_size=10,
+                noise_multiplier=1.0,
                 records=DaskRecords(client, {"X": X, "y": y}, owners="partition"),
             )
         with pytest.raises(ValueError, match="cores=2"):
@@ -277,6 +395,60 @@ def test_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(cl
         pymc_dp.DPPenaltyMetropolis(
             clip_bound=5.0, noise_multiplier=1.0, nonprivate_diagnostics=True, records=recs
         )
+
+
+HMC_KW = {"llr_clip_bound": 5.0, "grad_clip_bound": 5.0, "n_leapfrog": 3}
+
+
+def test_dphmc_owners_add_their_own_gradient_noise_k_times_the_central_variance(client):
+    """K = 4 owners each add N(0, sigma^2 I) to their clipped gradient sum: the released
+    gradient is the exact clipped sum plus noise of variance K sigma^2 per coordinate."""
+    X, y = _data()
+    recs = _records(client, X, y, owners="partition", owner_seeds=[21, 22, 23, 24])
+    z = dict(llr_noise_multiplier=1.0, grad_noise_multiplier=1.0)
+    with _model(X[:10], y[:10]):
+        shared = pymc_dp.DPHMC(**HMC_KW, **z, records=recs)
+    with _model(X, y):
+        central = pymc_dp.DPHMC(**HMC_KW, **z)
+    q, bound, sigma = np.array([0.3, -0.1]), 0.5, 3.0
+    exact = central._fns.clipped_grad_sum(q, bound)[0]
+    m, k = 300, recs.n_owners
+    draws = np.array([shared._fns.shared_clipped_grad_sum(q, bound, sigma) for _ in range(m)])
+    var = k * sigma**2
+    assert np.all(np.abs(draws.mean(axis=0) - exact) < 4.0 * np.sqrt(var / m))
+    v = draws.var(axis=0, ddof=1)
+    assert np.all(np.abs(v - var) < 4.0 * var * np.sqrt(2.0 / (m - 1)))
+    assert np.all(np.abs(v - sigma**2) > 4.0 * var * np.sqrt(2.0 / (m - 1)))  # not central
+    assert shared._fns.released["grad"] == m
+
+
+def test_dphmc_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(client):
+    X, y = _data()
+    recs = _records(client, X, y, owners=[0, 0, 1, 2], owner_seeds=[4, 5, 6])
+    kw = dict(epsilon=3.0, delta=1e-5, step_kwargs=HMC_KW, random_seed=3, **RUN)
+    with _model(X[:10], y[:10]):
+        idata = pymc_dp.sample(step=pymc_dp.DPHMC, records=recs, **kw)
+    with _model(X, y):
+        central = pymc_dp.sample(step=pymc_dp.DPHMC, **kw)
+    rep, rep_c = pymc_dp.privacy_report(idata), pymc_dp.privacy_report(central)
+    assert rep.owners == 3 and rep.noise_variance_factor == 3
+    assert rep.owner_epsilons == (rep.epsilon,) * 3
+    assert rep.epsilon == pytest.approx(rep_c.epsilon, rel=1e-12) and rep.epsilon <= 3.0
+    assert rep.releases == rep_c.releases == 2 * (12 + 8) * (3 + 2)
+    assert "Algorithm 2" in rep.mechanism and "3 owners" in str(rep)
+    st = _group(idata, "sample_stats")
+    assert np.unique(idata.posterior["b"].values).size > 4  # the chains moved
+    # the test's noise: sqrt(K) times the central sigma_l = z_l 2 b_l ||q' - q||
+    w = _group(idata, "warmup_sample_stats")
+    sds, norms = st["llr_noise_std"].values, st["step_norm"].values
+    if w is not None:
+        sds = np.concatenate([w["llr_noise_std"].values, sds], axis=1)
+        norms = np.concatenate([w["step_norm"].values, norms], axis=1)
+    step_z = pymc_dp.DPHMC(**HMC_KW, epsilon=3.0, delta=1e-5, **PLAN, model=_model(X, y))
+    expected = np.sqrt(3) * step_z.llr_noise_multiplier * 2 * 5.0 * norms
+    np.testing.assert_allclose(sds, expected, rtol=1e-12)
+    assert rep.total_noise_variance == pytest.approx(np.mean(sds**2), rel=1e-12)
+    assert np.all(np.isnan(st["llr_clip_fraction_NONPRIVATE"].values))
 
 
 # -- a worker lost during a run ------------------------------------------------------------------
@@ -384,3 +556,115 @@ def test_lost_worker_that_cannot_be_recomputed_stops_the_run_and_counts_every_re
     mu = 5 * GaussianEvent(step.noise_multiplier).mu
     assert err.epsilon == pytest.approx(compose_epsilon([GaussianEvent(np.sqrt(0.5 / mu))], 1e-5))
     assert err.delta == 1e-5 and err.epsilon < 2.0
+
+
+def test_a_stopped_minibatch_run_is_charged_for_the_releases_that_reached_the_driver(client):
+    """The partial-run account of a minibatch step is its own mechanism (Poisson-subsampled
+    Gaussian) composed over the releases made, not the (zero) Gaussian mu of the step."""
+    from pymc_dp.accounting import PoissonSubsampledGaussian
+    from pymc_dp.sampling import _account_partial_run
+
+    X, y = _data()
+    with _model(X[:10], y[:10]):
+        step = pymc_dp.DPSGLD(
+            clip_bound=5.0,
+            step_size=1e-3,
+            batch_size=100,
+            noise_multiplier=2.0,
+            records=_records(client, X, y),
+        )
+    q = np.array([0.1, 0.2])
+    for _ in range(3):
+        step._noisy_gradient(q)
+    err = RecordsLostError("lost")
+    _account_partial_run(err, [step], 1e-5)
+    z = step.total_noise_multiplier  # the added noise and the sampler's own diffusion noise
+    assert z >= 2.0
+    want = compose_epsilon([PoissonSubsampledGaussian(z, 100 / N, 3)], 1e-5)
+    assert err.releases == 3 and err.epsilon == pytest.approx(want, rel=1e-12) and want > 0
+
+
+# -- DPExpFamilyPenalty: the clipped sufficient statistics, summed where the partitions live -----
+
+
+def _regression(n=N, seed=2):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 2))
+    x3 = rng.uniform(0, 2, size=n)
+    y = 0.5 + X @ [1.0, -0.7] + 0.3 * x3 + rng.normal(size=n)
+    return X, x3, y
+
+
+def _regression_model(X, x3, y):
+    with pm.Model() as m:
+        Xd = pm.Data("Xd", X)
+        x3d = pm.Data("x3", x3)
+        b = pm.Normal("b", 0, 2, size=2)
+        c = pm.Normal("c", 0, 2)
+        yd = pm.Data("yd", y)  # a container: a constant would be folded into 1.0 - y
+        pm.Normal("y", 1.0 + Xd @ b + c * x3d, 1.0, observed=yd)
+    return m
+
+
+def test_expfam_step_on_dask_draws_equal_the_in_memory_run(client):
+    X, x3, y = _regression()
+    kwargs = {"data_bounds": {"y": (-6, 6), "Xd": (-1, 1), "x3": (0, 2)}, "proposal_scale": 0.003}
+    kw = dict(epsilon=3.0, delta=1e-5, random_seed=4, **RUN)
+    with _regression_model(X, x3, y):
+        local = pymc_dp.sample(
+            step=pymc_dp.DPExpFamilyPenalty, step_kwargs={**kwargs, "chunk_size": PART}, **kw
+        )
+    recs = DaskRecords(
+        client,
+        {
+            "yd": da.from_array(y, chunks=PART),
+            "Xd": da.from_array(X, chunks=(PART, 2)),
+            "x3": da.from_array(x3, chunks=PART),
+        },
+    )
+    with _regression_model(X[:10], x3[:10], y[:10]) as m:
+        remote = pymc_dp.sample(
+            step=pymc_dp.DPExpFamilyPenalty, step_kwargs=kwargs, records=recs, **kw
+        )
+        # S itself (never published): the partition sums add up to the in-memory pass
+        step = pymc_dp.DPExpFamilyPenalty(noise_multiplier=1.0, records=recs, **kwargs)
+    with _regression_model(X, x3, y):
+        here = pymc_dp.DPExpFamilyPenalty(noise_multiplier=1.0, chunk_size=PART, **kwargs)
+    np.testing.assert_array_equal(step._stat_sum, here._stat_sum)
+    assert step._expfam.n_records == N and step._fns.n_records == N
+    for name in ("b", "c"):
+        v = local.posterior[name].values
+        assert np.unique(v).size > 4
+        np.testing.assert_array_equal(v, remote.posterior[name].values)
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    del m
+
+
+# -- the automatic mode (step=None): every phase reads the records through partition sums --------
+
+
+def test_automatic_mode_on_dask_equals_the_in_memory_run(client):
+    """Warm start (clipped gradient moments, gradient-norm histograms), clip selection (the
+    control variate's residual histogram), the control variate release and the penalty run:
+    with the same seed and chunks the Dask run is the in-memory run, draw for draw."""
+    X, y = _data()
+    kw = dict(epsilon=4.0, delta=1e-5, random_seed=9, draws=20, tune=0, chains=2)
+    kw.update(progressbar=False, compute_convergence_checks=False)
+    with _model(X, y):
+        local = pymc_dp.sample(auto_kwargs={"chunk_size": PART}, **kw)
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.sample(records=_records(client, X, y), **kw)
+    v = local.posterior["b"].values
+    assert np.unique(v).size > 4
+    np.testing.assert_array_equal(v, remote.posterior["b"].values)
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    assert b.epsilon <= 4.0
+    for key in ("dp_auto_laplace_mean", "dp_auto_laplace_sd", "dp_phases"):  # DP outputs
+        np.testing.assert_array_equal(local.attrs[key], remote.attrs[key])
+    with (
+        _model(X[:10], y[:10]),
+        pytest.raises(ValueError, match="automatic mode .* data-sharing"),
+    ):
+        pymc_dp.sample(records=_records(client, X, y, owners="partition"), **kw)

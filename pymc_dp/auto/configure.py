@@ -237,6 +237,7 @@ def auto_configure(
     chunk_size: int | None = None,
     max_iterations: int = 20_000,
     allow_random_walk: bool = False,
+    records=None,
 ) -> AutoPlan:
     """Choose and privately fit everything a DP penalty run needs.
 
@@ -266,6 +267,8 @@ def auto_configure(
         Also consider a random walk with the approximation's covariance (off by default: in
         the measurements it mixed far worse than its prediction, and the control variate's
         linearisation degrades away from the anchor).
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory).
 
     Returns
     -------
@@ -278,7 +281,7 @@ def auto_configure(
     split = split or BudgetSplit()
     ip = model.initial_point()
     vars = model.value_vars
-    fns, _ = build_record_functions(model, vars, ip, chunk_size=chunk_size)
+    fns, _ = build_record_functions(model, vars, ip, chunk_size=chunk_size, records=records)
     n, d = fns.n_records, fns.ndim
     mu_total = gaussian_mu_for_epsilon(epsilon, delta)
     plan = AutoPlan(epsilon, delta, n, d, chains, mu_total)

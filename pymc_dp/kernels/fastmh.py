@@ -150,6 +150,7 @@ __all__ = [
     "IndexSampler",
     "Multiplicity",
     "calibrate_fastmh",
+    "clipped_sum_terms",
     "default_max_batch",
     "fastmh_transition",
     "fullbatch_sensitivity",
@@ -161,6 +162,7 @@ __all__ = [
     "noise_free_delta",
     "truncate_step",
     "tuna_log_ratio",
+    "tuna_terms",
 ]
 
 Branching = Literal["independent", "paper"]
@@ -191,6 +193,42 @@ def keep_probability(r, c, C: float, lam: float, step_norm: float):
     $[\lambda/(\lambda + CM), 1]$ when $|r_i| \le c_i M$.
     """
     return (lam * c + 0.5 * C * (c * step_norm - r)) / (c * (lam + C * step_norm))
+
+
+def clipped_sum_terms(r, bound) -> tuple[tuple[float], tuple[int]]:
+    r"""``((sum_i clip(r_i, -b_i, b_i),), (n_clipped,))`` of a part of the records.
+
+    The full-batch sum with per-record bounds ``b_i`` (parts add). A record whose
+    log-likelihood is -inf at both points gives NaN: it contributes 0 (within the bounds, so
+    the sensitivity is unchanged) and counts as clipped, instead of a NaN that would decide
+    the test without noise. ``n_clipped`` is computed without noise: never publish it.
+    """
+    r = np.asarray(r, dtype=float)
+    b = np.broadcast_to(np.asarray(bound, dtype=float), r.shape)
+    nan = np.isnan(r)
+    clipped = np.where(nan, 0.0, np.clip(r, -b, b))
+    return (float(np.sum(clipped)),), (int(np.count_nonzero(nan | (np.abs(r) > b))),)
+
+
+def tuna_terms(
+    r, c, u, C: float, lam: float, step_norm: float
+) -> tuple[tuple[float], tuple[int, int]]:
+    r"""TunaMH's minibatch sum over a part of the drawn indices: ``((ell,), (kept, n_clipped))``.
+
+    ``r`` are the unclipped log-likelihood differences of the drawn indices (with repeats),
+    ``c`` their public bounds and ``u`` their keep uniforms (drawn on the driver). Clips
+    ``r`` to ``+-c M``, keeps index ``i`` when ``u_i <`` `keep_probability`, and returns
+    the part's `tuna_log_ratio` (a sum over the part: parts add). ``kept`` and
+    ``n_clipped`` are computed from the data without noise: never publish them.
+    """
+    r = np.asarray(r, dtype=float)
+    c = np.broadcast_to(np.asarray(c, dtype=float), r.shape)
+    bound = c * step_norm
+    n_clipped = int(np.count_nonzero(np.abs(r) > bound))
+    r = np.clip(r, -bound, bound)
+    keep = np.asarray(u) < keep_probability(r, c, C, lam, step_norm)
+    ell = tuna_log_ratio(r[keep], c[keep], C, lam, step_norm)
+    return (ell,), (int(np.count_nonzero(keep)), n_clipped)
 
 
 def tuna_log_ratio(r_kept, c_kept, C: float, lam: float, step_norm: float) -> float:
@@ -314,7 +352,8 @@ def fastmh_transition(
     step_norm: float,
     log_prior_ratio: float,
     log_proposal_ratio: float,
-    minibatch_ratios: Callable[[np.ndarray], np.ndarray],
+    minibatch_ratios: Callable[[np.ndarray], np.ndarray] | None = None,
+    minibatch_terms: Callable[[np.ndarray, np.ndarray, np.ndarray, float], tuple] | None = None,
     fullbatch_clipped_sum: Callable[[float], tuple[float, int]],
     n_records: int,
 ) -> FastMHInfo:
@@ -333,6 +372,10 @@ def fastmh_transition(
     minibatch_ratios : callable
         ``idx -> r[idx]``: unclipped log-likelihood differences of the records ``idx`` only
         (the only data access of the minibatch branch).
+    minibatch_terms : callable
+        Instead of ``minibatch_ratios``: ``(idx, c[idx], u, M) -> ((ell,), (kept,
+        n_clipped))``, the `tuna_terms` of the records ``idx`` summed over the places the
+        records live (they never leave them). Give exactly one of the two.
     fullbatch_clipped_sum : callable
         ``M -> (sum_i clip(r_i, -c_i M, c_i M), number clipped)`` over all records.
     n_records : int
@@ -341,6 +384,8 @@ def fastmh_transition(
     -------
     FastMHInfo
     """
+    if (minibatch_ratios is None) == (minibatch_terms is None):
+        raise TypeError("give exactly one of minibatch_ratios and minibatch_terms")
     s = settings
     M = float(step_norm)
     rate = s.lam + s.C * M
@@ -364,14 +409,12 @@ def fastmh_transition(
         u = rng.random(B)
         if B > 0:
             # -- data access: the B sampled rows only ------------------------------------------
-            r = np.asarray(minibatch_ratios(idx), dtype=float)
-            c = s.c if np.ndim(s.c) == 0 else s.c[idx]
-            bound = c * M
-            n_clipped = int(np.count_nonzero(np.abs(r) > bound))
-            r = np.clip(r, -bound, bound)
-            keep = u < keep_probability(r, c, s.C, s.lam, M)
-            kept = int(np.count_nonzero(keep))
-            ell = tuna_log_ratio(r[keep], c if np.ndim(c) == 0 else c[keep], s.C, s.lam, M)
+            c = np.full(B, float(s.c)) if np.ndim(s.c) == 0 else s.c[idx]
+            if minibatch_terms is not None:
+                (ell,), (kept, n_clipped) = minibatch_terms(idx, c, u, M)
+            else:
+                r = np.asarray(minibatch_ratios(idx), dtype=float)
+                (ell,), (kept, n_clipped) = tuna_terms(r, c, u, s.C, s.lam, M)
         else:
             ell, kept, n_clipped = 0.0, 0, 0
         noise_free = sens <= s.free_minibatch

@@ -33,7 +33,12 @@ from scipy.stats import qmc
 from pymc_dp._validation import check_positive, check_target, check_unit_interval
 from pymc_dp.accounting import GaussianEvent, gaussian_epsilon, gaussian_mu_for_epsilon
 from pymc_dp.accounting.calibration import Nudge, calibrate
-from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
+from pymc_dp.kernels.penalty import (
+    accept,
+    penalty_log_acceptance,
+    penalty_noise_std,
+    shared_penalty_log_acceptance,
+)
 
 __all__ = [
     "DPHMCInfo",
@@ -287,6 +292,9 @@ def dphmc_transition(
     clipped_grad_sum: Callable[[np.ndarray, float], tuple[np.ndarray, int]],
     prior_logp_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
     clipped_loglik_ratio_sum: Callable[[np.ndarray, np.ndarray, float], tuple[float, int]],
+    owners: int = 0,
+    shared_grad_sum: Callable[[np.ndarray, float, float], np.ndarray] | None = None,
+    shared_llr_sum: Callable[[np.ndarray, np.ndarray, float, float], float] | None = None,
 ) -> tuple[np.ndarray, DPHMCInfo]:
     r"""One DP-HMC iteration (DP-HMC paper, Algorithm 1 [DPHMC]): ``(q_next, info)``.
 
@@ -314,7 +322,20 @@ def dphmc_transition(
         ``b_l`` and ``z_l``.
     clipped_grad_sum, prior_logp_and_grad, clipped_loglik_ratio_sum : callable
         The model's per-record functions (`pymc_dp.model.RecordFunctions`).
+    owners : int
+        ``K > 0``: the data-sharing scheme (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2):
+        every release is the sum of the ``K`` owners' contributions, each with the owner's
+        own noise, so no noise is added here and the penalty correction is
+        ``K sigma_l^2 / 2``; ``info.llr_noise_std`` is the total ``sqrt(K) sigma_l``. A
+        proposal outside the prior's support is rejected without a release. 0 (default):
+        the central scheme.
+    shared_grad_sum, shared_llr_sum : callable, optional
+        With ``owners > 0``: ``shared_grad_sum(x, b_g, sigma_g)`` and
+        ``shared_llr_sum(q', q, b_l ||q' - q||, sigma_l)``, the owners' noisy sums.
     """
+    shared = owners > 0
+    if shared and (shared_grad_sum is None or shared_llr_sum is None):
+        raise TypeError("owners > 0 needs shared_grad_sum and shared_llr_sum")
     p = sample_momentum(mass_diag, rng)
     n_grad_clipped = 0
     prior_lp: list[float] = []
@@ -323,14 +344,18 @@ def dphmc_transition(
         # One gradient release (noisy_leapfrog adds the noise): clipped per-record sum of
         # log-likelihood gradients plus the exact, data-free prior/log-Jacobian gradient.
         nonlocal n_grad_clipped
-        g, k = clipped_grad_sum(x, grad_clip_bound)
-        n_grad_clipped += k
+        if shared:  # the owners' noisy contributions, summed (their noise included)
+            g = shared_grad_sum(x, grad_clip_bound, grad_noise_std)
+        else:
+            g, k = clipped_grad_sum(x, grad_clip_bound)
+            n_grad_clipped += k
         lp, g_prior = prior_logp_and_grad(x)
         prior_lp.append(lp)
         return g + g_prior
 
     # -- L + 1 gradient releases ---------------------------------------------------------------
-    traj = noisy_leapfrog(q, p, step_size, n_leapfrog, grad_fn, inv_mass, grad_noise_std, rng)
+    leapfrog_noise = 0.0 if shared else grad_noise_std
+    traj = noisy_leapfrog(q, p, step_size, n_leapfrog, grad_fn, inv_mass, leapfrog_noise, rng)
     q1, p1 = traj.q, traj.p
     norm = float(np.linalg.norm(q1 - q))
     # The first gradient is evaluated at q, the last at q1 (data-free prior terms).
@@ -338,13 +363,22 @@ def dphmc_transition(
     lp1 = prior_lp[-1] if np.all(np.isfinite(q1)) else -np.inf
     lp1 = lp1 if np.isfinite(lp1) else -np.inf
     # -- one log-likelihood-ratio release (the penalty test) -----------------------------------
-    if np.isfinite(lp1):
-        llr, n_llr_clipped = clipped_loglik_ratio_sum(q1, q, llr_clip_bound * norm)
-    else:  # outside the prior's support: rejected whatever the data say (no data access)
-        llr, n_llr_clipped = 0.0, 0
     sigma_l = penalty_noise_std(llr_noise_multiplier, llr_clip_bound, norm)
     d_kinetic = kinetic_energy(p, inv_mass) - kinetic_energy(p1, inv_mass)
-    log_a = penalty_log_acceptance(llr, lp1 - lp0, d_kinetic, sigma_l, rng)
+    n_llr_clipped = 0
+    if shared:
+        if np.isfinite(lp1):
+            noisy = shared_llr_sum(q1, q, llr_clip_bound * norm, sigma_l)
+            log_a = shared_penalty_log_acceptance(noisy, lp1 - lp0, d_kinetic, sigma_l, owners)
+        else:  # outside the prior's support: rejected whatever the data say (no release)
+            log_a = -np.inf
+        sigma_l = float(np.sqrt(owners)) * sigma_l  # the total noise of the release
+    else:
+        if np.isfinite(lp1):
+            llr, n_llr_clipped = clipped_loglik_ratio_sum(q1, q, llr_clip_bound * norm)
+        else:  # outside the prior's support: rejected whatever the data say (no data access)
+            llr = 0.0
+        log_a = penalty_log_acceptance(llr, lp1 - lp0, d_kinetic, sigma_l, rng)
     # -- everything below is post-processing of the released values ----------------------------
     accepted = accept(log_a, rng)
     accept_prob = float(np.exp(min(0.0, log_a))) if np.isfinite(log_a) else 0.0

@@ -17,7 +17,10 @@ from pymc_dp.kernels.penalty import accept
 
 __all__ = [
     "SubsampledPenaltyInfo",
+    "clipped_moments",
+    "merge_moments",
     "minibatch_estimate",
+    "moments_estimate",
     "subsampled_penalty_log_acceptance",
     "subsampled_penalty_sensitivity",
     "subsampled_penalty_transition",
@@ -51,6 +54,48 @@ def minibatch_estimate(r, n: int, bound: float) -> tuple[np.ndarray, np.ndarray]
     ss = np.sum((r - r.mean(axis=-1, keepdims=True)) ** 2, axis=-1)
     var = (1.0 - b / n) * scale * scale * ss
     return lam, var
+
+
+def clipped_moments(r, bound: float) -> tuple[tuple[int, float, float], tuple[int]]:
+    r"""Moments of a part of a minibatch: ``((m, sum, M2), (n_clipped,))``.
+
+    ``r`` are per-record (tempered) ratios, clipped as in `minibatch_estimate` (NaN counts
+    as 0); ``m`` is their number, ``sum`` their clipped sum and ``M2`` the sum of squared
+    deviations from their mean. Parts are combined by `merge_moments` and turned into the
+    estimate by `moments_estimate`, so that the moments travel as sums (where the records
+    live) instead of per-record values. ``n_clipped`` (records outside ``[-bound, bound]``
+    or NaN) is computed from the data without noise: never publish it.
+    """
+    r = np.asarray(r, dtype=float)
+    n_clipped = int(np.count_nonzero(~(np.abs(r) <= bound)))
+    r = np.clip(np.where(np.isnan(r), 0.0, r), -bound, bound)
+    if r.size == 0:
+        return (0, 0.0, 0.0), (n_clipped,)
+    total = float(r.sum())
+    m2 = float(np.sum((r - total / r.size) ** 2))
+    return (int(r.size), total, m2), (n_clipped,)
+
+
+def merge_moments(a: tuple[int, float, float], b: tuple[int, float, float]):
+    r"""Combine the moments ``(m, sum, M2)`` of two disjoint parts (Chan, Golub & LeVeque
+    1979): ``M2 = M2_a + M2_b + (mean_b - mean_a)^2 m_a m_b / (m_a + m_b)``."""
+    ma, sa, qa = a
+    mb, sb, qb = b
+    if ma == 0:
+        return b
+    if mb == 0:
+        return a
+    m = ma + mb
+    delta = sb / mb - sa / ma
+    return m, sa + sb, qa + qb + delta * delta * ma * mb / m
+
+
+def moments_estimate(moments: tuple[int, float, float], n: int) -> tuple[float, float]:
+    r"""`minibatch_estimate` from the merged moments ``(b, sum, M2)`` of the whole batch:
+    $\hat\lambda = (n/b)\,\mathrm{sum}$ and $\sigma_b^2 = (1 - b/n)(n/b)^2 M_2$."""
+    b, total, m2 = moments
+    scale = n / b
+    return scale * total, (1.0 - b / n) * scale * scale * m2
 
 
 def subsampled_penalty_sensitivity(n: int, b: int, clip_bound: float, step_norm: float) -> float:
@@ -124,7 +169,8 @@ def subsampled_penalty_transition(
     noise_multiplier: float,
     step_norm: float,
     log_prior_ratio: float,
-    minibatch_ratios: Callable[[np.ndarray], np.ndarray],
+    minibatch_ratios: Callable[[np.ndarray], np.ndarray] | None = None,
+    minibatch_moments: Callable[[np.ndarray, float], tuple] | None = None,
 ) -> SubsampledPenaltyInfo:
     r"""One accept/reject decision of the subsampled penalty test (thesis Sec. 4.1).
 
@@ -134,20 +180,33 @@ def subsampled_penalty_transition(
     $\hat\lambda - \sigma_b^2/2 + \xi$, $\xi \sim N(0, (z c)^2)$,
     ``c`` from `subsampled_penalty_sensitivity`. Random draws, in this order: the
     batch, the noise, the accept uniform.
+
+    Give exactly one data access: ``minibatch_ratios`` (``idx -> r[idx]``) or
+    ``minibatch_moments`` (``(idx, bound) -> ((b, sum, M2), (n_clipped,))``, the merged
+    `clipped_moments` of the rows ``idx``: the access of records that never leave where
+    they live).
     """
+    if (minibatch_ratios is None) == (minibatch_moments is None):
+        raise TypeError("give exactly one of minibatch_ratios and minibatch_moments")
     n, b = n_records, batch_size
     bound = clip_bound * step_norm
     sigma = noise_multiplier * subsampled_penalty_sensitivity(n, b, clip_bound, step_norm)
     # -- the one data access: a Gaussian mechanism on a minibatch drawn w/o replacement -------
     idx = np.sort(rng.choice(n, size=b, replace=False))
-    r = minibatch_ratios(idx)
-    lam, var = minibatch_estimate(r, n, bound)
+    if minibatch_moments is not None:
+        moments, (n_clipped,) = minibatch_moments(idx, bound)
+        lam, var = moments_estimate(moments, n)
+        clip_fraction = n_clipped / b
+    else:
+        r = minibatch_ratios(idx)
+        lam, var = minibatch_estimate(r, n, bound)
+        clip_fraction = float(np.mean(~(np.abs(r) <= bound)))
     log_a = subsampled_penalty_log_acceptance(lam, var, log_prior_ratio, sigma, rng)
     # -- post-processing of the noisy release -------------------------------------------------
     return SubsampledPenaltyInfo(
         accepted=bool(accept(log_a, rng)),
         log_accept=float(log_a),
         noise_std=sigma,
-        clip_fraction=float(np.mean(~(np.abs(r) <= bound))),
+        clip_fraction=float(clip_fraction),
         batch_var=float(var),
     )

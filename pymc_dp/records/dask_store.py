@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from pymc_dp.records.store import split_rows, unique_rows
+
 __all__ = ["DaskStore", "RecordsLostError", "RemoteRecordsError"]
 
 
@@ -113,6 +115,15 @@ def _call(fn, args, *chunk):
 def _call_prepared(fn, args, prep, *chunk):
     prep = prep if prep is None else _aligned(prep)
     return _guarded(lambda: _own_copy(fn)(*_aligned(args), prep, *_aligned(chunk)))
+
+
+def _call_rows(fn, args, local, row_args, *chunk):
+    def run():
+        uniq, inverse = unique_rows(np.asarray(local))
+        rows = [np.asarray(a)[uniq] for a in chunk]
+        return _own_copy(fn)(*_aligned(args), inverse, tuple(_aligned(row_args)), *rows)
+
+    return _guarded(run)
 
 
 def _all_finite(flags, *chunk) -> bool:
@@ -213,8 +224,8 @@ class DaskStore:
         """Refused: per-record values never leave the workers."""
         raise RemoteRecordsError(
             "per-record values of records on a Dask cluster never leave the workers; this "
-            "operation needs them on the driver. Use a step that releases sums only "
-            "(DPPenaltyMetropolis, DPHMC) or in-memory records"
+            "operation needs them on the driver (the steps use sums only); use in-memory "
+            "records for it"
         )
 
     def take(self, idx):
@@ -270,6 +281,16 @@ class DaskStore:
             self._prepared[key] = (prepare, futs)
         return self._prepared[key][1]
 
+    def forget(self, prepare) -> None:
+        """Drop the per-partition arrays of ``prepare`` from the cluster (if any)."""
+        entry = self._prepared.pop(id(prepare), None)
+        shipped = self._shipped.pop(id(prepare), None)
+        futures = (entry[1] if entry is not None else []) + (
+            [shipped[1]] if shipped is not None else []
+        )
+        if futures and getattr(self._client, "status", None) == "running":
+            self._client.cancel(futures)
+
     def _partition_futures(self, fn, args, prepare) -> list:
         self._check_client()
         f = self._ship(fn)
@@ -299,6 +320,38 @@ class DaskStore:
         once per object (keep them alive), the ``prepare`` results stay on the workers.
         """
         results = self._gather(self._partition_futures(fn, args, prepare))
+        acc = init
+        for r in results:
+            acc = reduce(acc, r)
+        return acc
+
+    def map_reduce_rows(
+        self,
+        fn: Callable[..., Any],
+        reduce: Callable[[Any, Any], Any],
+        init: Any,
+        idx: np.ndarray,
+        *,
+        args: tuple = (),
+        row_args: tuple = (),
+    ):
+        """``fn(*args, inverse, row_args_j, *rows_j)`` on the partitions holding ``idx``.
+
+        Like `InMemoryRecords.map_reduce_rows`: the driver splits the indices (drawn on the
+        driver) by partition, sends each partition that holds some of them only its local
+        indices and per-index arguments, the worker reads those rows (each distinct one
+        once), evaluates ``fn`` on them and returns what ``fn`` returns (a sum); the results
+        are reduced in partition order.
+        """
+        starts = np.concatenate([[0], np.cumsum(self.partition_sizes)[:-1]])
+        split = split_rows(idx, tuple(row_args), starts, self.n_records)
+        self._check_client()
+        f = self._ship(fn)
+        futs = [
+            self._client.submit(_call_rows, f, tuple(args), local, ra, *self._parts[j], pure=False)
+            for j, local, ra in split
+        ]
+        results = self._gather(futs) if futs else []
         acc = init
         for r in results:
             acc = reduce(acc, r)

@@ -44,6 +44,18 @@ class RecordSource(Protocol):
         self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
     ) -> np.ndarray: ...
 
+    def ratio_subset_terms(
+        self,
+        q_new: np.ndarray,
+        q_old: np.ndarray,
+        idx: np.ndarray,
+        terms: Any,
+        merge: Any = ...,
+        *,
+        row_args: tuple = (),
+        params: tuple = (),
+    ) -> tuple[tuple, tuple]: ...
+
     def clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float
     ) -> tuple[float, int]: ...
@@ -138,6 +150,102 @@ class _GradSumChunk:
 
 
 @dataclass(frozen=True)
+class _GradRowsChunk:
+    """``(sum_{i in rows} clip_b(grad l_i), n_clipped)`` of the selected rows of one chunk
+    (the route's data-only arrays computed for those rows)."""
+
+    route: Any
+    generic: Any
+    counts: bool
+
+    def __call__(self, q, bound, inverse, row_args, *rows) -> tuple[np.ndarray, int]:
+        if inverse.size != len(rows[0]):  # repeated records count once per repeat
+            rows = [a[inverse] for a in rows]
+        prep = self.route.prepared(rows)
+        if prep is None:
+            g, k = self.generic(q, bound, [], rows)
+        else:
+            g, k = self.route(q, bound, prep, rows)
+        return np.asarray(g, dtype=float), int(k) if self.counts else 0
+
+
+@dataclass(frozen=True)
+class _RatioRowsChunk:
+    """``terms(r, *row_args, *params)`` of the selected rows of one chunk, with ``r`` their
+    log-likelihood ratios (each distinct row evaluated once). ``terms`` is a pure function
+    returning ``(sums, counts)``; the counts are non-private and dropped unless `counts`."""
+
+    f: Any
+    terms: Any
+    counts: bool
+
+    def __call__(self, q_new, q_old, params, inverse, row_args, *rows) -> tuple[tuple, tuple]:
+        r = np.asarray(self.f(q_new, *rows)) - np.asarray(self.f(q_old, *rows))
+        sums, counts = self.terms(r[inverse], *row_args, *params)
+        return tuple(sums), tuple(counts) if self.counts else tuple(0 for _ in counts)
+
+
+def _add_tuples(a: tuple, b: tuple) -> tuple:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+@dataclass(frozen=True)
+class _MergeTerms:
+    """Reduce ``(sums, counts)`` chunk results: ``merge`` the sums, add the counts."""
+
+    merge: Any
+
+    def __call__(self, acc, part):
+        if acc is None:
+            return part
+        return self.merge(acc[0], part[0]), _add_tuples(acc[1], part[1])
+
+
+@dataclass(frozen=True)
+class _GradMomentsChunk:
+    """``(sum_i c_i, sum_i c_i c_i^T)`` of one chunk, ``c_i = clip_b(grad l_i(q))``."""
+
+    f: Any
+
+    def __call__(self, q, bound, *chunk) -> tuple[np.ndarray, np.ndarray]:
+        g = _clip_rows(self.f(q, *chunk), bound)
+        return g.sum(axis=0), g.T @ g
+
+
+@dataclass(frozen=True, eq=False)
+class _AnchorGrads:
+    """Per-record clipped anchor gradients ``c_i`` of one chunk (data-only arrays kept where
+    the chunk lives, never returned): the control variate's coefficients."""
+
+    f: Any
+    anchor: np.ndarray
+    grad_bound: float
+
+    def __call__(self, *chunk) -> np.ndarray:
+        return _clip_rows(self.f(self.anchor, *chunk), self.grad_bound)
+
+
+@dataclass(frozen=True)
+class _ResidualChunk:
+    """``(sum_i clip(r_i - c_i . dq, +-b), n_clipped)`` of one chunk (control variate)."""
+
+    f: Any
+    counts: bool
+
+    def __call__(self, q_new, q_old, bound, dq, c, *chunk) -> tuple[float, int]:
+        r = np.asarray(self.f(q_new, *chunk)) - np.asarray(self.f(q_old, *chunk))
+        res = r - c @ dq
+        ok = np.isfinite(res)
+        clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
+        k = int(np.count_nonzero(~ok | (np.abs(res) > bound))) if self.counts else 0
+        return float(clipped.sum()), k
+
+
+def _add_moments(acc: tuple, part: tuple) -> tuple:
+    return acc[0] + part[0], acc[1] + part[1]
+
+
+@dataclass(frozen=True)
 class _Prepare:
     """The route's data-only per-chunk arrays (cached by the store, never returned)."""
 
@@ -222,6 +330,13 @@ class RecordFunctions:
             elif name == "grad":
                 fs = self._c.grad_clipped
                 self._kernels[key] = _GradSumChunk(fs["route"], fs["generic"], self.counts)
+            elif name == "grad_rows":
+                fs = self._c.grad_clipped
+                self._kernels[key] = _GradRowsChunk(fs["route"], fs["generic"], self.counts)
+            elif name == "residual":
+                self._kernels[key] = _ResidualChunk(self._c.ll_chunk, self.counts)
+            elif name == "moments":
+                self._kernels[key] = _GradMomentsChunk(self._c.grad_chunk)
             elif name == "prepare":
                 self._kernels[key] = _Prepare(self._c.grad_clipped["route"])
             else:  # "start"
@@ -253,12 +368,55 @@ class RecordFunctions:
         """``T * (l_i(q_new) - l_i(q_old))`` for the records ``idx`` only (repeats allowed).
 
         Reads only the rows ``idx`` of every data array (one fancy-indexing read per array), so
-        the cost is ``O(len(idx))``, independent of ``n``: the minibatch of DP-Fast MH.
+        the cost is ``O(len(idx))``, independent of ``n``. Per-record values: in-memory
+        records only (the steps use `ratio_subset_terms`, which returns sums).
         """
         rows = self._records.take(idx)
         return np.asarray(self._c.ll_chunk(q_new, *rows)) - np.asarray(
             self._c.ll_chunk(q_old, *rows)
         )
+
+    def ratio_subset_terms(
+        self,
+        q_new: np.ndarray,
+        q_old: np.ndarray,
+        idx: np.ndarray,
+        terms: Any,
+        merge: Any = _add_tuples,
+        *,
+        row_args: tuple = (),
+        params: tuple = (),
+    ) -> tuple[tuple, tuple]:
+        """A minibatch release: ``terms`` of the log-likelihood ratios of the records ``idx``.
+
+        ``terms(r, *row_args, *params) -> (sums, counts)`` is a pure, picklable function of
+        the ratios ``r = T (l_i(q_new) - l_i(q_old))`` of a part of the minibatch (e.g.
+        `pymc_dp.kernels.subsampled_penalty.clipped_moments`); it must return sums over
+        the part, never per-record values. ``row_args`` are per-index arrays (public, drawn
+        on the driver), ``params`` scalars. The store evaluates ``terms`` where each chunk
+        of records lives, on that chunk's selected rows only; the parts are combined in chunk
+        order (``merge`` for the sums, added counts). The counts are computed from the data
+        without noise (0 unless `counts`). Keep ``terms`` a module-level function (it is
+        shipped to a remote store once).
+        """
+        idx = np.asarray(idx)
+        if idx.size == 0:
+            empty = np.empty(0)
+            sums, counts = terms(empty, *(empty for _ in row_args), *params)
+            return tuple(sums), tuple(0 for _ in counts)
+        key = f"rows:{terms.__module__}.{terms.__qualname__}:{int(self.counts)}"
+        if key not in self._kernels:
+            self._kernels[key] = _RatioRowsChunk(self._c.ll_chunk, terms, self.counts)
+        out = self._records.map_reduce_rows(
+            self._kernels[key],
+            _MergeTerms(merge),
+            None,
+            idx,
+            args=(q_new, q_old, tuple(params)),
+            row_args=tuple(row_args),
+        )
+        self.released["llr"] += 1
+        return out
 
     def clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float
@@ -293,6 +451,29 @@ class RecordFunctions:
         total = 0.0
         for p in parts:
             total += float(p)
+        return total
+
+    def shared_clipped_grad_sum(self, q: np.ndarray, bound: float, noise_std: float) -> np.ndarray:
+        """The data-sharing gradient release: the sum of every owner's noisy clipped sum.
+
+        Owner ``k`` releases ``sum_{i in owner k} clip_b(grad l_i(q)) + N(0, noise_std^2 I)``,
+        its noise drawn where its records live (Yildirim & Ermis 2019, Algorithm 2, applied
+        to the gradient releases of DP-HMC); the driver adds the ``K`` noisy contributions in
+        owner order. Needs records with data owners.
+        """
+        self._ensure_grad()
+        route = self._c.grad_clipped["route"]
+        kernel = self._kernel("grad")
+        init = (np.zeros(self.ndim), 0)
+        if route.prepare is None:
+            kw: dict[str, Any] = {"args": (q, bound, [])}
+        else:
+            kw = {"args": (q, bound), "prepare": self._kernel("prepare")}
+        parts = self._records.owner_sums(kernel, _add_pairs, init, noise_std, **kw)
+        self.released["grad"] += 1
+        total = np.zeros(self.ndim)
+        for p in parts:
+            total = total + np.asarray(p, dtype=float)
         return total
 
     def _ensure_grad(self) -> None:
@@ -345,36 +526,31 @@ class RecordFunctions:
         adds a *released* ``sum_i c_i`` (a DP output) back recovers the full ratio; the
         residuals are second order in the step and far smaller than the ``r_i``, so the same
         replace-one sensitivity ``2 bound`` buys a much smaller bound. The ``c_i`` are computed
-        once per anchor and kept in memory (never published). Returns the sum and the number
-        of clipped records (non-private, as in `clipped_loglik_ratio_sum`).
+        once per anchor where each chunk lives and kept there (never returned, never
+        published); every call returns the chunks' clipped residual sums, added in chunk
+        order. Returns the sum and the number of clipped records (non-private, as in
+        `clipped_loglik_ratio_sum`; 0 unless `counts`).
         """
-        self._require_local("the control variate (automatic mode)")
         key = (tuple(np.round(np.asarray(anchor, dtype=float), 15)), float(grad_bound))
         cache = self.__dict__.setdefault("_anchor_grads", {})
         if key not in cache:
             self._ensure_grad()
+            for old in cache.values():  # one anchor at a time: free the old coefficients
+                self._records.forget(old)
             cache.clear()
-            cache[key] = [
-                _clip_rows(self._c.grad_chunk(anchor, *c), grad_bound) for c in self._chunks()
-            ]
-        dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
-        total, count = 0.0, 0
-        for c, g in zip(self._chunks(), cache[key], strict=True):
-            r = np.asarray(self._c.ll_chunk(q_new, *c)) - np.asarray(self._c.ll_chunk(q_old, *c))
-            res = r - g @ dq
-            ok = np.isfinite(res)
-            clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
-            total += float(clipped.sum())
-            count += int(np.count_nonzero(~ok | (np.abs(res) > bound)))
-        self.released["llr"] += 1
-        return total, count
-
-    def _require_local(self, what: str) -> None:
-        if not getattr(self._records, "local", True):
-            raise NotImplementedError(
-                f"{what} needs the records in this process; records on a Dask cluster are "
-                "not supported there yet"
+            cache[key] = _AnchorGrads(
+                self._c.grad_chunk, np.array(anchor, dtype=float), float(grad_bound)
             )
+        dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
+        total, count = self._records.map_reduce(
+            self._kernel("residual"),
+            _add_pairs,
+            (0.0, 0),
+            args=(q_new, q_old, bound, dq),
+            prepare=cache[key],
+        )
+        self.released["llr"] += 1
+        return float(total), int(count)
 
     def clipped_grad_moments(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
         """``(sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``.
@@ -382,16 +558,15 @@ class RecordFunctions:
         The sufficient statistics of the private Fisher scoring of the automatic warm start
         (`pymc_dp.kernels.warmstart.private_laplace`). A record whose gradient is not finite
         contributes 0. Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b^2`` (in
-        Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``.
+        Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``; each
+        chunk returns its two sums (where it lives), added in chunk order.
         """
-        self._require_local("the automatic warm start")
         self._ensure_grad()
-        s1 = np.zeros(self.ndim)
-        s2 = np.zeros((self.ndim, self.ndim))
-        for c in self._chunks():
-            g = _clip_rows(self._c.grad_chunk(q, *c), bound)
-            s1 += g.sum(axis=0)
-            s2 += g.T @ g
+        init = (np.zeros(self.ndim), np.zeros((self.ndim, self.ndim)))
+        s1, s2 = self._records.map_reduce(
+            self._kernel("moments"), _add_moments, init, args=(q, bound)
+        )
+        self.released["grad"] += 1
         return s1, s2
 
     def clipped_grad_sum_subset(
@@ -400,27 +575,22 @@ class RecordFunctions:
         """``sum_{i in idx} clip_b(grad l_i(q))`` reading only the rows ``idx`` of the data.
 
         The minibatch gradient of DP-SGLD / DP-SGNHT. Returns the sum (shape ``(d,)``) and the
-        number of clipped records (non-private, as in `clipped_grad_sum`). One
-        fancy-indexing read per data array, in chunks of ``chunk_size``, through the chosen
-        route (its data-only per-chunk arrays computed for the rows read); an empty subsample
-        reads nothing and gives 0.
+        number of clipped records (non-private, as in `clipped_grad_sum`). The store reads,
+        in every chunk holding some of the records ``idx`` (repeats allowed), only those rows
+        (through the chosen route, its data-only arrays computed for the rows read), and
+        returns their sum; the chunk sums are added in chunk order. An empty subsample reads
+        nothing and gives 0.
         """
         total = np.zeros(self.ndim)
-        count = 0
         idx = np.asarray(idx)
         if idx.size == 0:
-            return total, count
+            return total, 0
         self._ensure_grad()
-        route = self._c.grad_clipped["route"]
-        generic = self._c.grad_clipped["generic"]
-        step = self.chunk_size or idx.size
-        for start in range(0, idx.size, step):
-            rows = self._records.take(idx[start : start + step])
-            prep = route.prepared(rows)
-            g, k = generic(q, bound, [], rows) if prep is None else route(q, bound, prep, rows)
-            total += g
-            count += k
-        return total, count
+        total, count = self._records.map_reduce_rows(
+            self._kernel("grad_rows"), _add_pairs, (total, 0), idx, args=(q, bound)
+        )
+        self.released["grad"] += 1
+        return total, int(count)
 
     @property
     def gradient_route(self) -> str:

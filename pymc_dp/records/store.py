@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from pytensor.compile.sharedvalue import SharedVariable
 
-__all__ = ["InMemoryRecords", "node_shape", "node_value"]
+__all__ = ["InMemoryRecords", "node_shape", "node_value", "split_rows", "unique_rows"]
 
 
 def node_shape(node) -> tuple[int, ...]:
@@ -33,6 +33,62 @@ def node_value(node) -> np.ndarray:
     if isinstance(node, SharedVariable):
         return np.asarray(node.get_value())
     return np.asarray(node.data)
+
+
+def split_rows(
+    idx, row_args: tuple, starts: np.ndarray, n_records: int
+) -> list[tuple[int, np.ndarray, tuple]]:
+    """Split record indices by chunk: ``[(chunk, local indices, row_args of those), ...]``.
+
+    ``idx`` (repeats allowed, any order) is validated and sorted (stably, ``row_args`` --
+    arrays with one entry per index -- permuted alike); chunk ``j`` starts at record
+    ``starts[j]``. Only chunks with at least one index are listed, in chunk order. Data-free:
+    the indices are drawn on the driver.
+
+    Raises
+    ------
+    ValueError
+        If ``idx`` is not a 1-d array of integers in ``[0, n_records)`` or a row argument
+        does not have one entry per index; raised before any data is read.
+    """
+    idx = np.asarray(idx)
+    if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+        raise ValueError(
+            f"idx (the record indices of a minibatch) must be a 1-d array of integers; got "
+            f"shape {idx.shape} and dtype {idx.dtype}. Draw them with rng.integers or "
+            "rng.choice"
+        )
+    if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n_records):
+        raise ValueError(
+            f"idx (the record indices of a minibatch) must lie in [0, n) with n = "
+            f"{n_records} records; got indices in [{int(idx.min())}, {int(idx.max())}]. Draw "
+            "them from range(n) of the records the step reads"
+        )
+    for k, a in enumerate(row_args):
+        if np.shape(a)[:1] != idx.shape:
+            raise ValueError(
+                f"row_args[{k}] must have one entry per index ({idx.size}); got shape {np.shape(a)}"
+            )
+    order = np.argsort(idx, kind="stable")
+    idx = idx[order].astype(np.int64, copy=False)
+    row_args = tuple(np.asarray(a)[order] for a in row_args)
+    starts = np.asarray(starts, dtype=np.int64)
+    cuts = np.searchsorted(idx, np.append(starts[1:], n_records), side="left")
+    out = []
+    lo = 0
+    for j, hi in enumerate(cuts):
+        if hi > lo:
+            out.append((j, idx[lo:hi] - starts[j], tuple(a[lo:hi] for a in row_args)))
+        lo = hi
+    return out
+
+
+def unique_rows(local: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct sorted indices, inverse)`` of sorted indices ``local`` (repeats allowed)."""
+    if local.size < 2 or np.all(local[1:] != local[:-1]):
+        return local, np.arange(local.size)
+    uniq, inverse = np.unique(local, return_inverse=True)
+    return uniq, np.ravel(inverse)
 
 
 class InMemoryRecords:
@@ -112,6 +168,37 @@ class InMemoryRecords:
         for c in self.chunks():
             acc = reduce(acc, fn(*args, *c))
         return acc
+
+    def map_reduce_rows(
+        self,
+        fn: Callable[..., Any],
+        reduce: Callable[[Any, Any], Any],
+        init: Any,
+        idx: np.ndarray,
+        *,
+        args: tuple = (),
+        row_args: tuple = (),
+    ):
+        """``fn(*args, inverse, row_args_j, *rows_j)`` on the chunks holding records ``idx``.
+
+        The minibatch counterpart of `map_reduce`: ``idx`` (record indices, repeats
+        allowed) is split by chunk (`split_rows`); ``rows_j`` are the chunk's selected
+        records, each distinct one read once (one fancy-indexing read per array),
+        ``inverse`` maps the chunk's sorted indices to them, ``row_args_j`` are the entries
+        of the per-index arrays ``row_args`` for those indices. Only chunks with selected
+        records are visited; their results are reduced in chunk order.
+        """
+        starts = np.asarray(self.chunk_starts())
+        acc = init
+        for j, local, ra in split_rows(idx, tuple(row_args), starts, self.n_records):
+            uniq, inverse = unique_rows(local)
+            rows = [a[uniq + starts[j]] for a in self._arrays]
+            acc = reduce(acc, fn(*args, inverse, ra, *rows))
+        return acc
+
+    def forget(self, prepare) -> None:
+        """Drop the cached per-chunk arrays of ``prepare`` (if any)."""
+        self._prepared.pop(id(prepare), None)
 
     def all_finite(self, which: list[bool]) -> bool:
         """Whether every float array flagged in ``which`` is finite (one bit about the data)."""

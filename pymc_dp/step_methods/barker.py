@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import pymc as pm
 
 from pymc_dp._validation import (
     check_positive,
@@ -23,14 +22,25 @@ from pymc_dp._validation import (
     check_unit_interval,
     resolve_noise_or_target,
 )
+from pymc_dp.accounting import DPBarkerEvent
 from pymc_dp.kernels.barker import (
     barker_clip_bound,
     barker_log_test,
     calibrate_barker_batch_size,
 )
-from pymc_dp.kernels.subsampled_penalty import minibatch_estimate
-from pymc_dp.records import count_records
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
+from pymc_dp.kernels.subsampled_penalty import (
+    clipped_moments,
+    merge_moments,
+    minibatch_estimate,
+    moments_estimate,
+)
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    ScaleAdaptation,
+    make_plan,
+    n_records_of,
+)
 
 __all__ = ["DPBarker", "barker_runner"]
 
@@ -88,12 +98,21 @@ class DPBarker(ScaleAdaptation, DPStep):
         Initial global scale ``s``; adapted in warmup from the DP accept decisions.
     target_accept : float
         Target acceptance rate of the warmup adaptation.
+    chunk_size : int, optional
+        Records per chunk of the in-memory records (a minibatch is evaluated chunk by
+        chunk); with ``records=`` the partitions are the chunks.
     data_free_potentials : bool
         Declare that every ``pm.Potential`` is free of the data.
     nonprivate_diagnostics : bool
         Emit ``clip_fraction_NONPRIVATE`` and ``batch_var_NONPRIVATE`` (NOT private).
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory): the minibatch
+        indices are drawn here (the same random stream as in memory), each partition holding
+        some of them evaluates only those rows and returns their sums, and the driver
+        combines the partition sums in partition order and adds the noise.
     """
 
+    remote_records = True
     name = "dp_barker"
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
@@ -119,8 +138,10 @@ class DPBarker(ScaleAdaptation, DPStep):
         proposal_scale=1.0,
         scaling: float = 1.0,
         target_accept: float = 0.234,
+        chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -130,7 +151,7 @@ class DPBarker(ScaleAdaptation, DPStep):
         check_positive(tempering, "tempering", coerce=True)
         self.scaling = check_positive(scaling, "scaling", coerce=True)
         self.target_accept = check_unit_interval(target_accept, "target_accept")
-        n = count_records(pm.modelcontext(model))
+        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
 
         def given_batch() -> int:
             b = check_positive(batch_size, "batch_size", integer=True, coerce=True)
@@ -164,16 +185,20 @@ class DPBarker(ScaleAdaptation, DPStep):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
             tempering=tempering,
-            chunk_size=None,
+            chunk_size=chunk_size,
             data_free_potentials=data_free_potentials,
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )
         self.clip_bound = barker_clip_bound(n, self.batch_size)
+
+    def released_events(self) -> list:
+        return [DPBarkerEvent(self._fns.n_records, self.batch_size, self._releases())]
 
     def _reset_chain_state(self) -> None:
         self._reset_scaling()
@@ -185,8 +210,10 @@ class DPBarker(ScaleAdaptation, DPStep):
         lpr = self._fns.prior_logp(q1) - self._fns.prior_logp(q)
         # -- the one data access: Algorithm 2 on a minibatch drawn without replacement --------
         idx = np.sort(self.rng.choice(n, size=b, replace=False))
-        r = self._fns.loglik_ratio_subset(q1, q, idx)
-        lam, var = minibatch_estimate(r, n, self.clip_bound)
+        moments, (n_clipped,) = self._fns.ratio_subset_terms(
+            q1, q, idx, clipped_moments, merge_moments, params=(self.clip_bound,)
+        )
+        lam, var = moments_estimate(moments, n)
         accepted = barker_log_test(lam, var, lpr, self.rng)
         # -- post-processing of the released decision -----------------------------------------
         if self.tune:
@@ -197,7 +224,7 @@ class DPBarker(ScaleAdaptation, DPStep):
             "step_norm": float(np.linalg.norm(q1 - q)),
             "dp_barker_batch": b,
             "dp_barker_n": n,
-            "clip_fraction" + NONPRIVATE_SUFFIX: float(np.mean(~(np.abs(r) <= self.clip_bound))),
+            "clip_fraction" + NONPRIVATE_SUFFIX: n_clipped / b,
             "batch_var" + NONPRIVATE_SUFFIX: float(var),
         }
         return (q1 if accepted else q), stats

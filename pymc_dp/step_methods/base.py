@@ -298,6 +298,15 @@ class DPStep(ArrayStepShared):
         mu = self._mu_per_release()
         return float(sum(mu[kind] * k for kind, k in self._fns.released.items()))
 
+    def released_events(self) -> list:
+        """Privacy events of the releases that reached the driver so far (all chains), for
+        the mechanisms not accounted by `released_mu` (the minibatch steps override it)."""
+        return []
+
+    def _releases(self) -> int:
+        """Released sums that reached the driver so far (all chains, all kinds)."""
+        return int(sum(self._fns.released.values()))
+
     def _mu_per_release(self) -> dict[str, float]:
         """``{"llr": mu, "grad": mu}`` of one release of each kind (overridden by steps)."""
         return {"llr": self._mu_per_iteration, "grad": self._mu_per_iteration}
@@ -332,6 +341,17 @@ class DPStep(ArrayStepShared):
         raise NotImplementedError
 
 
+def n_records_of(step: type, model, records, nonprivate_diagnostics: bool) -> int:
+    """The number of records ``n`` a step reads (public), before anything is compiled or read.
+
+    The model's (counted from its shapes) or, with ``records=``, that of the records (the
+    model may hold a small stand-in); ``records`` is checked first (`_check_records`).
+    """
+    _check_records(step, records, nonprivate_diagnostics)
+    n = count_records(pm.modelcontext(model))  # refuses a model without records
+    return int(records.n_records) if records is not None else n
+
+
 def _check_records(step: type, records, nonprivate_diagnostics: bool) -> None:
     """Refuse records a step cannot use, before anything is compiled or read."""
     if records is None:
@@ -343,9 +363,9 @@ def _check_records(step: type, records, nonprivate_diagnostics: bool) -> None:
         )
     if not step.remote_records:
         raise ValueError(
-            f"{step.__name__} needs per-record values on the driver, which never leave the "
-            "workers of records on a cluster; with records=DaskRecords(...) use "
-            "DPPenaltyMetropolis or DPHMC"
+            f"{step.__name__} does not take records on a cluster (records=DaskRecords(...)) "
+            f"yet; use one of {_remote_step_names()} with them, or in-memory records "
+            "(records=None)"
         )
     if getattr(records, "owners", None) is not None:
         if not step.data_sharing:
@@ -359,6 +379,19 @@ def _check_records(step: type, records, nonprivate_diagnostics: bool) -> None:
                 "nonprivate_diagnostics=True would send each owner's clipped counts to the "
                 "curator without noise; it is refused with data owners (owners=...)"
             )
+
+
+def _remote_step_names() -> list[str]:
+    """Names of the public step classes that take records on a cluster (for messages)."""
+    import pymc_dp.step_methods as sm
+
+    return sorted(
+        name
+        for name in getattr(sm, "__all__", [])
+        if isinstance(getattr(sm, name, None), type)
+        and issubclass(getattr(sm, name), DPStep)
+        and getattr(sm, name).remote_records
+    )
 
 
 class ScaleAdaptation:

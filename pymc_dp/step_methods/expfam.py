@@ -30,6 +30,7 @@ from pymc_dp.step_methods.base import (
     check_positive,
     check_target,
     make_plan,
+    n_records_of,
 )
 
 __all__ = ["DPExpFamilyPenalty"]
@@ -108,9 +109,15 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     nonprivate_diagnostics : bool
         Also emit ``clip_fraction_NONPRIVATE``, the fraction of records whose ``T(x_i)`` was
         clipped, computed WITHOUT noise. Not differentially private.
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory), keyed by the
+        names of the observed variable and the covariate ``pm.Data`` containers: each
+        partition computes its clipped statistic sum where it lives, and only the sums reach
+        the driver (their sum is ``S``; the partitions are the chunks).
     """
 
     name = "dp_expfam_penalty"
+    remote_records = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
         "accept": (np.float64, []),
@@ -139,6 +146,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -187,7 +195,11 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
         model = pm.modelcontext(model)
         structure = find_expfam_structure(model)  # data-free; refuses unsupported models
-        structure.check_data_finite()
+        if records is not None:
+            # the model holds a stand-in; the records' finiteness is checked by _setup
+            structure.n_records = n_records_of(type(self), model, records, nonprivate_diagnostics)
+        else:
+            structure.check_data_finite()
         if initial_point is None:
             initial_point = model.initial_point()
         self._setup(
@@ -203,6 +215,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         shared = {v: self.shared[v.name] for v in model.value_vars if v.name in self.shared}
         self._expfam: ExpFamilyModel = structure.compile(
@@ -213,9 +226,17 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self.stat_clip_bound = float(stat_clip_bound)
         self.stat_noise_std = expfam_noise_std(self.noise_multiplier, self.stat_clip_bound)
         # -- the one pass over the data: S = sum_i clip_C(T(x_i)) (input of every release) --
+        store = None
+        if records is not None:  # the response and covariates, in the order of the pass
+            keys = records.check_names(self._expfam.record_names())
+            store = records.store_for(keys, self._expfam.record_templates())
         self._stat_sum, n_clipped = self._expfam.clipped_stat_sum(
-            self.stat_clip_bound, chunk_size or 100_000
+            self.stat_clip_bound,
+            chunk_size or 100_000,
+            store=store,
+            counts=self.nonprivate_diagnostics or records is None,
         )
+        self._releases_made = 0
         self._clip_fraction = (
             n_clipped / self._expfam.n_records if self.nonprivate_diagnostics else np.nan
         )
@@ -225,6 +246,11 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
         self.proposal_scale = s
         self._reset_chain_state()
+
+    def released_mu(self) -> float:
+        """Privacy-loss parameter of the releases of ``S`` made so far (all chains): the
+        data are read once, at construction; every iteration releases ``S`` afresh."""
+        return float(self._mu_per_iteration * self._releases_made)
 
     @property
     def family(self) -> str:
@@ -290,6 +316,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         q1, j = self._propose(q)
         # -- the one data access of the iteration: a fresh Gaussian release of S ----------------
         log_a, noise_std = self.log_acceptance(q1, q)
+        self._releases_made += 1
         # -- everything below is post-processing of the noisy ratio -----------------------------
         if not np.isfinite(log_a):
             log_a = -np.inf  # NaN (proposal outside the support): reject

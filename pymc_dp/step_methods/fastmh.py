@@ -27,16 +27,24 @@ from pymc.util import get_value_vars_from_user_vars
 from scipy import stats
 
 from pymc_dp._validation import check_positive, check_target, check_unit_interval
+from pymc_dp.accounting import ApproxDPEvent
 from pymc_dp.kernels.fastmh import (
     FastMHSettings,
     IndexSampler,
     calibrate_fastmh,
+    clipped_sum_terms,
     default_max_batch,
     fastmh_transition,
     truncate_step,
+    tuna_terms,
 )
-from pymc_dp.records import count_records
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    ScaleAdaptation,
+    make_plan,
+    n_records_of,
+)
 
 __all__ = ["DPFastMH"]
 
@@ -165,6 +173,13 @@ class DPFastMH(ScaleAdaptation, DPStep):
         Also emit ``kept_NONPRIVATE`` (the thinned minibatch size) and
         ``clip_fraction_NONPRIVATE``, computed from the data WITHOUT noise. Not differentially
         private; the privacy report flags the run.
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory): the minibatch
+        indices are drawn here (the same random stream as in memory), each partition holding
+        some of them evaluates only those rows and returns their sums (the TunaMH sum of
+        the kept ones; their keep uniforms are sent along), and the driver combines the
+        partition sums in partition order and adds the noise. The full-batch branch reads
+        every partition's clipped sum.
 
     Notes
     -----
@@ -176,6 +191,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
     floating-point leakage.
     """
 
+    remote_records = True
     name = "dp_fast_mh"
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
@@ -217,6 +233,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
         chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -233,7 +250,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if s.size == 0 or not np.all(np.isfinite(s) & (s > 0)):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
         m = pm.modelcontext(model)
-        n = count_records(m)
+        n = n_records_of(type(self), m, records, nonprivate_diagnostics)
         c = self._check_clip_bound(clip_bound, n)
         C = float(n * c) if np.ndim(c) == 0 else float(np.sum(c))
         c_max = float(np.max(c))
@@ -380,6 +397,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         d = self._fns.ndim
         if s.size not in (1, d):
@@ -408,6 +426,10 @@ class DPFastMH(ScaleAdaptation, DPStep):
     def _reset_chain_state(self) -> None:
         self._reset_scaling()
 
+    def released_events(self) -> list:
+        # every iteration is one (iter_epsilon, iter_delta)-DP release, either branch
+        return [ApproxDPEvent(self.iter_epsilon, self.iter_delta, self._releases())]
+
     def _privacy_stats(self) -> dict[str, Any]:
         out = super()._privacy_stats()
         out["dp_iter_epsilon"] = self.iter_epsilon
@@ -428,19 +450,24 @@ class DPFastMH(ScaleAdaptation, DPStep):
             return self._fns.loglik_ratio_subset(q1, q, np.flatnonzero(present))[position[idx]]
         return self._fns.loglik_ratio_subset(q1, q, idx)
 
+    def _minibatch_terms(self, q1, q, idx, c, u, M: float) -> tuple:
+        """The TunaMH sum of the minibatch ``idx`` (with repeats), as sums where the records
+        live: ``((ell,), (kept, n_clipped))`` (`pymc_dp.kernels.fastmh.tuna_terms`)."""
+        s = self._settings
+        return self._fns.ratio_subset_terms(
+            q1, q, idx, tuna_terms, row_args=(c, u), params=(s.C, s.lam, M)
+        )
+
     def _fullbatch_clipped_sum(self, q1: np.ndarray, q: np.ndarray, M: float):
         c = self.clip_bound
         if np.ndim(c) == 0:
             return self._fns.clipped_loglik_ratio_sum(q1, q, c * M)
-        r = self._fns.loglik_ratio(q1, q)
-        b = c * M
-        # As in the scalar path (RecordFunctions.clipped_loglik_ratio_sum): a record whose
-        # log-likelihood is -inf at both points gives NaN; it contributes 0 (within the
-        # bounds, so the sensitivity is unchanged) and counts as clipped, instead of a NaN
-        # that would decide the test without noise.
-        nan = np.isnan(r)
-        clipped = np.where(nan, 0.0, np.clip(r, -b, b))
-        return float(np.sum(clipped)), int(np.count_nonzero(nan | (np.abs(r) > b)))
+        # per-record bounds (public): every record, its bound sent along with its index
+        n = self._fns.n_records
+        (total,), (n_clipped,) = self._fns.ratio_subset_terms(
+            q1, q, np.arange(n), clipped_sum_terms, row_args=(c * M,)
+        )
+        return float(total), int(n_clipped)
 
     def _dp_astep(self, q0):
         q = q0.data
@@ -457,7 +484,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
             step_norm=M,
             log_prior_ratio=lp1 - lp0,
             log_proposal_ratio=0.0,  # radially truncated symmetric random walk
-            minibatch_ratios=lambda idx: self._minibatch_ratios(q1, q, idx),
+            minibatch_terms=lambda idx, c, u, m: self._minibatch_terms(q1, q, idx, c, u, m),
             fullbatch_clipped_sum=lambda m: self._fullbatch_clipped_sum(q1, q, m),
             n_records=self._fns.n_records,
         )

@@ -141,7 +141,14 @@ class DPHMC(DPStep):
     records : pymc_dp.distributed.DaskRecords, optional
         The records on a Dask cluster (default: the model's data, in memory): every clipped
         sum is computed where the partitions live and only the sums reach the driver, which
-        adds the noise.
+        adds the noise. With data owners (``DaskRecords(..., owners=...)``) the step runs the
+        data-sharing scheme of Yildirim & Ermis (2019), Algorithm 2, on all its ``L + 2``
+        releases: each of the ``K`` owners adds its own noise (the central scheme's
+        ``sigma_g`` to its gradient sums, ``sigma_l`` to its ratio sum) before its
+        contribution leaves it; the total noise variance is ``K`` times the central one and
+        the penalty correction is ``K sigma_l^2 / 2``. Each owner's privacy against the
+        curator and the other owners is that of the central scheme at the same noise
+        multipliers (``dp_owners`` records ``K``).
 
     Notes
     -----
@@ -160,6 +167,7 @@ class DPHMC(DPStep):
 
     name = "dphmc"
     remote_records = True
+    data_sharing = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
         "accept": (np.float64, []),
@@ -325,6 +333,9 @@ class DPHMC(DPStep):
             clipped_grad_sum=fns.clipped_grad_sum,
             prior_logp_and_grad=fns.prior_logp_and_grad,
             clipped_loglik_ratio_sum=fns.clipped_loglik_ratio_sum,
+            owners=self._owners,
+            shared_grad_sum=fns.shared_clipped_grad_sum if self._owners else None,
+            shared_llr_sum=fns.shared_clipped_loglik_ratio_sum if self._owners else None,
         )
         # -- everything below is post-processing of the released values --------------------------
         if tune:
@@ -340,7 +351,8 @@ class DPHMC(DPStep):
             "diverging": info.diverging,
             "step_norm": info.step_norm,
             "llr_noise_std": info.llr_noise_std,
-            "grad_noise_std": self.grad_noise_std,
+            # the total noise of a gradient release (K owners: sqrt(K) times the central)
+            "grad_noise_std": self.grad_noise_std * float(np.sqrt(max(self._owners, 1))),
             "grad_clip_fraction" + NONPRIVATE_SUFFIX: info.n_grad_clipped / (info.n_grad * n),
             "llr_clip_fraction" + NONPRIVATE_SUFFIX: info.n_llr_clipped / n,
         }

@@ -48,8 +48,7 @@ from pymc_dp.kernels.sgmcmc import (
     sgnht_update,
     total_noise_multiplier,
 )
-from pymc_dp.records import count_records
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan, n_records_of
 
 __all__ = ["DPSGLD", "DPSGNHT", "sgld_runner", "sgnht_runner"]
 
@@ -80,6 +79,8 @@ def _check_rate(batch_size, sampling_rate, n: int) -> tuple[float, float]:
 class _SGMCMCStep(DPStep):
     """Shared machinery of DPSGLD and DPSGNHT (validation, calibration, minibatch gradient)."""
 
+    remote_records = True
+
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
         "dp_poisson_sigma": (np.float64, []),
@@ -104,6 +105,8 @@ class _SGMCMCStep(DPStep):
         tune,
         chains,
         model,
+        records=None,
+        nonprivate_diagnostics=False,
     ):
         """Validate (before the data is touched: shapes only) and calibrate.
 
@@ -113,7 +116,7 @@ class _SGMCMCStep(DPStep):
         self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
         self.step_size = check_positive(step_size, "step_size", coerce=True)
         model = pm.modelcontext(model)
-        n = count_records(model)
+        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
         self.sampling_rate, self.batch_size = _check_rate(batch_size, sampling_rate, n)
         z_int = self._intrinsic_noise_multiplier()
 
@@ -191,6 +194,13 @@ class _SGMCMCStep(DPStep):
         out["dp_poisson_sigma"] = self.total_noise_multiplier
         out["dp_poisson_q"] = self.sampling_rate
         return out
+
+    def released_events(self) -> list:
+        return [
+            PoissonSubsampledGaussian(
+                self.total_noise_multiplier, self.sampling_rate, self._releases()
+            )
+        ]
 
     def _noisy_gradient(self, q: np.ndarray) -> tuple[np.ndarray, float]:
         """One release: the DP minibatch gradient of the log posterior at ``q``.
@@ -291,6 +301,11 @@ class DPSGLD(_SGMCMCStep):
         Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
         was clipped), computed from the data WITHOUT noise. Not differentially private; the
         privacy report flags the run.
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory): the minibatch
+        indices are drawn here (the same random stream as in memory), each partition holding
+        some of them evaluates only those rows and returns their sum, and the driver combines
+        the partition sums in partition order and adds the noise.
     model : pymc.Model, optional
         As for PyMC's step methods.
     rng : numpy Generator or seed, optional
@@ -329,6 +344,7 @@ class DPSGLD(_SGMCMCStep):
         chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -347,6 +363,8 @@ class DPSGLD(_SGMCMCStep):
             tune=tune,
             chains=chains,
             model=model,
+            records=records,
+            nonprivate_diagnostics=nonprivate_diagnostics,
         )
         self._setup(
             vars,
@@ -361,6 +379,7 @@ class DPSGLD(_SGMCMCStep):
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         self._reset_chain_state()
 
@@ -453,6 +472,11 @@ class DPSGNHT(_SGMCMCStep):
         Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
         was clipped), computed from the data WITHOUT noise. Not differentially private; the
         privacy report flags the run.
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory): the minibatch
+        indices are drawn here (the same random stream as in memory), each partition holding
+        some of them evaluates only those rows and returns their sum, and the driver combines
+        the partition sums in partition order and adds the noise.
     model : pymc.Model, optional
         As for PyMC's step methods.
     rng : numpy Generator or seed, optional
@@ -493,6 +517,7 @@ class DPSGNHT(_SGMCMCStep):
         chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -513,6 +538,8 @@ class DPSGNHT(_SGMCMCStep):
             tune=tune,
             chains=chains,
             model=model,
+            records=records,
+            nonprivate_diagnostics=nonprivate_diagnostics,
         )
         self._setup(
             vars,
@@ -527,6 +554,7 @@ class DPSGNHT(_SGMCMCStep):
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         self._reset_chain_state()
 

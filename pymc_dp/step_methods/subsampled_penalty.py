@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
-import pymc as pm
 
 from pymc_dp._validation import (
     check_positive,
@@ -26,16 +25,23 @@ from pymc_dp._validation import (
     check_unit_interval,
     resolve_noise_or_target,
 )
-from pymc_dp.accounting import calibrate_wor_subsampled_noise
+from pymc_dp.accounting import WORSubsampledGaussian, calibrate_wor_subsampled_noise
 from pymc_dp.kernels.penalty import accept
 from pymc_dp.kernels.subsampled_penalty import (
+    clipped_moments,
+    merge_moments,
     minibatch_estimate,
     subsampled_penalty_log_acceptance,
     subsampled_penalty_sensitivity,
     subsampled_penalty_transition,
 )
-from pymc_dp.records import count_records
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    ScaleAdaptation,
+    make_plan,
+    n_records_of,
+)
 
 __all__ = [
     "DPSubsampledPenalty",
@@ -102,13 +108,22 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         Target acceptance rate of the warmup adaptation.
     tempering : float
         Likelihood temperature ``T`` (thesis Sec. 3.2: ``T = n_0 / n``).
+    chunk_size : int, optional
+        Records per chunk of the in-memory records (a minibatch is evaluated chunk by
+        chunk); with ``records=`` the partitions are the chunks.
     data_free_potentials : bool
         Declare that every ``pm.Potential`` is free of the data.
     nonprivate_diagnostics : bool
         Also emit ``clip_fraction_NONPRIVATE`` and ``batch_var_NONPRIVATE`` (computed from the
         data WITHOUT noise; the result is then not DP).
+    records : pymc_dp.distributed.DaskRecords, optional
+        The records on a Dask cluster (default: the model's data, in memory): the minibatch
+        indices are drawn here (the same random stream as in memory), each partition holding
+        some of them evaluates only those rows and returns their sums, and the driver
+        combines the partition sums in partition order and adds the noise.
     """
 
+    remote_records = True
     name = "dp_subsampled_penalty"
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
@@ -139,8 +154,10 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         scaling: float = 1.0,
         target_accept: float = 0.234,
         tempering: float = 1.0,
+        chunk_size: int | None = None,
         data_free_potentials: bool = False,
         nonprivate_diagnostics: bool = False,
+        records=None,
         model=None,
         rng=None,
         initial_point=None,
@@ -153,7 +170,7 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         check_positive(tempering, "tempering", coerce=True)
         self.scaling = check_positive(scaling, "scaling", coerce=True)
         self.target_accept = check_unit_interval(target_accept, "target_accept")
-        n = count_records(pm.modelcontext(model))
+        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
         if not 2 <= self.batch_size <= n:
             raise ValueError(
                 f"batch_size must be between 2 and the number of records n = {n}; got "
@@ -184,15 +201,20 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
             compile_kwargs=compile_kwargs,
             blocked=blocked,
             tempering=tempering,
-            chunk_size=None,
+            chunk_size=chunk_size,
             data_free_potentials=data_free_potentials,
             plan=plan,
             target_delta=delta,
             nonprivate_diagnostics=nonprivate_diagnostics,
+            records=records,
         )
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )
+
+    def released_events(self) -> list:
+        n = self._fns.n_records
+        return [WORSubsampledGaussian(self.noise_multiplier, n, self.batch_size, self._releases())]
 
     def _reset_chain_state(self) -> None:
         self._reset_scaling()
@@ -211,7 +233,9 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
             noise_multiplier=self.noise_multiplier,
             step_norm=norm,
             log_prior_ratio=lpr,
-            minibatch_ratios=lambda idx: self._fns.loglik_ratio_subset(q1, q, idx),
+            minibatch_moments=lambda idx, bound: self._fns.ratio_subset_terms(
+                q1, q, idx, clipped_moments, merge_moments, params=(bound,)
+            ),
         )
         # -- post-processing of the noisy release ---------------------------------------------
         accepted = info.accepted

@@ -150,3 +150,49 @@ def test_subsampled_penalty_transition_draws_as_the_step_did():
     assert info.log_accept == pytest.approx(log_a, rel=0, abs=0)
     assert info.accepted == bool(accept(log_a, rng))
     assert info.noise_std == sigma and info.batch_var == float(var)
+
+
+def test_minibatch_moments_merged_over_parts_give_the_minibatch_estimate():
+    """Parts of a minibatch travel as (m, sum, M2); merged in order they give the estimate
+    of `minibatch_estimate` on the whole batch (NaN, +-inf and clipping included)."""
+    from pymc_dp.kernels.subsampled_penalty import (
+        clipped_moments,
+        merge_moments,
+        moments_estimate,
+    )
+
+    rng = np.random.default_rng(4)
+    r = rng.normal(3.0, 0.5, size=97)
+    r[[3, 40]] = np.nan
+    r[7], r[8] = np.inf, -np.inf
+    n, bound = 500, 3.2
+    cuts = np.sort(rng.choice(np.arange(1, r.size), size=5, replace=False))
+    parts = [clipped_moments(p, bound) for p in np.split(r, cuts)]
+    moments, clipped = parts[0]
+    for m, k in parts[1:]:
+        moments, clipped = merge_moments(moments, m), (clipped[0] + k[0],)
+    lam, var = moments_estimate(moments, n)
+    lam0, var0 = minibatch_estimate(r, n, bound)
+    assert moments[0] == r.size
+    assert lam == pytest.approx(lam0, rel=1e-12) and var == pytest.approx(var0, rel=1e-9)
+    assert clipped[0] == np.count_nonzero(~(np.abs(r) <= bound))
+    empty = clipped_moments(np.empty(0), bound)[0]
+    assert merge_moments(empty, moments) == moments == merge_moments(moments, empty)
+
+
+def test_tuna_terms_add_over_parts():
+    """TunaMH's minibatch sum is a sum over the drawn indices: parts add up to the whole."""
+    from pymc_dp.kernels.fastmh import keep_probability, tuna_log_ratio, tuna_terms
+
+    rng = np.random.default_rng(5)
+    C, lam, M = 50.0, 20.0, 0.1
+    r = rng.normal(0.0, 0.2, size=60)
+    c = rng.uniform(0.5, 1.5, size=60)
+    u = rng.uniform(size=60)
+    (ell,), (kept, n_clipped) = tuna_terms(r, c, u, C, lam, M)
+    rc = np.clip(r, -c * M, c * M)
+    keep = u < keep_probability(rc, c, C, lam, M)
+    assert ell == pytest.approx(tuna_log_ratio(rc[keep], c[keep], C, lam, M), rel=1e-12)
+    assert (kept, n_clipped) == (keep.sum(), np.count_nonzero(np.abs(r) > c * M)) != (60, 0)
+    halves = [tuna_terms(r[s], c[s], u[s], C, lam, M) for s in (slice(0, 25), slice(25, 60))]
+    assert halves[0][0][0] + halves[1][0][0] == pytest.approx(ell, rel=1e-12)

@@ -326,7 +326,12 @@ def test_fastmh_full_batch_with_per_record_bounds_treats_nan_as_clipped():
         )
     r = np.linspace(-0.05, 0.05, 40)
     r[7] = np.nan  # log-likelihood -inf at both points
-    step._fns.loglik_ratio = lambda q1, q: r
+
+    def terms_of_r(q1, q, idx, terms, merge=None, *, row_args=(), params=()):
+        # the records' ratios are r: the per-part function sees them (all in one part)
+        return terms(r[idx], *row_args, *params)
+
+    step._fns.ratio_subset_terms = terms_of_r
     total, count = step._fullbatch_clipped_sum(np.ones(1), np.zeros(1), 0.2)
     assert np.isfinite(total) and count == 1
     assert total == pytest.approx(np.nansum(np.clip(r, -0.1, 0.1)))

@@ -176,10 +176,11 @@ def test_bench_auto_quick():
 def test_bench_distributed_tiny():
     pytest.importorskip("distributed", reason="dask[distributed] is not installed")
     out = _run("bench_distributed.py", "--quick")
-    for step in ("DPHMC", "DPPenaltyMetropolis"):
+    for step in ("DPHMC", "DPPenaltyMetropolis", "DPSGLD"):
         row = next(r for r in _rows(out, step) if "2,000" in r)
         bar = row.index("|")
         one, dask_t, ratio = (_positive(x) for x in row[bar + 1 : bar + 4])
         assert ratio == pytest.approx(one / dask_t, rel=0.02, abs=2e-3)
         assert "predicted n = 1e9 on W = 100" in out
     assert _positive(re.search(r"round trip R .*: ([\d.]+) ms", out).group(1))
+    assert _positive(re.search(r"c_B = ([\d.]+) ns/minibatch record", out).group(1))
