@@ -55,11 +55,21 @@ class RecordSource(Protocol):
         bound: float,
         anchor: np.ndarray,
         grad_bound: float,
+        transform: np.ndarray | None = None,
+        direction: np.ndarray | None = None,
     ) -> tuple[float, int]: ...
 
     def clipped_grad_moments(
-        self, q: np.ndarray, bound: float
+        self,
+        q: np.ndarray,
+        bound: float,
+        transform: np.ndarray | None = None,
+        outer_bound: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def grad_norm_counts(
+        self, q: np.ndarray, grid: np.ndarray, transform: np.ndarray | None = None
+    ) -> np.ndarray: ...
 
     def shared_clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
@@ -81,6 +91,12 @@ def _clip_rows(g, bound: float) -> np.ndarray:
     ok = np.isfinite(sq)
     w = np.where(ok & (sq > bound * bound), bound / np.sqrt(np.where(ok, sq, 1.0)), 1.0)
     return np.where(ok[:, None], g * w[:, None], 0.0)
+
+
+def _mapped(g, m: np.ndarray | None) -> np.ndarray:
+    """Rows of ``g`` mapped by ``m`` (``g @ m.T``); ``g`` itself when ``m`` is None."""
+    g = np.asarray(g, dtype=float)
+    return g if m is None else g @ m.T
 
 
 @dataclass
@@ -336,28 +352,45 @@ class RecordFunctions:
         bound: float,
         anchor: np.ndarray,
         grad_bound: float,
+        transform: np.ndarray | None = None,
+        direction: np.ndarray | None = None,
     ) -> tuple[float, int]:
         """Clipped sum of the ratios' residuals after a first-order control variate.
 
-        ``sum_i clip(r_i - c_i . (q_new - q_old), +-bound)`` with ``r_i = T (l_i(q_new) -
-        l_i(q_old))`` and ``c_i = clip_{grad_bound}(T grad l_i(anchor))``. Since
-        ``sum_i r_i = sum_i (r_i - c_i . dq) + (sum_i c_i) . dq`` for any ``c_i``, a test that
-        adds a *released* ``sum_i c_i`` (a DP output) back recovers the full ratio; the
-        residuals are second order in the step and far smaller than the ``r_i``, so the same
-        replace-one sensitivity ``2 bound`` buys a much smaller bound. The ``c_i`` are computed
-        once per anchor and kept in memory (never published). Returns the sum and the number
-        of clipped records (non-private, as in `clipped_loglik_ratio_sum`).
+        ``sum_i clip(r_i - c_i . dq, +-bound)`` with ``r_i = T (l_i(q_new) - l_i(q_old))``,
+        ``c_i = clip_{grad_bound}(M T grad l_i(anchor))`` and ``dq = q_new - q_old``. Since
+        ``sum_i r_i = sum_i (r_i - c_i . dq) + (sum_i c_i) . dq`` for any ``c_i`` and any
+        ``dq``, a test that adds a *released* ``sum_i c_i`` (a DP output) back recovers the
+        full ratio; the residuals are second order in the step and far smaller than the
+        ``r_i``, so the same replace-one sensitivity ``2 bound`` buys a much smaller bound.
+        The ``c_i`` are computed once per anchor and kept in memory (never published).
+        Returns the sum and the number of clipped records (non-private, as in
+        `clipped_loglik_ratio_sum`).
+
+        ``transform`` (``M``, public, ``(d, d)``) and ``direction`` (``dq``, public) linearise
+        in other coordinates ``y = T(q)``: with ``M = J(anchor)^{-T}`` (``J`` the Jacobian of
+        ``T``) the ``c_i`` are the per-record gradients in ``y`` and ``dq = T(q_new) -
+        T(q_old)`` the step in ``y`` (`pymc_dp.auto.recentre`).
         """
         self._require_local("the control variate (automatic mode)")
-        key = (tuple(np.round(np.asarray(anchor, dtype=float), 15)), float(grad_bound))
+        m = None if transform is None else np.asarray(transform, dtype=float)
+        key = (
+            tuple(np.round(np.asarray(anchor, dtype=float), 15)),
+            float(grad_bound),
+            None if m is None else tuple(np.round(m.ravel(), 15)),
+        )
         cache = self.__dict__.setdefault("_anchor_grads", {})
         if key not in cache:
             self._ensure_grad()
             cache.clear()
             cache[key] = [
-                _clip_rows(self._c.grad_chunk(anchor, *c), grad_bound) for c in self._chunks()
+                _clip_rows(_mapped(self._c.grad_chunk(anchor, *c), m), grad_bound)
+                for c in self._chunks()
             ]
-        dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
+        if direction is None:
+            dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
+        else:
+            dq = np.asarray(direction, dtype=float)
         total, count = 0.0, 0
         for c, g in zip(self._chunks(), cache[key], strict=True):
             r = np.asarray(self._c.ll_chunk(q_new, *c)) - np.asarray(self._c.ll_chunk(q_old, *c))
@@ -376,23 +409,57 @@ class RecordFunctions:
                 "not supported there yet"
             )
 
-    def clipped_grad_moments(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``.
+    def clipped_grad_moments(
+        self,
+        q: np.ndarray,
+        bound: float,
+        transform: np.ndarray | None = None,
+        outer_bound: float | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(sum_i c_i, sum_i e_i e_i^T)`` with ``c_i = clip_b(M grad l_i(q))`` and
+        ``e_i = clip_{b'}(c_i)``, ``b'`` = ``outer_bound`` (default ``b``).
 
         The sufficient statistics of the private Fisher scoring of the automatic warm start
-        (`pymc_dp.kernels.warmstart.private_laplace`). A record whose gradient is not finite
-        contributes 0. Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b^2`` (in
-        Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``.
+        (`pymc_dp.kernels.warmstart.private_laplace`). ``M`` (``transform``, public, default
+        the identity) maps the gradients to other coordinates before clipping: with
+        ``M = J^{-T}`` the ``c_i`` are the gradients in ``y = T(q)`` (`pymc_dp.auto.recentre`).
+        A record whose gradient is not finite contributes 0. Replace-one sensitivities:
+        ``2 b`` for the sum, ``sqrt(2) b'^2`` (in Frobenius norm) for the outer-product sum,
+        whatever ``M``. Chunked: memory ``chunk_size x d``.
         """
         self._require_local("the automatic warm start")
         self._ensure_grad()
+        m = None if transform is None else np.asarray(transform, dtype=float)
         s1 = np.zeros(self.ndim)
         s2 = np.zeros((self.ndim, self.ndim))
         for c in self._chunks():
-            g = _clip_rows(self._c.grad_chunk(q, *c), bound)
+            g = _clip_rows(_mapped(self._c.grad_chunk(q, *c), m), bound)
             s1 += g.sum(axis=0)
-            s2 += g.T @ g
+            e = g if outer_bound is None or outer_bound >= bound else _clip_rows(g, outer_bound)
+            s2 += e.T @ e
         return s1, s2
+
+    def grad_norm_counts(
+        self, q: np.ndarray, grid: np.ndarray, transform: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Records whose gradient norm ``||M grad l_i(q)||`` exceeds each bound of ``grid``.
+
+        Exact counts (data, never published as they are): the input of a noisy histogram
+        (`pymc_dp.kernels.warmstart.noisy_histogram_quantile`). A record whose gradient is
+        not finite counts above every bound (it would be clipped, to 0). One pass over the
+        records, whatever the grid's length.
+        """
+        self._require_local("the automatic warm start")
+        self._ensure_grad()
+        m = None if transform is None else np.asarray(transform, dtype=float)
+        grid = np.asarray(grid, dtype=float)
+        counts = np.zeros(grid.size, dtype=np.int64)
+        for c in self._chunks():
+            g = _mapped(self._c.grad_chunk(q, *c), m)
+            sq = np.einsum("ij,ij->i", g, g)
+            norm = np.where(np.isfinite(sq), np.sqrt(np.where(np.isfinite(sq), sq, 0.0)), np.inf)
+            counts += (norm[:, None] > grid[None, :]).sum(axis=0)
+        return counts
 
     def clipped_grad_sum_subset(
         self, q: np.ndarray, bound: float, idx: np.ndarray

@@ -105,7 +105,7 @@ def test_private_laplace_without_noise_is_the_exact_posterior_of_a_conjugate_mod
         q0=np.zeros(1),
         n=x.size,
         prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
-        clipped_moments=fns.clipped_grad_moments,
+        clipped_moments=lambda q, b, b2: fns.clipped_grad_moments(q, b, outer_bound=b2),
         grad_counts_above=lambda q, g: np.array([fns.clipped_grad_sum(q, b)[1] for b in g]),
         grid=grid,
         quantile=1.0 - 1e-9,
