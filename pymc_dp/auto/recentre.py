@@ -100,6 +100,8 @@ def _mul_uses(v, clients) -> list | None:
     when ``v`` is also used any other way."""
     out = []
     for node, i in clients.get(v, []):
+        if node is None:
+            return None
         if isinstance(node.op, _PASS) and i == 0:
             inner = _mul_uses(node.outputs[0], clients)
             if inner is None:
@@ -144,7 +146,11 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
     """
     values = list(vars) if vars is not None else list(model.value_vars)
     sampled = {model.values_to_rvs[v] for v in values}
-    clients = _clients([inp for rv in model.observed_RVs for inp in rv.owner.inputs])
+    params = [inp for rv in model.observed_RVs for inp in rv.owner.inputs]
+    clients = _clients(params)
+    # the likelihood's parameters themselves: a variable that is one is read directly
+    for p in params:
+        clients[p].append((None, 0))
     found = []
     for z in model.free_RVs:
         if z not in sampled or model.rvs_to_transforms.get(z) is not None:
@@ -168,6 +174,9 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
         for node, _ in uses:
             users = clients.get(node.outputs[0], [])
             add = users[0][0] if len(users) == 1 else None
+            if add is None:
+                locs.add(None)
+                continue
             if add is None or not (_is_op(add, ps.Add) and len(add.inputs) == 2):
                 locs.add(None)
                 continue
@@ -181,7 +190,13 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
     # the pattern's own nodes: a scale (loc) read by nothing else is one the likelihood does
     # not depend on in the centred coordinates
     muls = {node for *_, uses in found for node, _ in uses}
-    adds = {u for *_, uses in found for node, _ in uses for u, _ in clients.get(node.outputs[0], [])}
+    adds = {
+        u
+        for *_, uses in found
+        for node, _ in uses
+        for u, _ in clients.get(node.outputs[0], [])
+        if u is not None
+    }
     blocks = []
     for z, scale, loc, _ in found:
         exclusive = tuple(
@@ -198,6 +213,8 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
 def _only_through(v, nodes: set, clients) -> bool:
     """Whether every use of ``v`` (through DimShuffles) in the likelihood is in ``nodes``."""
     for node, i in clients.get(v, []):
+        if node is None:
+            return False
         if isinstance(node.op, DimShuffle) and i == 0:
             if not _only_through(node.outputs[0], nodes, clients):
                 return False

@@ -243,7 +243,9 @@ def private_laplace(
         ``(q, grid, M) -> counts``: records whose gradient norm ``||M grad l_i(q)||`` exceeds
         each grid bound (data).
     grid : array
-        The public candidate clip bounds (`clip_grid`).
+        The public candidate clip bounds (`clip_grid`) of the first iteration; the later,
+        whitened iterations use as many bounds from ``sqrt(d/n) / 100`` to
+        ``100 sqrt(d/n)`` (whitened per-record gradients have ``sum_i g_i g_i^T ~ I``).
     quantile : float
         Share of records left unclipped by each iteration's clip bound.
     grad_noise_multiplier : float
@@ -302,18 +304,26 @@ def private_laplace(
     # each parameter about the same share of its own information, where in the model's
     # coordinates the coordinate with the largest per-record gradients sets the bound for all
     basis = np.eye(d)  # gradients in w: basis^{-1} g; sums back in y: basis @ s
+    # whitened gradients have sum_i g_i g_i^T ~ I, so norms ~ sqrt(d / n): once whitened, the
+    # histograms use a public grid around that scale (a wide grid's many empty bins each add
+    # a chance that noise passes for a count at the top)
+    scale = float(np.sqrt(max(int(data.sum()), 1) / n))
+    white_grid = np.geomspace(scale * 1e-2, scale * 1e2, grid.size)
     for it in range(newton_steps + 1):
         m = np.linalg.inv(basis)
         info.basis = basis
-        hist = histogram_from_counts(n, grad_counts_above(q, grid, m))
-        b, noisy_hist = noisy_histogram_quantile(hist, grid, quantile, hist_noise_multiplier, rng)
+        grid_it = grid if it == 0 else white_grid
+        hist = histogram_from_counts(n, grad_counts_above(q, grid_it, m))
+        b, noisy_hist = noisy_histogram_quantile(
+            hist, grid_it, quantile, hist_noise_multiplier, rng
+        )
         info.histogram_releases += 1
         info.clip_bounds.append(b)
         # the outer products get their own, lower clip bound from the same released
         # histogram (post-processing): their noise grows like b^2, and a curvature biased
         # low only widens the approximation
         std_h = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
-        b_outer = min(b, histogram_quantile(noisy_hist, grid, outer_quantile, n, std_h))
+        b_outer = min(b, histogram_quantile(noisy_hist, grid_it, outer_quantile, n, std_h))
         info.outer_clip_bounds.append(b_outer)
         s1, s2 = clipped_moments(q, b, b_outer, m)
         s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
@@ -356,7 +366,7 @@ def private_laplace(
             # histogram (post-processing), so that few anchor gradients are clipped
             info.anchor = q.copy()
             std = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
-            top = histogram_quantile(noisy_hist, grid, anchor_quantile, n, std)
+            top = histogram_quantile(noisy_hist, grid_it, anchor_quantile, n, std)
             info.anchor_bound = max(b, top)
             break
         # Levenberg-Marquardt damping by the noise level of the released curvature (its
