@@ -97,6 +97,12 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         so a far smaller ``clip_bound`` leaves them unclipped ([Bardenet2017],
         Sec. 6, Taylor proxies). The chain then targets the posterior tilted by the noise of
         ``grad_sum`` (exactly ``exp(xi . theta)`` with ``xi`` that noise).
+    local_moves : float
+        With ``proposal="independent"``: the probability that an iteration proposes a
+        random-walk move ``theta + (2.38 / sqrt(d)) S xi`` (``S S^T`` = ``proposal_cov``)
+        instead, chosen independently of the state (a mixture of two kernels with the same
+        target, Tierney 1994): the chain still moves where the independence proposal fits its
+        target poorly. Default 0.
     control_variate_basis : array, optional
         ``L`` ``(d, d)``, invertible, public (e.g. a whitening from DP outputs): the control
         variate's gradients are ``c_i = clip(L^{-1} g_i)`` and its step ``L^T dtheta``, so
@@ -167,6 +173,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         proposal_mean=None,
         control_variate=None,
         control_variate_basis=None,
+        local_moves: float = 0.0,
         reparametrization=None,
         scaling: float = 1.0,
         target_accept: float | None = None,
@@ -186,6 +193,15 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         if proposal not in _PROPOSALS:
             raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
         self.proposal = proposal
+        try:
+            self.local_moves = float(local_moves)
+        except (TypeError, ValueError):
+            self.local_moves = float("nan")
+        if not 0.0 <= self.local_moves < 1.0:
+            raise ValueError(f"local_moves must be a probability in [0, 1); got {local_moves!r}")
+        if self.local_moves and proposal != "independent":
+            raise ValueError("local_moves goes with proposal='independent'")
+        self._local = False
         self.scaling = check_positive(scaling, "scaling", coerce=True)
         self.target_accept = check_unit_interval(
             _TARGET_ACCEPT[proposal] if target_accept is None else target_accept, "target_accept"
@@ -228,6 +244,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         )
         self.control_variate = _check_control_variate(control_variate, self._fns.ndim)
         self.reparametrization = reparametrization
+        self.local_scaling = 2.38 / np.sqrt(self._fns.ndim)
         self._cv_map, self._cv_dir = _control_variate_maps(
             self.control_variate, control_variate_basis, reparametrization, self._fns.ndim
         )
@@ -242,6 +259,12 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         """A proposal in the sampler's coordinates (``y`` with a reparametrization)."""
         d = q.size
         if self.proposal == "independent":
+            if self.local_moves and self.rng.uniform() < self.local_moves:
+                # a random-walk move with the same covariance (a mixture of two kernels that
+                # each keep the target, chosen independently of the state)
+                self._local = True
+                return q + self.local_scaling * (self._chol @ self.rng.normal(size=d)), None
+            self._local = False
             return self.proposal_mean + self.scaling * (self._chol @ self.rng.normal(size=d)), None
         if self.proposal == "gaussian":
             if self._chol is not None:
@@ -258,7 +281,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     def _log_q_ratio(self, q: np.ndarray, q1: np.ndarray) -> float:
         """``log q(q | q1) - log q(q1 | q)`` in the proposal's coordinates: 0 for the
         symmetric walks (data-free)."""
-        if self.proposal != "independent":
+        if self.proposal != "independent" or self._local:
             return 0.0
         w0 = np.linalg.solve(self._chol, q - self.proposal_mean) / self.scaling
         w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling
