@@ -510,7 +510,6 @@ def auto_configure(
     # chains start at draws from the approximation, widened (dispersed starts for R-hat)
     point_info = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).point_map_info
     plan.initvals = [
-        _unravel(point_info, coords.to_q(mean + (chol @ rng.normal(size=d))))
-        for _ in range(chains)
+        _unravel(point_info, coords.to_q(mean + (chol @ rng.normal(size=d)))) for _ in range(chains)
     ]
     return plan

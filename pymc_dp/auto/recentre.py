@@ -31,6 +31,7 @@ import pytensor
 import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pymc.logprob.transforms import LogTransform
+from pytensor.graph.replace import clone_replace
 from pytensor.tensor import subtensor as _st
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.random.basic import NormalRV
@@ -63,8 +64,8 @@ class RecentredBlock:
     exclusive: tuple[str, ...] = ()
 
     def describe(self) -> str:
-        a = f"{self.loc} + {self.scale} * {self.name}" if self.loc else f"{self.scale} * {self.name}"
-        return f"{self.name} -> {a}"
+        a = f"{self.scale} * {self.name}"
+        return f"{self.name} -> {self.loc} + {a}" if self.loc else f"{self.name} -> {a}"
 
 
 def _clients(outputs) -> dict:
@@ -186,7 +187,9 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
         found.append((z, scale, loc, uses))
     names = {z.name for z, *_ in found}
     # a block's scale or loc must not itself be recentred (T stays triangular)
-    found = [f for f in found if f[1].name not in names and (f[2] is None or f[2].name not in names)]
+    found = [
+        f for f in found if f[1].name not in names and (f[2] is None or f[2].name not in names)
+    ]
     # the pattern's own nodes: a scale (loc) read by nothing else is one the likelihood does
     # not depend on in the centred coordinates
     muls = {node for *_, uses in found for node, _ in uses}
@@ -281,7 +284,7 @@ class Recentring:
             [x], [y, logdet, pytensor.grad(logdet, x), jac], on_unused_input="ignore", **kw
         )
         yv = x.type()
-        scale_loc = pytensor.clone_replace(outs, {x: yv})
+        scale_loc = clone_replace(outs, replace={x: yv})
         xr = yv
         for k, sl in enumerate(self._slices):
             scale, loc = scale_loc[2 * k], scale_loc[2 * k + 1]

@@ -300,9 +300,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             y = rp.forward(q)
             y1, j = self._propose(y)
             q1 = rp.inverse(y1)
-            log_q = (
-                self._log_q_ratio(y, y1) + rp.log_det_jacobian(q) - rp.log_det_jacobian(q1)
-            )
+            log_q = self._log_q_ratio(y, y1) + rp.log_det_jacobian(q) - rp.log_det_jacobian(q1)
             dy = y1 - y
         dc = dy if self._cv_dir is None else self._cv_dir @ dy
         norm = float(np.linalg.norm(q1 - q))

@@ -204,11 +204,13 @@ def _prior_only_model():
 
 
 @pytest.mark.slow
-def test_independence_proposal_in_centred_coordinates_is_exact():
+@pytest.mark.parametrize("local_moves", [0.0, 0.5])
+def test_independence_proposal_in_centred_coordinates_is_exact(local_moves):
     """Proposing in y = T(q) targets the posterior of q only with the Jacobian in the
     Hastings ratio: on a model whose posterior is its prior, the chain's means and second
     moments match the closed form within 4 Monte Carlo standard errors (dropping the
-    log-determinant terms moves E[tau] by many MCSEs: checked by hand)."""
+    log-determinant terms moves E[tau] by many MCSEs: checked by hand); the same with half
+    the iterations random-walk moves in y (a mixture of two kernels)."""
     import arviz as az
 
     model = _prior_only_model()
@@ -221,6 +223,7 @@ def test_independence_proposal_in_centred_coordinates_is_exact():
         step = pymc_dp.DPPenaltyMetropolis(
             clip_bound=1e6, noise_multiplier=1e-12, proposal="independent",
             proposal_mean=mean, proposal_cov=cov, reparametrization=rp,
+            local_moves=local_moves,
         )  # fmt: skip
         idata = pm.sample(
             draws=6000, tune=0, chains=4, step=step, random_seed=7, progressbar=False,
@@ -237,3 +240,26 @@ def test_independence_proposal_in_centred_coordinates_is_exact():
     for name, (x, truth) in checks.items():
         mcse = float(az.mcse(x.to_dataset(name="x"))["x"])
         assert abs(float(x.mean()) - truth) < 4 * mcse, (name, float(x.mean()), truth, mcse)
+
+
+def test_bad_local_moves_and_basis_are_refused_before_any_data_is_read():
+    model = _prior_only_model()
+    cov, mean = np.eye(4), np.zeros(4)
+    with model:
+        with pytest.raises(ValueError, match="local_moves must be a probability"):
+            pymc_dp.DPPenaltyMetropolis(
+                clip_bound=1.0, noise_multiplier=1.0, proposal="independent",
+                proposal_mean=mean, proposal_cov=cov, local_moves=1.5,
+            )  # fmt: skip
+        with pytest.raises(ValueError, match="local_moves goes with proposal='independent'"):
+            pymc_dp.DPPenaltyMetropolis(clip_bound=1.0, noise_multiplier=1.0, local_moves=0.5)
+        with pytest.raises(ValueError, match="control_variate_basis goes with control_variate"):
+            pymc_dp.DPPenaltyMetropolis(
+                clip_bound=1.0, noise_multiplier=1.0, control_variate_basis=np.eye(4)
+            )
+        with pytest.raises(ValueError, match="must be invertible"):
+            pymc_dp.DPPenaltyMetropolis(
+                clip_bound=1.0, noise_multiplier=1.0,
+                control_variate=(np.zeros(4), np.zeros(4), 1.0),
+                control_variate_basis=np.zeros((4, 4)),
+            )  # fmt: skip
