@@ -79,7 +79,29 @@ def hierarchical(n: int, rng: np.random.Generator) -> pm.Model:
     return m
 
 
-MODELS = {"logistic": logistic, "linear": linear, "robust": robust, "hierarchical": hierarchical}
+def glmm(n: int, rng: np.random.Generator) -> pm.Model:
+    """Poisson GLM with a non-centred random intercept (10 groups)."""
+    groups = 10
+    g = rng.integers(groups, size=n)
+    x = rng.normal(size=n)
+    u = rng.normal(0, 0.4, groups)
+    y = rng.poisson(np.exp(0.3 + 0.5 * x + u[g]))
+    with pm.Model() as m:
+        b0 = pm.Normal("b0", 0, 2)
+        b1 = pm.Normal("b1", 0, 2)
+        sd = pm.HalfNormal("sd", 1)
+        z = pm.Normal("z", 0, 1, shape=groups)
+        pm.Poisson("y", pm.math.exp(b0 + b1 * x + sd * z[g]), observed=y)
+    return m
+
+
+MODELS = {
+    "logistic": logistic,
+    "linear": linear,
+    "robust": robust,
+    "hierarchical": hierarchical,
+    "glmm": glmm,
+}
 
 
 def _errors(dp, ref) -> tuple[float, float, float]:

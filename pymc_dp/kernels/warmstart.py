@@ -47,6 +47,7 @@ __all__ = [
     "OUTER_SENSITIVITY",
     "laplace_releases",
     "noisy_histogram_quantile",
+    "prior_curvature_fd",
     "private_laplace",
 ]
 
@@ -137,13 +138,16 @@ class LaplaceInfo:
     grad_releases: int = 0
     histogram_releases: int = 0
     clip_bounds: list[float] = field(default_factory=list)
+    outer_clip_bounds: list[float] = field(default_factory=list)
     path: list[np.ndarray] = field(default_factory=list)
     #: the last iterate and a clip bound for a first-order control variate there (DP outputs)
     anchor: np.ndarray | None = None
     anchor_bound: float = float("nan")
-    #: the last curvature (floored precision) and its Levenberg-Marquardt damping
+    #: the last curvature (floored precision) and its Levenberg-Marquardt damping (d, d)
     precision: np.ndarray | None = None
-    damping: float = 0.0
+    damping: np.ndarray | float = 0.0
+    #: the last iteration's whitening ``L``: its sums were of ``L^{-1} g_i`` (public)
+    basis: np.ndarray | None = None
 
 
 def _pd_floor(h: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
@@ -174,13 +178,24 @@ def _sym_noise(d: int, std: float, rng: np.random.Generator) -> np.ndarray:
     return e + np.triu(e, 1).T
 
 
+def prior_curvature_fd(prior_grad: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+    """Minus the Hessian of the log prior at ``x``: symmetrised finite differences of its
+    exact gradient (data-free)."""
+    d = x.size
+    h = 1e-4 * (1.0 + np.abs(x))
+    pg = prior_grad(x)
+    cols = [(prior_grad(x + np.eye(d)[j] * h[j]) - pg) / h[j] for j in range(d)]
+    m = -np.stack(cols, axis=1)
+    return 0.5 * (m + m.T)
+
+
 def private_laplace(
     *,
     q0: np.ndarray,
     n: int,
     prior_grad: Callable[[np.ndarray], np.ndarray],
-    clipped_moments: Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray]],
-    grad_counts_above: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    clipped_moments: Callable[..., tuple[np.ndarray, np.ndarray]],
+    grad_counts_above: Callable[..., np.ndarray],
     grid: np.ndarray,
     quantile: float,
     grad_noise_multiplier: float,
@@ -191,6 +206,9 @@ def private_laplace(
     anchor_quantile: float = 0.9999,
     average_last: int = 4,
     max_step_sd: float = 200.0,
+    prior_curvature: Callable[[np.ndarray], np.ndarray] | None = None,
+    outer_quantile: float = 0.95,
+    likelihood_free: np.ndarray | None = None,
 ) -> LaplaceInfo:
     """A DP Laplace approximation ``N(mean, cov)`` of the posterior by private Fisher scoring.
 
@@ -217,12 +235,17 @@ def private_laplace(
     prior_grad : callable
         Gradient of log prior + log-Jacobian (data-free).
     clipped_moments : callable
-        ``(q, b) -> (sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``: exact
-        (data).
+        ``(q, b, b', M) -> (sum_i c_i, sum_i e_i e_i^T)`` with ``c_i = clip_b(M grad l_i(q))``
+        and ``e_i = clip_{b'}(c_i)``: exact (data). ``M`` (public) is the whitening
+        ``L^{-1}`` of the previous iteration's precision ``L L^T`` (identity at first):
+        gradients of about one scale in every direction share one clip bound well.
     grad_counts_above : callable
-        ``(q, grid) -> counts``: records whose gradient norm exceeds each grid bound (data).
+        ``(q, grid, M) -> counts``: records whose gradient norm ``||M grad l_i(q)||`` exceeds
+        each grid bound (data).
     grid : array
-        The public candidate clip bounds (`clip_grid`).
+        The public candidate clip bounds (`clip_grid`) of the first iteration; the later,
+        whitened iterations use as many bounds from ``sqrt(d/n) / 100`` to
+        ``100 sqrt(d/n)`` (whitened per-record gradients have ``sum_i g_i g_i^T ~ I``).
     quantile : float
         Share of records left unclipped by each iteration's clip bound.
     grad_noise_multiplier : float
@@ -238,6 +261,18 @@ def private_laplace(
     rng : numpy.random.Generator
     average_last : int
         Iterates averaged into ``mean``.
+    likelihood_free : array of bool, optional
+        Coordinates the log-likelihood does not depend on (public structure; every
+        per-record gradient is exactly 0 there): their released entries, pure noise, are
+        dropped (post-processing).
+    outer_quantile : float
+        Quantile of each iteration's released histogram that gives the outer products'
+        clip bound (at most the gradients' bound).
+    prior_curvature : callable, optional
+        ``q -> P``: the prior's curvature (data-free, positive semi-definite where the
+        prior is log-concave); default `prior_curvature_fd` of ``prior_grad``. A Fisher-type
+        (expected) curvature keeps the steps stable where the exact one degenerates (a
+        hierarchical prior's funnel: `pymc_dp.auto.recentre`).
     max_step_sd : float
         Trust region: a step is shortened to at most this many standard deviations of the
         current approximation (Mahalanobis norm). Steps are also damped by the curvature's
@@ -251,25 +286,48 @@ def private_laplace(
         raise ValueError("private_laplace needs newton_steps >= 1")
     q = np.asarray(q0, dtype=float).copy()
     d = q.size
+    data = np.ones(d, dtype=bool)
+    if likelihood_free is not None:
+        data = ~np.asarray(likelihood_free, dtype=bool)
     info = LaplaceInfo(mean=q, cov=np.eye(d))
 
     def prior_hessian(x: np.ndarray) -> np.ndarray:
-        h = 1e-4 * (1.0 + np.abs(x))
-        pg = prior_grad(x)
-        cols = [(prior_grad(x + np.eye(d)[j] * h[j]) - pg) / h[j] for j in range(d)]
-        m = -np.stack(cols, axis=1)
-        return 0.5 * (m + m.T)
+        if prior_curvature is not None:
+            return prior_curvature(x)
+        return prior_curvature_fd(prior_grad, x)
 
     iterates = []
     cov = None
+    # the released sums are in whitened coordinates w = L^T y, L L^T the previous iteration's
+    # precision on the data block (a DP output): the per-record gradients L^-1 g_i then have
+    # about the same scale in every direction, so one clip bound (and isotropic noise) costs
+    # each parameter about the same share of its own information, where in the model's
+    # coordinates the coordinate with the largest per-record gradients sets the bound for all
+    basis = np.eye(d)  # gradients in w: basis^{-1} g; sums back in y: basis @ s
+    # whitened gradients have sum_i g_i g_i^T ~ I, so norms ~ sqrt(d / n): once whitened, the
+    # histograms use a public grid around that scale (a wide grid's many empty bins each add
+    # a chance that noise passes for a count at the top)
+    scale = float(np.sqrt(max(int(data.sum()), 1) / n))
+    white_grid = np.geomspace(scale * 1e-2, scale * 1e2, grid.size)
     for it in range(newton_steps + 1):
-        hist = histogram_from_counts(n, grad_counts_above(q, grid))
-        b, noisy_hist = noisy_histogram_quantile(hist, grid, quantile, hist_noise_multiplier, rng)
+        m = np.linalg.inv(basis)
+        info.basis = basis
+        grid_it = grid if it == 0 else white_grid
+        hist = histogram_from_counts(n, grad_counts_above(q, grid_it, m))
+        b, noisy_hist = noisy_histogram_quantile(
+            hist, grid_it, quantile, hist_noise_multiplier, rng
+        )
         info.histogram_releases += 1
         info.clip_bounds.append(b)
-        s1, s2 = clipped_moments(q, b)
+        # the outer products get their own, lower clip bound from the same released
+        # histogram (post-processing): their noise grows like b^2, and a curvature biased
+        # low only widens the approximation
+        std_h = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
+        b_outer = min(b, histogram_quantile(noisy_hist, grid_it, outer_quantile, n, std_h))
+        info.outer_clip_bounds.append(b_outer)
+        s1, s2 = clipped_moments(q, b, b_outer, m)
         s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
-        outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b * b
+        outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b_outer * b_outer
         s2 = np.asarray(s2, dtype=float) + _sym_noise(d, outer_std, rng)
         info.grad_releases += 2
         # -- post-processing of the three releases ---------------------------------------------
@@ -279,28 +337,43 @@ def private_laplace(
         fisher = np.nan_to_num(s2, nan=0.0, posinf=0.0, neginf=0.0)
         off = ~np.eye(d, dtype=bool)
         fisher[off & (np.abs(fisher) < 3.0 * outer_std)] = 0.0
+        # coordinates the likelihood does not read (public: a recentred hierarchy's loc and
+        # scale) have exactly 0 there: their entries are pure noise, dropped; the prior's
+        # curvature carries them, undamped
+        fisher[~data, :] = 0.0
+        fisher[:, ~data] = 0.0
+        s1 = basis @ np.where(data, np.nan_to_num(s1), 0.0)
         p_hess = np.nan_to_num(prior_hessian(q))
-        # eigenvalue floor: the prior's smallest curvature, and the noise level of the released
-        # curvature (eigenvalues below it are noise; half its ~2 sqrt(d) sd spectral norm)
-        noise_level = np.sqrt(d) * outer_std
-        floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()), noise_level)
-        prec, cov = _pd_floor(fisher + p_hess, floor)
+        # eigenvalue floor of the data block: the noise level of the released curvature
+        # (eigenvalues below it are noise): the thresholded noise is sparse where the
+        # curvature is, about 2 sqrt(k) sds for k entries kept in the fullest row (sqrt(d)
+        # when the released matrix is dense); half of that
+        kept = int(np.count_nonzero(fisher, axis=1).max(initial=1))
+        noise_level = np.sqrt(max(kept, 1)) * outer_std
+        f_w = np.zeros((d, d))
+        eye_w = np.diag(data.astype(float))
+        if data.any():
+            f_w[np.ix_(data, data)] = _pd_floor(fisher[np.ix_(data, data)], noise_level)[0]
+        f_data = basis @ f_w @ basis.T
+        p_floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()))
+        prec, cov = _pd_floor(f_data + p_hess, p_floor)
         info.precision = prec
-        info.damping = 2.0 * noise_level
+        # Levenberg-Marquardt damping: the noise level, in w, on the data block
+        info.damping = 2.0 * noise_level * (basis @ eye_w @ basis.T)
         iterates.append(q.copy())
         if it == newton_steps:
             # the control variate's clip bound: a higher quantile of the same released
             # histogram (post-processing), so that few anchor gradients are clipped
             info.anchor = q.copy()
             std = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
-            top = histogram_quantile(noisy_hist, grid, anchor_quantile, n, std)
+            top = histogram_quantile(noisy_hist, grid_it, anchor_quantile, n, std)
             info.anchor_bound = max(b, top)
             break
         # Levenberg-Marquardt damping by the noise level of the released curvature (its
         # spectral norm is about 2 sqrt(d) entry sds): steps along directions the data do
         # not determine (a zero-gradient direction at the start) stay small; the fixed point
         # and the final covariance are not damped
-        step = np.linalg.solve(prec + info.damping * np.eye(d), s1 + prior_grad(q))
+        step = np.linalg.solve(prec + info.damping, s1 + prior_grad(q))
         maha = float(np.sqrt(max(step @ prec @ step, 0.0)))
         if not np.isfinite(maha):
             break
@@ -315,6 +388,11 @@ def private_laplace(
             break
         q = q + step
         info.path.append(q.copy())
+        # the next iteration's whitening: the data block of this precision (a DP output)
+        basis = np.eye(d)
+        if data.any():
+            dd = np.ix_(data, data)
+            basis[dd] = np.linalg.cholesky(_pd_floor(f_data[dd] + p_hess[dd], p_floor)[0])
     k = max(1, min(average_last, len(iterates)))
     info.mean = np.mean(iterates[-k:], axis=0)
     info.cov = cov

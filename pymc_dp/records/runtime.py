@@ -67,11 +67,21 @@ class RecordSource(Protocol):
         bound: float,
         anchor: np.ndarray,
         grad_bound: float,
+        transform: np.ndarray | None = None,
+        direction: np.ndarray | None = None,
     ) -> tuple[float, int]: ...
 
     def clipped_grad_moments(
-        self, q: np.ndarray, bound: float
+        self,
+        q: np.ndarray,
+        bound: float,
+        transform: np.ndarray | None = None,
+        outer_bound: float | None = None,
     ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def grad_norm_counts(
+        self, q: np.ndarray, grid: np.ndarray, transform: np.ndarray | None = None
+    ) -> np.ndarray: ...
 
     def shared_clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
@@ -201,28 +211,53 @@ class _MergeTerms:
         return self.merge(acc[0], part[0]), _add_tuples(acc[1], part[1])
 
 
+def _mapped(g, m: np.ndarray | None) -> np.ndarray:
+    """Rows of ``g`` mapped by ``m`` (``g @ m.T``); ``g`` itself when ``m`` is None."""
+    g = np.asarray(g, dtype=float)
+    return g if m is None else g @ m.T
+
+
 @dataclass(frozen=True)
 class _GradMomentsChunk:
-    """``(sum_i c_i, sum_i c_i c_i^T)`` of one chunk, ``c_i = clip_b(grad l_i(q))``."""
+    """``(sum_i c_i, sum_i e_i e_i^T)`` of one chunk, ``c_i = clip_b(M grad l_i(q))``,
+    ``e_i = clip_{b'}(c_i)``."""
 
     f: Any
 
-    def __call__(self, q, bound, *chunk) -> tuple[np.ndarray, np.ndarray]:
-        g = _clip_rows(self.f(q, *chunk), bound)
-        return g.sum(axis=0), g.T @ g
+    def __call__(self, q, bound, m, outer_bound, *chunk) -> tuple[np.ndarray, np.ndarray]:
+        g = _clip_rows(_mapped(self.f(q, *chunk), m), bound)
+        e = g if outer_bound is None or outer_bound >= bound else _clip_rows(g, outer_bound)
+        return g.sum(axis=0), e.T @ e
+
+
+@dataclass(frozen=True)
+class _NormCountsChunk:
+    """Records of one chunk whose ``||M grad l_i(q)||`` exceeds each grid bound (a
+    non-finite gradient counts above every bound)."""
+
+    f: Any
+
+    def __call__(self, q, grid, m, *chunk) -> np.ndarray:
+        g = _mapped(self.f(q, *chunk), m)
+        sq = np.einsum("ij,ij->i", g, g)
+        ok = np.isfinite(sq)
+        norm = np.where(ok, np.sqrt(np.where(ok, sq, 0.0)), np.inf)
+        return (norm[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
 
 
 @dataclass(frozen=True, eq=False)
 class _AnchorGrads:
-    """Per-record clipped anchor gradients ``c_i`` of one chunk (data-only arrays kept where
-    the chunk lives, never returned): the control variate's coefficients."""
+    """Per-record clipped anchor gradients ``c_i = clip(M grad l_i(anchor))`` of one chunk
+    (data-only arrays kept where the chunk lives, never returned): the control variate's
+    coefficients."""
 
     f: Any
     anchor: np.ndarray
     grad_bound: float
+    transform: np.ndarray | None = None
 
     def __call__(self, *chunk) -> np.ndarray:
-        return _clip_rows(self.f(self.anchor, *chunk), self.grad_bound)
+        return _clip_rows(_mapped(self.f(self.anchor, *chunk), self.transform), self.grad_bound)
 
 
 @dataclass(frozen=True)
@@ -243,6 +278,10 @@ class _ResidualChunk:
 
 def _add_moments(acc: tuple, part: tuple) -> tuple:
     return acc[0] + part[0], acc[1] + part[1]
+
+
+def _add_counts(acc: np.ndarray, part: np.ndarray) -> np.ndarray:
+    return acc + part
 
 
 @dataclass(frozen=True)
@@ -337,6 +376,8 @@ class RecordFunctions:
                 self._kernels[key] = _ResidualChunk(self._c.ll_chunk, self.counts)
             elif name == "moments":
                 self._kernels[key] = _GradMomentsChunk(self._c.grad_chunk)
+            elif name == "norm_counts":
+                self._kernels[key] = _NormCountsChunk(self._c.grad_chunk)
             elif name == "prepare":
                 self._kernels[key] = _Prepare(self._c.grad_clipped["route"])
             else:  # "start"
@@ -517,21 +558,34 @@ class RecordFunctions:
         bound: float,
         anchor: np.ndarray,
         grad_bound: float,
+        transform: np.ndarray | None = None,
+        direction: np.ndarray | None = None,
     ) -> tuple[float, int]:
         """Clipped sum of the ratios' residuals after a first-order control variate.
 
-        ``sum_i clip(r_i - c_i . (q_new - q_old), +-bound)`` with ``r_i = T (l_i(q_new) -
-        l_i(q_old))`` and ``c_i = clip_{grad_bound}(T grad l_i(anchor))``. Since
-        ``sum_i r_i = sum_i (r_i - c_i . dq) + (sum_i c_i) . dq`` for any ``c_i``, a test that
-        adds a *released* ``sum_i c_i`` (a DP output) back recovers the full ratio; the
+        ``sum_i clip(r_i - c_i . dq, +-bound)`` with ``r_i = T (l_i(q_new) - l_i(q_old))``,
+        ``c_i = clip_{grad_bound}(M T grad l_i(anchor))`` and ``dq = q_new - q_old``. Since
+        ``sum_i r_i = sum_i (r_i - c_i . dq) + (sum_i c_i) . dq`` for any ``c_i`` and any
+        ``dq``, a test that adds a *released* ``sum_i c_i`` (a DP output) back recovers the
+        full ratio; the
         residuals are second order in the step and far smaller than the ``r_i``, so the same
         replace-one sensitivity ``2 bound`` buys a much smaller bound. The ``c_i`` are computed
         once per anchor where each chunk lives and kept there (never returned, never
         published); every call returns the chunks' clipped residual sums, added in chunk
         order. Returns the sum and the number of clipped records (non-private, as in
         `clipped_loglik_ratio_sum`; 0 unless `counts`).
+
+        ``transform`` (``M``, public, ``(d, d)``) and ``direction`` (``dq``, public) linearise
+        in other coordinates ``y = T(q)``: with ``M = J(anchor)^{-T}`` (``J`` the Jacobian of
+        ``T``) the ``c_i`` are the per-record gradients in ``y`` and ``dq = T(q_new) -
+        T(q_old)`` the step in ``y`` (`pymc_dp.auto.recentre`).
         """
-        key = (tuple(np.round(np.asarray(anchor, dtype=float), 15)), float(grad_bound))
+        m = None if transform is None else np.asarray(transform, dtype=float)
+        key = (
+            tuple(np.round(np.asarray(anchor, dtype=float), 15)),
+            float(grad_bound),
+            None if m is None else tuple(np.round(m.ravel(), 15)),
+        )
         cache = self.__dict__.setdefault("_anchor_grads", {})
         if key not in cache:
             self._ensure_grad()
@@ -539,9 +593,12 @@ class RecordFunctions:
                 self._records.forget(old)
             cache.clear()
             cache[key] = _AnchorGrads(
-                self._c.grad_chunk, np.array(anchor, dtype=float), float(grad_bound)
+                self._c.grad_chunk, np.array(anchor, dtype=float), float(grad_bound), m
             )
-        dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
+        if direction is None:
+            dq = np.asarray(q_new, dtype=float) - np.asarray(q_old, dtype=float)
+        else:
+            dq = np.asarray(direction, dtype=float)
         total, count = self._records.map_reduce(
             self._kernel("residual"),
             _add_pairs,
@@ -552,22 +609,54 @@ class RecordFunctions:
         self.released["llr"] += 1
         return float(total), int(count)
 
-    def clipped_grad_moments(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(sum_i c_i, sum_i c_i c_i^T)`` with ``c_i = clip_b(grad l_i(q))``.
+    def clipped_grad_moments(
+        self,
+        q: np.ndarray,
+        bound: float,
+        transform: np.ndarray | None = None,
+        outer_bound: float | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(sum_i c_i, sum_i e_i e_i^T)`` with ``c_i = clip_b(M grad l_i(q))`` and
+        ``e_i = clip_{b'}(c_i)``, ``b'`` = ``outer_bound`` (default ``b``).
 
         The sufficient statistics of the private Fisher scoring of the automatic warm start
-        (`pymc_dp.kernels.warmstart.private_laplace`). A record whose gradient is not finite
-        contributes 0. Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b^2`` (in
-        Frobenius norm) for the outer-product sum. Chunked: memory ``chunk_size x d``; each
+        (`pymc_dp.kernels.warmstart.private_laplace`). ``M`` (``transform``, public, default
+        the identity) maps the gradients to other coordinates before clipping: the
+        whitening of the warm start, and with ``M = J^{-T}`` the gradients in ``y = T(q)``
+        (`pymc_dp.auto.recentre`). A record whose gradient is not finite contributes 0.
+        Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b'^2`` (in Frobenius norm)
+        for the outer-product sum, whatever ``M``. Chunked: memory ``chunk_size x d``; each
         chunk returns its two sums (where it lives), added in chunk order.
         """
         self._ensure_grad()
+        m = None if transform is None else np.asarray(transform, dtype=float)
         init = (np.zeros(self.ndim), np.zeros((self.ndim, self.ndim)))
         s1, s2 = self._records.map_reduce(
-            self._kernel("moments"), _add_moments, init, args=(q, bound)
+            self._kernel("moments"), _add_moments, init, args=(q, bound, m, outer_bound)
         )
         self.released["grad"] += 1
         return s1, s2
+
+    def grad_norm_counts(
+        self, q: np.ndarray, grid: np.ndarray, transform: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Records whose gradient norm ``||M grad l_i(q)||`` exceeds each bound of ``grid``.
+
+        Exact counts (data, never published as they are): the input of a noisy histogram
+        (`pymc_dp.kernels.warmstart.noisy_histogram_quantile`). A record whose gradient is
+        not finite counts above every bound (it would be clipped, to 0). One pass over the
+        records (one round trip on a cluster), whatever the grid's length; each chunk
+        returns its counts.
+        """
+        self._ensure_grad()
+        m = None if transform is None else np.asarray(transform, dtype=float)
+        grid = np.asarray(grid, dtype=float)
+        return self._records.map_reduce(
+            self._kernel("norm_counts"),
+            _add_counts,
+            np.zeros(grid.size, dtype=np.int64),
+            args=(q, grid, m),
+        )
 
     def clipped_grad_sum_subset(
         self, q: np.ndarray, bound: float, idx: np.ndarray

@@ -97,6 +97,28 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         so a far smaller ``clip_bound`` leaves them unclipped ([Bardenet2017],
         Sec. 6, Taylor proxies). The chain then targets the posterior tilted by the noise of
         ``grad_sum`` (exactly ``exp(xi . theta)`` with ``xi`` that noise).
+    local_moves : float
+        With ``proposal="independent"``: the probability that an iteration proposes a
+        random-walk move ``theta + (2.38 / sqrt(d)) S xi`` (``S S^T`` = ``proposal_cov``)
+        instead, chosen independently of the state (a mixture of two kernels with the same
+        target, Tierney 1994): the chain still moves where the independence proposal fits its
+        target poorly. Default 0.
+    control_variate_basis : array, optional
+        ``L`` ``(d, d)``, invertible, public (e.g. a whitening from DP outputs): the control
+        variate's gradients are ``c_i = clip(L^{-1} g_i)`` and its step ``L^T dtheta``, so
+        ``c_i . L^T dtheta = g_i . dtheta`` before clipping; ``grad_sum`` must be the released
+        sum of those ``c_i``. Default the identity.
+    reparametrization : object, optional
+        A data-free bijection ``y = T(theta)`` (e.g. `pymc_dp.auto.recentre.Recentring`:
+        methods ``forward``, ``inverse``, ``log_det_jacobian``, ``gradient_map``) in whose
+        coordinates the proposal works: ``y' = y + ...`` for the walks, ``y' ~ N(m, s^2
+        Sigma)`` for ``independent`` (``proposal_mean`` and ``proposal_cov`` are then in
+        ``y``), and ``theta' = T^{-1}(y')``. The Hastings ratio gains
+        ``log |det J(theta)| - log |det J(theta')|`` (the proposal's density in ``theta``),
+        so the chain still targets the posterior of ``theta``. With ``control_variate`` the
+        linearisation is in ``y`` too: ``c_i`` are the per-record gradients in ``y`` at the
+        anchor (``J^{-T}`` applied before clipping) and the step is ``T(theta') - T(theta)``;
+        ``grad_sum`` must then be the released sum of those ``c_i``.
     scaling : float
         Initial global scale ``s``; adapted during warmup from the acceptance decisions only
         (post-processing of DP outputs) toward ``target_accept``.
@@ -150,6 +172,9 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         proposal_cov=None,
         proposal_mean=None,
         control_variate=None,
+        control_variate_basis=None,
+        local_moves: float = 0.0,
+        reparametrization=None,
         scaling: float = 1.0,
         target_accept: float | None = None,
         tempering: float = 1.0,
@@ -168,6 +193,15 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         if proposal not in _PROPOSALS:
             raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
         self.proposal = proposal
+        try:
+            self.local_moves = float(local_moves)
+        except (TypeError, ValueError):
+            self.local_moves = float("nan")
+        if not 0.0 <= self.local_moves < 1.0:
+            raise ValueError(f"local_moves must be a probability in [0, 1); got {local_moves!r}")
+        if self.local_moves and proposal != "independent":
+            raise ValueError("local_moves goes with proposal='independent'")
+        self._local = False
         self.scaling = check_positive(scaling, "scaling", coerce=True)
         self.target_accept = check_unit_interval(
             _TARGET_ACCEPT[proposal] if target_accept is None else target_accept, "target_accept"
@@ -209,6 +243,11 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             proposal, proposal_cov, proposal_mean, self.proposal_scale, self._fns.ndim
         )
         self.control_variate = _check_control_variate(control_variate, self._fns.ndim)
+        self.reparametrization = reparametrization
+        self.local_scaling = 2.38 / np.sqrt(self._fns.ndim)
+        self._cv_map, self._cv_dir = _control_variate_maps(
+            self.control_variate, control_variate_basis, reparametrization, self._fns.ndim
+        )
         self._reset_chain_state()
 
     def _reset_chain_state(self) -> None:
@@ -217,8 +256,15 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         self._reset_scaling()
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
+        """A proposal in the sampler's coordinates (``y`` with a reparametrization)."""
         d = q.size
         if self.proposal == "independent":
+            if self.local_moves and self.rng.uniform() < self.local_moves:
+                # a random-walk move with the same covariance (a mixture of two kernels that
+                # each keep the target, chosen independently of the state)
+                self._local = True
+                return q + self.local_scaling * (self._chol @ self.rng.normal(size=d)), None
+            self._local = False
             return self.proposal_mean + self.scaling * (self._chol @ self.rng.normal(size=d)), None
         if self.proposal == "gaussian":
             if self._chol is not None:
@@ -233,8 +279,9 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         return q1, j
 
     def _log_q_ratio(self, q: np.ndarray, q1: np.ndarray) -> float:
-        """``log q(q | q1) - log q(q1 | q)``: 0 for the symmetric walks (data-free)."""
-        if self.proposal != "independent":
+        """``log q(q | q1) - log q(q1 | q)`` in the proposal's coordinates: 0 for the
+        symmetric walks (data-free)."""
+        if self.proposal != "independent" or self._local:
             return 0.0
         w0 = np.linalg.solve(self._chol, q - self.proposal_mean) / self.scaling
         w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling
@@ -242,13 +289,25 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        q1, j = self._propose(q)
+        rp = self.reparametrization
+        if rp is None:
+            q1, j = self._propose(q)
+            log_q = self._log_q_ratio(q, q1)
+            dy = q1 - q
+        else:
+            # propose in y = T(q); the proposal's density in q carries |det J| (change of
+            # variables), so the chain still targets the posterior of q
+            y = rp.forward(q)
+            y1, j = self._propose(y)
+            q1 = rp.inverse(y1)
+            log_q = self._log_q_ratio(y, y1) + rp.log_det_jacobian(q) - rp.log_det_jacobian(q1)
+            dy = y1 - y
+        dc = dy if self._cv_dir is None else self._cv_dir @ dy
         norm = float(np.linalg.norm(q1 - q))
         bound = self.clip_bound * norm
         lp0 = self._prior_logp(q)
         lp1 = self._fns.prior_logp(q1)
         sigma = penalty_noise_std(self.noise_multiplier, self.clip_bound, norm)
-        log_q = self._log_q_ratio(q, q1)
         # -- the one data access of the iteration: a Gaussian mechanism ------------------------
         if self._owners:  # data-sharing: every owner adds its own noise (Algorithm 2)
             noisy = self._fns.shared_clipped_loglik_ratio_sum(q1, q, bound, sigma)
@@ -260,9 +319,9 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             else:
                 anchor, grad_sum, grad_bound = self.control_variate
                 llr, n_clipped = self._fns.clipped_residual_ratio_sum(
-                    q1, q, bound, anchor, grad_bound
+                    q1, q, bound, anchor, grad_bound, self._cv_map, dc
                 )
-                llr += float(grad_sum @ (q1 - q))  # post-processing of a released sum
+                llr += float(grad_sum @ dc)  # post-processing of a released sum
             log_a = penalty_log_acceptance(llr, lp1 - lp0, log_q, sigma, self.rng)
         # -- everything below is post-processing of the noisy ratio -----------------------------
         accepted = accept(log_a, self.rng)
@@ -312,6 +371,25 @@ def _check_proposal_shape(proposal, cov, mean, scale, d):
     if mean is None or mean.shape != (d,) or not np.all(np.isfinite(mean)):
         raise ValueError(f"proposal='independent' needs a finite proposal_mean of shape ({d},)")
     return chol, mean
+
+
+def _control_variate_maps(cv, basis, rp, d):
+    """``(M, D)``: the control variate's gradients ``M g_i`` and steps ``D dy`` (public)."""
+    if basis is None:
+        m = None if (rp is None or cv is None) else rp.gradient_map(cv[0])
+        return m, None
+    if cv is None:
+        raise ValueError("control_variate_basis goes with control_variate")
+    basis = np.asarray(basis, dtype=float)
+    if basis.shape != (d, d) or not np.all(np.isfinite(basis)):
+        raise ValueError(f"control_variate_basis must be a finite ({d}, {d}) matrix")
+    try:
+        m = np.linalg.inv(basis)
+    except np.linalg.LinAlgError:
+        raise ValueError("control_variate_basis must be invertible") from None
+    if rp is not None:
+        m = m @ rp.gradient_map(cv[0])
+    return m, basis.T
 
 
 def _check_control_variate(cv, d):
