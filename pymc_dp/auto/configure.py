@@ -503,9 +503,11 @@ def auto_configure(
         }
     iterations = chains * (plan.draws + plan.tune)
     z_s = math.sqrt(iterations / (2.0 * mu_left))
-    # never above the target: nudge the sampling noise up until the composition fits
+    # never above the target: nudge the sampling noise up until the composition fits, with
+    # a margin of 1e-9 relative for the report's own floating-point sums (it adds the
+    # phases' and the chains' mu in another order)
     pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
-    while compose_epsilon([*pre, GaussianEvent(z_s, iterations)], delta) > epsilon:
+    while compose_epsilon([*pre, GaussianEvent(z_s, iterations)], delta) > epsilon * (1 - 1e-9):
         z_s *= 1.0 + 1e-9
     plan.phases.append(Phase("sampling (penalty tests)", z_s, iterations))
     kwargs.update(
