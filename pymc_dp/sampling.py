@@ -184,7 +184,7 @@ def sample(
     if data_bounds is not None:
         from pymc_dp.auto import check_data_bounds
 
-        check_data_bounds(model, data_bounds)
+        data_bounds = check_data_bounds(model, data_bounds)
     if records is not None:
         _check_cores(sample_kwargs)
     if step is None:
@@ -202,7 +202,7 @@ def sample(
             delta=delta,
             random_seed=random_seed,
             step_kwargs=step_kwargs,
-            auto_kwargs=auto_kwargs,
+            auto_kwargs={**(auto_kwargs or {}), "data_bounds": data_bounds},
             keep_data=keep_data,
             var_names=var_names,
             idata_kwargs=idata_kwargs,
