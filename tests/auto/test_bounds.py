@@ -238,3 +238,24 @@ def test_unusable_bounds_are_refused_before_any_data_is_read(monkeypatch):
     with model2:
         with pytest.raises(ValueError, match="contain no integer"):
             pymc_dp.sample(epsilon=1.0, delta=1e-5, data_bounds={"X": (-1, 1), "y": (0.2, 0.8)})
+
+
+def test_plan_lists_the_clip_sources_and_drops_the_histogram_phase(monkeypatch, capsys):
+    import pymc_dp.records.store as store
+
+    def no_read(*a, **k):  # pragma: no cover - must not be reached
+        raise AssertionError("data read")
+
+    rng = np.random.default_rng(7)
+    X, y = _data_inside("logistic", rng, n=100)
+    model = _glm("logistic", X, y)
+    monkeypatch.setattr(store.InMemoryRecords, "chunks", no_read)
+    with model:
+        with_bounds = pymc_dp.plan(epsilon=3.0, delta=1e-5, data_bounds=BOUNDS["logistic"][0])
+        without = pymc_dp.plan(epsilon=3.0, delta=1e-5, verbose=False)
+    printed = capsys.readouterr().out
+    assert "warm-start gradient clip: from data_bounds" in printed
+    names = [p.name for p in with_bounds.phases]
+    assert "warm start: noisy gradient-norm histograms" not in names
+    assert "warm start: noisy gradient-norm histograms" in [p.name for p in without.phases]
+    assert with_bounds._sampling_share() > without._sampling_share()
