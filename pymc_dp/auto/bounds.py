@@ -13,6 +13,8 @@ import math
 import numpy as np
 import pymc as pm
 
+from pymc_dp.auto.intervals import split_candidates
+
 __all__ = ["DerivedBounds", "check_data_bounds", "clip_plan"]
 
 
@@ -66,7 +68,7 @@ def check_data_bounds(model: pm.Model, data_bounds) -> dict[str, tuple[float, fl
 ROUNDING_MARGIN = 1e-6
 
 #: Pieces of each subdivided intermediate (`pymc_dp.auto.intervals.interval_eval_split`).
-SPLIT_PIECES = 16
+SPLIT_PIECES = 32
 
 #: Largest number of integer-data combinations enumerated (`DerivedBounds`).
 INTEGER_CASES = 16
@@ -245,9 +247,31 @@ class DerivedBounds:
     def gradient_bound(self, q: np.ndarray, q_hi: np.ndarray | None = None) -> float:
         """An upper bound of ``||g_i(q')||`` over records in the bounds and ``q'`` in the box
         ``[q, q_hi]`` (the point ``q`` without ``q_hi``); ``inf`` when none is finite."""
-        lo, hi = self._eval(self._grad, q, q if q_hi is None else q_hi)
-        m = np.maximum(np.abs(lo), np.abs(hi))
-        b = float(np.sqrt(np.sum(m * m)))
+        from pymc_dp.auto.intervals import interval_eval, interval_eval_split
+
+        def norm(lo, hi) -> float:
+            m = np.maximum(np.abs(lo), np.abs(hi))
+            return float(np.sqrt(np.sum(m * m)))
+
+        out = self._grad
+        qbox = (np.asarray(q, float), np.asarray(q if q_hi is None else q_hi, float))
+        if out not in self._splits:
+            self._splits[out] = split_candidates([out], [self._x, *self._boxes])
+        b = 0.0
+        for boxes in self._integer_cases():
+            boxes = {self._x: qbox, **boxes}
+            lo, hi = interval_eval([out], boxes)[0]
+            case = norm(lo, hi)
+            # each part of a split: its enclosure intersected with the plain one, and the
+            # largest norm over the parts (a cover of the box): tighter than the norm of the
+            # union, whose coordinates may come from different parts
+            for v in self._splits[out]:
+                parts = interval_eval_split([out], boxes, v, SPLIT_PIECES, per_piece=True)
+                case = min(
+                    case,
+                    max(norm(np.maximum(lo, p[0][0]), np.minimum(hi, p[0][1])) for p in parts),
+                )
+            b = max(b, case)
         return b * (1.0 + ROUNDING_MARGIN) if np.isfinite(b) else float("inf")
 
     def residual_bound(self, lo: np.ndarray, hi: np.ndarray, anchor: np.ndarray) -> float:
@@ -283,12 +307,16 @@ def clip_plan(
     initial_point: dict,
     data_bounds: dict | None,
     q0: np.ndarray,
+    derive_clips: bool = False,
     derive_residual: bool = False,
 ) -> tuple[DerivedBounds | None, dict[str, str]]:
     """Which clip bounds of the automatic mode come from ``data_bounds`` (data-free).
 
     Returns the `DerivedBounds` (None without ``data_bounds``) and, by clip bound, its
     source: ``"data_bounds"`` or ``"DP histogram"`` with the reason. Reads no data.
+    ``derive_clips`` (the gradient clips of the warm start and the control variate) and
+    ``derive_residual`` (also the penalty test's) switch the derivation on; the declared
+    bounds are checked either way.
 
     Raises
     ------
@@ -310,13 +338,15 @@ def clip_plan(
         )
     hist = "DP histogram"
     why = f" ({derived.reason})" if derived.reason else ""
-    sources = {
-        "warm-start gradient clip": "data_bounds" if derived.gradient_ok else hist + why,
-        "control-variate clip": "data_bounds" if derived.gradient_ok else hist + why,
-    }
-    if derived.gradient_ok and derived.hessian_ok and derive_residual:
-        sources["penalty-test clip"] = "data_bounds"
+    if not derived.gradient_ok:
+        grad = hist + why
     else:
-        off = " (derive_residual_clip=False)" if derived.gradient_ok and derived.hessian_ok else ""
-        sources["penalty-test clip"] = hist + (off or why)
+        grad = "data_bounds" if derive_clips else hist + " (derive_clips=False)"
+    sources = {"warm-start gradient clip": grad, "control-variate clip": grad}
+    if grad == "data_bounds" and derived.hessian_ok and derive_residual:
+        sources["penalty-test clip"] = "data_bounds"
+    elif grad == "data_bounds" and derived.hessian_ok:
+        sources["penalty-test clip"] = hist + " (derive_residual_clip=False)"
+    else:
+        sources["penalty-test clip"] = grad if grad != "data_bounds" else hist + why
     return derived, sources

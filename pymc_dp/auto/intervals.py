@@ -398,8 +398,11 @@ def interval_eval_split(
     boxes: dict[Variable, tuple[np.ndarray, np.ndarray]],
     split: Variable,
     pieces: int,
-) -> list[Interval]:
+    per_piece: bool = False,
+) -> list[Interval] | list[list[Interval]]:
     """`interval_eval` with the enclosure of ``split`` cut into ``pieces`` parts.
+
+    ``per_piece``: the list of every part's enclosures instead of their union.
 
     Every value the graph takes has ``split`` in one of the parts, so the union of the
     enclosures computed with ``split`` set to each part (the rest of the graph over the full
@@ -407,8 +410,14 @@ def interval_eval_split(
     """
     slo, shi = interval_eval([split], boxes)[0]
     if not (np.all(np.isfinite(slo)) and np.all(np.isfinite(shi))) or _is_point((slo, shi)):
-        return interval_eval(outputs, boxes)
+        whole = interval_eval(outputs, boxes)
+        return [whole] if per_piece else whole
     edges = np.linspace(0.0, 1.0, pieces + 1)
+    if per_piece:
+        return [
+            interval_eval(outputs, {**boxes, split: (slo + a * (shi - slo), slo + b * (shi - slo))})
+            for a, b in zip(edges[:-1], edges[1:], strict=True)
+        ]
     acc: list[Interval] | None = None
     for a, b in zip(edges[:-1], edges[1:], strict=True):
         part = {**boxes, split: (slo + a * (shi - slo), slo + b * (shi - slo))}

@@ -118,6 +118,7 @@ def plan(
     model: pm.Model | None = None,
     split: BudgetSplit | None = None,
     verbose: bool = True,
+    derive_clips: bool = False,
 ) -> Plan:
     """The automatic configuration of ``pymc_dp.sample(step=None)`` and its prediction.
 
@@ -140,6 +141,9 @@ def plan(
     split : BudgetSplit, optional
     verbose : bool
         Print the plan.
+    derive_clips : bool
+        As in `pymc_dp.auto.auto_configure` (``auto_kwargs={"derive_clips": True}`` of
+        ``pymc_dp.sample``): clip bounds from ``data_bounds``.
 
     Returns
     -------
@@ -156,7 +160,7 @@ def plan(
     ip = model.initial_point()
     d = int(sum(np.size(v) for v in ip.values()))
     q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
-    _, sources = clip_plan(model, model.value_vars, ip, bounds, q0)
+    _, sources = clip_plan(model, model.value_vars, ip, bounds, q0, derive_clips)
     mu = gaussian_mu_for_epsilon(epsilon, delta)
     phases = presample_phases(
         mu,

@@ -163,7 +163,7 @@ def test_bounds_drop_the_histogram_phases_and_the_budget_is_still_spent(residual
     cfg = auto_configure(
         model, epsilon=3.0, delta=1e-5, chains=2, draws=None, tune=None,
         rng=np.random.default_rng(0), max_iterations=400,
-        data_bounds=BOUNDS["logistic"][0], derive_residual_clip=residual,
+        data_bounds=BOUNDS["logistic"][0], derive_clips=True, derive_residual_clip=residual,
     )  # fmt: skip
     names = _phase_names(cfg)
     assert "warm start: noisy gradient-norm histograms" not in names
@@ -182,6 +182,20 @@ def test_bounds_drop_the_histogram_phases_and_the_budget_is_still_spent(residual
     derived = DerivedBounds(model, model.value_vars, model.initial_point(), BOUNDS["logistic"][0])
     q0 = np.zeros(3)
     assert cfg.clip_bounds[0] == pytest.approx(derived.gradient_bound(q0), rel=1e-12)
+
+
+def test_by_default_the_bounds_are_checked_and_the_histograms_kept():
+    rng = np.random.default_rng(8)
+    X, y = _data_inside("logistic", rng, n=300)
+    model = _glm("logistic", X, y)
+    cfg = auto_configure(
+        model, epsilon=3.0, delta=1e-5, chains=2, draws=None, tune=None,
+        rng=np.random.default_rng(0), max_iterations=400, data_bounds=BOUNDS["logistic"][0],
+    )  # fmt: skip
+    assert "warm start: noisy gradient-norm histograms" in _phase_names(cfg)
+    assert set(cfg.clip_sources.values()) == {
+        "DP histogram (derive_clips=False)",
+    }
 
 
 @pytest.mark.slow
@@ -206,7 +220,7 @@ def test_data_outside_the_declared_bounds_are_clipped_and_the_run_stays_private(
         idata = pymc_dp.sample(
             epsilon=2.0, delta=1e-5, chains=2, data_bounds=bounds, random_seed=3,
             progressbar=False, compute_convergence_checks=False,
-            auto_kwargs={"max_iterations": 400},
+            auto_kwargs={"max_iterations": 400, "derive_clips": True},
         )  # fmt: skip
     rep = pymc_dp.privacy_report(idata, model=model, attach=False)
     assert rep.private and rep.epsilon == pytest.approx(2.0, rel=1e-6) and rep.epsilon <= 2.0
@@ -251,7 +265,12 @@ def test_plan_lists_the_clip_sources_and_drops_the_histogram_phase(monkeypatch, 
     model = _glm("logistic", X, y)
     monkeypatch.setattr(store.InMemoryRecords, "chunks", no_read)
     with model:
-        with_bounds = pymc_dp.plan(epsilon=3.0, delta=1e-5, data_bounds=BOUNDS["logistic"][0])
+        with_bounds = pymc_dp.plan(
+            epsilon=3.0, delta=1e-5, data_bounds=BOUNDS["logistic"][0], derive_clips=True
+        )
+        off = pymc_dp.plan(
+            epsilon=3.0, delta=1e-5, data_bounds=BOUNDS["logistic"][0], verbose=False
+        )
         without = pymc_dp.plan(epsilon=3.0, delta=1e-5, verbose=False)
     printed = capsys.readouterr().out
     assert "warm-start gradient clip: from data_bounds" in printed
@@ -259,3 +278,6 @@ def test_plan_lists_the_clip_sources_and_drops_the_histogram_phase(monkeypatch, 
     assert "warm start: noisy gradient-norm histograms" not in names
     assert "warm start: noisy gradient-norm histograms" in [p.name for p in without.phases]
     assert with_bounds._sampling_share() > without._sampling_share()
+    # the default: bounds checked, clips from the DP histograms (derive_clips=False)
+    assert [p.name for p in off.phases] == [p.name for p in without.phases]
+    assert off.clip_sources["warm-start gradient clip"] == "DP histogram (derive_clips=False)"
