@@ -308,8 +308,8 @@ def auto_configure(
         sampling. Off by default: that bound holds for the worst record of the box and was
         measured 1.7 times the DP quantile on the Affairs logistic regression (2.95 against
         1.78); the outer-product release's noise grows with its square, and the posterior
-        means landed up to 2 NUTS sds off (4 seeds, epsilon 10) against under 0.7 with the
-        histograms.
+        means landed up to 1.4 NUTS sds off (4 seeds, epsilon 10) against under 0.7 with
+        the histograms (docs/auto.md).
     derive_residual_clip : bool
         Also derive the penalty test's clip bound from ``data_bounds`` (over the public box
         `RESIDUAL_BOX_SDS` proposal sds around the Laplace mean, no histogram). Off by
