@@ -338,8 +338,10 @@ def interval_eval(
         elif name in _STRUCTURAL or isinstance(op, DimShuffle):
             # value inputs may be intervals; every other input (index, shape) must be a point
             value_pos = {0, 1} if "IncSubtensor" in name else {0}
-            if name in ("Join", "MakeVector"):
-                value_pos = set(range(len(ins))) - ({0} if name == "Join" else set())
+            if name == "MakeVector":
+                value_pos = set(range(len(ins)))
+            elif name == "Join":  # the axis is a scalar input in older PyTensor, an attribute later
+                value_pos = {k for k, v in enumerate(node.inputs) if v.type.ndim > 0}
             for k, iv in enumerate(ins):
                 if k not in value_pos and not _is_point(iv):
                     raise IntervalUnsupported(f"{name} with an interval index or shape")
