@@ -138,7 +138,11 @@ def sample(
     data_bounds : dict, optional
         Public bounds ``{name: (low, high)}`` of observed variables and ``pm.Data``
         containers, declared from domain knowledge (never from the data). Checked against
-        the model's names before any data is read; see `pymc_dp.auto.check_data_bounds`.
+        the model's names (and, in automatic mode, its graph) before any data is read; see
+        `pymc_dp.auto.check_data_bounds`. With ``auto_kwargs={"derive_clips": True}`` the
+        automatic mode derives its gradient clip bounds from them instead of spending budget
+        on DP histograms (`pymc_dp.auto.bounds.clip_plan`; off by default, see
+        docs/auto.md for the measurement).
     random_seed : int, optional
         Seed of the whole run (the automatic phases and `pymc.sample`).
     step_kwargs : dict, optional
@@ -187,7 +191,7 @@ def sample(
     if data_bounds is not None:
         from pymc_dp.auto import check_data_bounds
 
-        check_data_bounds(model, data_bounds)
+        data_bounds = check_data_bounds(model, data_bounds)
     if records is not None:
         _check_cores(sample_kwargs)
     if step is None:
@@ -208,7 +212,7 @@ def sample(
             delta=delta,
             random_seed=random_seed,
             step_kwargs=step_kwargs,
-            auto_kwargs=auto_kwargs,
+            auto_kwargs={**(auto_kwargs or {}), "data_bounds": data_bounds},
             keep_data=keep_data,
             var_names=var_names,
             idata_kwargs=idata_kwargs,

@@ -16,7 +16,7 @@ from scipy import optimize
 
 from pymc_dp._validation import check_positive, check_target
 from pymc_dp.accounting import gaussian_mu_for_epsilon
-from pymc_dp.auto.bounds import check_data_bounds
+from pymc_dp.auto.bounds import check_data_bounds, clip_plan
 from pymc_dp.auto.configure import BudgetSplit, Phase, presample_phases
 
 __all__ = ["Plan", "plan", "predicted_mean_error"]
@@ -59,6 +59,8 @@ class Plan:
     predicted_error: float
     data_bounds: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: where each clip bound will come from (declared bounds or a DP histogram)
+    clip_sources: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [
@@ -84,6 +86,8 @@ class Plan:
         )
         if self.data_bounds:
             lines.append(f"  declared data bounds: {self.data_bounds}")
+            for k, v in self.clip_sources.items():
+                lines.append(f"    {k}: from {v}")
         lines += [f"  WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)
 
@@ -114,6 +118,7 @@ def plan(
     model: pm.Model | None = None,
     split: BudgetSplit | None = None,
     verbose: bool = True,
+    derive_clips: bool = False,
 ) -> Plan:
     """The automatic configuration of ``pymc_dp.sample(step=None)`` and its prediction.
 
@@ -128,12 +133,17 @@ def plan(
         The budget of the whole run.
     chains : int
     data_bounds : dict, optional
-        Public bounds (validated against the model's names; see `check_data_bounds`).
+        Public bounds (validated against the model's names; see `check_data_bounds`). The
+        clip bounds they give (`pymc_dp.auto.bounds.clip_plan`, data-free) are listed, and
+        the histogram phases they replace are left out of the split.
     model : pm.Model, optional
         Default: the model of the enclosing ``with`` block.
     split : BudgetSplit, optional
     verbose : bool
         Print the plan.
+    derive_clips : bool
+        As in `pymc_dp.auto.auto_configure` (``auto_kwargs={"derive_clips": True}`` of
+        ``pymc_dp.sample``): clip bounds from ``data_bounds``.
 
     Returns
     -------
@@ -147,11 +157,19 @@ def plan(
     bounds = check_data_bounds(model, data_bounds) if data_bounds is not None else {}
     split = split or BudgetSplit()
     n = count_records(model)
-    d = int(sum(np.size(v) for v in model.initial_point().values()))
+    ip = model.initial_point()
+    d = int(sum(np.size(v) for v in ip.values()))
+    q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
+    _, sources = clip_plan(model, model.value_vars, ip, bounds, q0, derive_clips)
     mu = gaussian_mu_for_epsilon(epsilon, delta)
-    phases = presample_phases(mu, split)
+    phases = presample_phases(
+        mu,
+        split,
+        gradient_histograms=sources.get("warm-start gradient clip") != "data_bounds",
+        residual_histogram=sources.get("penalty-test clip") != "data_bounds",
+    )
     err = predicted_mean_error(n, d, _nominal_anchor_z(mu))
-    out = Plan(n, d, epsilon, delta, int(chains), mu, phases, err, bounds)
+    out = Plan(n, d, epsilon, delta, int(chains), mu, phases, err, bounds, clip_sources=sources)
     if err > USABLE_ERROR:
         eps_needed = _epsilon_needed(n, d, delta, split)
         n_needed = int(math.ceil(n * (err / USABLE_ERROR) ** 2))

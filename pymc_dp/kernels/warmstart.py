@@ -209,6 +209,7 @@ def private_laplace(
     prior_curvature: Callable[[np.ndarray], np.ndarray] | None = None,
     outer_quantile: float = 0.95,
     likelihood_free: np.ndarray | None = None,
+    clip_bound_at: Callable[[np.ndarray], float] | None = None,
 ) -> LaplaceInfo:
     """A DP Laplace approximation ``N(mean, cov)`` of the posterior by private Fisher scoring.
 
@@ -277,6 +278,12 @@ def private_laplace(
         Trust region: a step is shortened to at most this many standard deviations of the
         current approximation (Mahalanobis norm). Steps are also damped by the curvature's
         noise level (Levenberg-Marquardt), which leaves the fixed point unchanged.
+    clip_bound_at : callable, optional
+        ``q -> b``: a clip bound that is a function of public information only (declared
+        data bounds and the released iterate ``q``; `pymc_dp.auto.bounds.DerivedBounds`).
+        Given, it replaces the noisy histograms (none is released, ``grad_counts_above`` and
+        ``hist_noise_multiplier`` are not used) and also gives the control variate's bound at
+        the anchor. A non-finite value is replaced by the largest grid value.
 
     Returns
     -------
@@ -313,17 +320,24 @@ def private_laplace(
         m = np.linalg.inv(basis)
         info.basis = basis
         grid_it = grid if it == 0 else white_grid
-        hist = histogram_from_counts(n, grad_counts_above(q, grid_it, m))
-        b, noisy_hist = noisy_histogram_quantile(
-            hist, grid_it, quantile, hist_noise_multiplier, rng
-        )
-        info.histogram_releases += 1
+        if clip_bound_at is None:
+            hist = histogram_from_counts(n, grad_counts_above(q, grid_it, m))
+            b, noisy_hist = noisy_histogram_quantile(
+                hist, grid_it, quantile, hist_noise_multiplier, rng
+            )
+            info.histogram_releases += 1
+        else:  # public: no data read, nothing released
+            # a bound of ||g_i|| bounds the whitened ||M g_i|| times M's spectral norm
+            b = float(clip_bound_at(q)) * float(np.linalg.norm(m, 2))
+            b = b if np.isfinite(b) and b > 0 else float(grid[-1])
         info.clip_bounds.append(b)
         # the outer products get their own, lower clip bound from the same released
         # histogram (post-processing): their noise grows like b^2, and a curvature biased
         # low only widens the approximation
-        std_h = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
-        b_outer = min(b, histogram_quantile(noisy_hist, grid_it, outer_quantile, n, std_h))
+        b_outer = b
+        if clip_bound_at is None:
+            std_h = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
+            b_outer = min(b, histogram_quantile(noisy_hist, grid_it, outer_quantile, n, std_h))
         info.outer_clip_bounds.append(b_outer)
         s1, s2 = clipped_moments(q, b, b_outer, m)
         s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
@@ -365,9 +379,12 @@ def private_laplace(
             # the control variate's clip bound: a higher quantile of the same released
             # histogram (post-processing), so that few anchor gradients are clipped
             info.anchor = q.copy()
-            std = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
-            top = histogram_quantile(noisy_hist, grid_it, anchor_quantile, n, std)
-            info.anchor_bound = max(b, top)
+            if clip_bound_at is None:
+                std = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
+                top = histogram_quantile(noisy_hist, grid_it, anchor_quantile, n, std)
+                info.anchor_bound = max(b, top)
+            else:  # the bound at q clips no record inside the declared bounds already
+                info.anchor_bound = b
             break
         # Levenberg-Marquardt damping by the noise level of the released curvature (its
         # spectral norm is about 2 sqrt(d) entry sds): steps along directions the data do
