@@ -16,6 +16,12 @@ Two ways of spending the budget:
   (`pymc_dp.accounting.gaussian_mu_for_epsilon`). No warmup, no adaptation.
 - ``protocol="calibrated"`` (pymc_dp's): the run length is fixed (``draws``, ``tune``) and
   `pymc_dp.sample` calibrates the noise for it; warmup adaptation is on.
+- ``protocol="auto"`` (method ``"auto"`` only): the automatic mode,
+  ``pymc_dp.sample(step=None)`` (docs/auto.md), given nothing but public information: the
+  model, epsilon, delta, the chains and a cap on the total number of penalty-test iterations,
+  the paper's DP penalty run length at this epsilon (`auto_iteration_budget`). It chooses its
+  clip bound, proposal, run length and starting points privately; every phase is in the
+  privacy report.
 
 Either way the privacy report of the finished run (`pymc_dp.privacy_report`) gives the
 epsilon that is recorded, and the runner checks it is at most the target.
@@ -45,7 +51,9 @@ __all__ = [
     "METHODS",
     "MethodSetting",
     "MethodSpec",
+    "AUTO",
     "RunResult",
+    "auto_iteration_budget",
     "merge_results",
     "paper_iterations_per_chain",
     "register_method",
@@ -322,6 +330,66 @@ METHODS["sgnht"] = MethodSpec(
 )
 
 
+class AutoMode:
+    """Marker ``step_class`` of the ``"auto"`` method: ``pymc_dp.sample(step=None)``.
+
+    Not a step class: `run_one` calls the automatic mode (`pymc_dp.auto.auto_configure`, then
+    `pymc_dp.DPPenaltyMetropolis`) instead of constructing a step.
+    """
+
+
+#: The ``step_class`` of the ``"auto"`` method.
+AUTO = AutoMode
+
+
+def _auto_setting(exp: ExperimentModel) -> MethodSetting:
+    # Nothing to set by hand: the automatic mode chooses everything privately.
+    return MethodSetting(step_kwargs={}, draws=0, tune=0)
+
+
+METHODS["auto"] = MethodSpec(
+    "auto",
+    AUTO,
+    {"banana": _auto_setting, "gaussian": _auto_setting, "mixture": _auto_setting},
+)
+
+#: Cap on the automatic mode's total iterations (all chains) where the paper ran no DP
+#: penalty (the automatic mode's own default, `pymc_dp.auto.auto_configure`).
+AUTO_DEFAULT_ITERATIONS = 20_000
+
+
+def auto_iteration_budget(exp: ExperimentModel, epsilon: float, delta: float, chains: int) -> int:
+    """Largest total number of penalty-test iterations the ``"auto"`` method may choose.
+
+    The draw budget of the DP-HMC paper's own DP penalty run on this model at this epsilon
+    (Räisä, Koskela & Honkela, Sec. 4: ``chains * k``, ``k`` from the paper's fixed noise and
+    the budget, `paper_iterations_per_chain`), so that the automatic mode runs no more
+    penalty tests than the hand-tuned DP penalty run it is compared with; at least
+    ``chains * 50`` (the automatic mode's shortest chains). A model without the paper's DP
+    penalty setting gets `AUTO_DEFAULT_ITERATIONS`. Data-free: a function of the public
+    model size, epsilon, delta and chains.
+
+    Parameters
+    ----------
+    exp : ExperimentModel
+    epsilon, delta : float
+        Target of the whole run.
+    chains : int
+
+    Returns
+    -------
+    int
+    """
+    spec = METHODS["penalty"]
+    if exp.name not in spec.settings:
+        return AUTO_DEFAULT_ITERATIONS
+    setting = spec.setting(exp)
+    if setting.paper_mu is None:
+        return AUTO_DEFAULT_ITERATIONS
+    k = paper_iterations_per_chain(setting.paper_mu, epsilon, delta, chains)
+    return int(chains * max(k, 50))
+
+
 def register_method(spec: MethodSpec) -> None:
     """Add (or replace) a method of the registry."""
     if not isinstance(spec, MethodSpec):
@@ -405,7 +473,11 @@ def run_one(
     repeat : int
         Repeat index (with ``base_seed``, ``method`` and ``epsilon`` it sets the seed).
     protocol : {"paper", "calibrated"}
-        See the module docstring; ``"paper"`` needs the method's ``paper_noise``.
+        See the module docstring; ``"paper"`` needs the method's ``paper_noise``. Ignored by
+        ``method="auto"``, which always runs ``protocol="auto"``: the automatic mode with
+        nothing but public information (the model, epsilon, delta, ``chains`` and the
+        iteration cap `auto_iteration_budget`); it chooses its own starting points (the
+        paper's starts around the true theta are not public) and run length.
     base_seed : int
     reference_draws : int
         Exact reference draws (paper: 1000).
@@ -413,7 +485,8 @@ def run_one(
         Spread of the starting points; default the mean of the reference posterior's
         componentwise sds (paper).
     draws, tune : int, optional
-        Override the calibrated protocol's run length.
+        Override the calibrated protocol's run length (with ``method="auto"``: fix the run
+        length instead of letting the automatic mode choose it).
 
     Returns
     -------
@@ -421,9 +494,12 @@ def run_one(
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {sorted(METHODS)}")
-    if protocol not in ("paper", "calibrated"):
-        raise ValueError(f"protocol must be 'paper' or 'calibrated'; got {protocol!r}")
     spec = METHODS[method]
+    is_auto = spec.step_class is AUTO
+    if is_auto:
+        protocol = "auto"  # the automatic mode spends its budget its own way
+    elif protocol not in ("paper", "calibrated"):
+        raise ValueError(f"protocol must be 'paper' or 'calibrated'; got {protocol!r}")
     setting = spec.setting(exp)
     if protocol == "paper" and (setting.paper_noise is None or setting.paper_mu is None):
         raise ValueError(
@@ -436,20 +512,35 @@ def run_one(
     if start_sd is None:
         start_sd = float(np.mean(exp.reference_sd()))
     starts = exp.true_theta + start_sd * rng.standard_normal((chains, exp.dim))
-    initvals = _initvals(exp, starts)
     sample_kwargs = {
         "chains": chains,
         "cores": 1,
         "progressbar": False,
         "compute_convergence_checks": False,
         "random_seed": seed % (2**31),
-        "initvals": initvals,
         "model": exp.model,
     }
+    if not is_auto:
+        # the paper's starts, around the true theta; the automatic mode starts its chains at
+        # draws from its private Laplace approximation instead (the true theta is not public)
+        sample_kwargs["initvals"] = _initvals(exp, starts)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if protocol == "paper":
+        if is_auto:
+            max_iterations = auto_iteration_budget(exp, epsilon, delta, chains)
+            setting = MethodSetting(step_kwargs={"max_iterations": max_iterations})
+            idata = pymc_dp.sample(
+                step=None,
+                epsilon=epsilon,
+                delta=delta,
+                draws=draws,
+                tune=tune,
+                auto_kwargs={"max_iterations": max_iterations},
+                **sample_kwargs,
+            )
+            n_tune = None  # chosen by the automatic mode: read from the report below
+        elif protocol == "paper":
             k = paper_iterations_per_chain(setting.paper_mu, epsilon, delta, chains)
             if k < 2:
                 raise ValueError(
@@ -490,6 +581,8 @@ def run_one(
             "please report this"
         )
     post = posterior_matrix(idata, exp.var_names)
+    if n_tune is None:
+        n_tune = int(report.iterations // report.chains) - post.shape[1]
     half = post[:, post.shape[1] // 2 :, :]
     pooled = half.reshape(-1, exp.dim)
     finite = bool(np.all(np.isfinite(pooled)))
@@ -497,7 +590,12 @@ def run_one(
     rhat, ess = convergence(half) if ok else (math.nan, math.nan)
     mmd2_u = mmd(pooled, ref, rng=rng) if finite else math.nan
     acc = float(np.asarray(idata["sample_stats"]["accepted"].values).mean())
-    noise = setting.paper_noise if protocol == "paper" else {}
+    if protocol == "paper":
+        noise = setting.paper_noise
+    elif is_auto:  # the automatic mode's choices: DP outputs or data-free, safe to record
+        noise = {"phases": str(idata.attrs.get("dp_phases", ""))}
+    else:
+        noise = {}
     row = {
         "model": exp.name,
         "method": method,
@@ -595,7 +693,10 @@ def run_experiment(
     protocols = {}
     for method in methods:
         setting = METHODS[method].setting(exp)
-        protocols[method] = protocol if setting.paper_noise is not None else "calibrated"
+        if METHODS[method].step_class is AUTO:
+            protocols[method] = "auto"
+        else:
+            protocols[method] = protocol if setting.paper_noise is not None else "calibrated"
     with open(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
         writer.writeheader()

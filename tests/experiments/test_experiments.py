@@ -407,3 +407,68 @@ def test_results_page_tables_are_the_committed_csvs(model, methods):
     assert f"{paper.mean():.4f} ± {paper.std(ddof=1):.4f}" in table
     for r in rows:  # every committed run met its privacy target
         assert r["epsilon_reported"] <= r["epsilon_target"]
+
+
+# -- the automatic mode as a method of the runner ------------------------------------------------
+
+
+def test_auto_iteration_budget_is_the_papers_penalty_run_length():
+    """The "auto" method may run as many penalty tests as the paper's DP penalty run at the
+    same epsilon (4 chains x the paper code's iterations), at least 4 x 50; a model without
+    the paper's DP penalty setting gets the automatic mode's own cap."""
+    from pymc_dp.experiments import auto_iteration_budget
+    from pymc_dp.experiments.runner import AUTO_DEFAULT_ITERATIONS
+
+    class _Exp:
+        n = 100_000
+        info: dict = {}
+
+        def __init__(self, name):
+            self.name = name
+
+    got = [auto_iteration_budget(_Exp("banana"), e, 1e-6, 4) for e in (2, 4, 12, 15)]
+    assert got == [4 * k for k in (145, 507, 3337, 4795)]
+    # the Gaussian's paper penalty runs are shorter than the auto mode's 50 per chain
+    got = [auto_iteration_budget(_Exp("gaussian"), e, 1e-6, 4) for e in (2, 4, 12, 15)]
+    assert got == [4 * 50, 4 * 50, 4 * 288, 4 * 414]
+    assert auto_iteration_budget(_Exp("mixture"), 4.0, 1e-6, 4) == AUTO_DEFAULT_ITERATIONS
+
+
+@pytest.mark.parametrize("model", ["banana", "gaussian"])
+def test_run_one_auto_end_to_end_within_the_target(model):
+    """method="auto": pymc_dp.sample(step=None) under the runner's protocol; the pooled
+    second halves have the right shape, the report (every phase) is within the target, the
+    row says protocol "auto" with the iteration cap it was given."""
+    import json
+
+    from pymc_dp.experiments import auto_iteration_budget
+
+    exp = banana(n=2000, seed=0) if model == "banana" else correlated_gaussian(n=2000, seed=0)
+    res = run_one(exp, "auto", 4.0, chains=2, repeat=0, protocol="paper")
+    row = res.row
+    k = int(row["iterations_per_chain"])
+    assert row["protocol"] == "auto" and row["method"] == "auto" and int(row["tune"]) == 0
+    assert res.draws.shape == (2 * (k - k // 2), exp.dim)
+    assert np.all(np.isfinite(res.draws))
+    assert 0 < row["epsilon_reported"] <= 4.0
+    assert row["chains"] == 2
+    cap = auto_iteration_budget(exp, 4.0, 1e-6, 2)
+    assert json.loads(row["settings"]) == {"max_iterations": cap}
+    assert 50 <= k and 2 * k <= cap
+    # the report lists the pre-sampling phases (warm start, clip selection, control variate)
+    phases = json.loads(row["noise"])["phases"]
+    assert "warm start" in phases and "control variate" in phases and "sampling" in phases
+    assert row["mmd_paper"] == pytest.approx(math.sqrt(abs(row["mmd2_u"])))
+    # the same run (same seed) gives the same numbers
+    again = run_one(exp, "auto", 4.0, chains=2, repeat=0)
+    assert again.row["mmd2_u"] == row["mmd2_u"]
+    np.testing.assert_array_equal(again.draws, res.draws)
+
+
+def test_cli_runs_the_auto_method(tmp_path):
+    out = tmp_path / "auto"
+    argv = ["experiment", "banana", "--quick", "--methods", "auto,penalty", "--out", str(out)]
+    assert main(argv) == 0
+    rows = _check_outputs(out, "banana", ["auto", "penalty"])
+    protocols = {r["method"]: r["protocol"] for r in rows}
+    assert protocols == {"auto": "auto", "penalty": "paper"}
