@@ -28,6 +28,7 @@ from pymc_dp.experiments.models import MODELS
 from pymc_dp.experiments.plots import make_figures
 from pymc_dp.experiments.runner import (
     METHODS,
+    comparison_table,
     merge_results,
     read_results,
     run_experiment,
@@ -149,6 +150,16 @@ def _parser() -> argparse.ArgumentParser:
         "table", help="print the Markdown summary table of results CSVs of one model"
     )
     tb.add_argument("csv", nargs="+", help="results.csv files (merged)")
+    cp = sub.add_parser(
+        "compare",
+        help="print a Markdown table of one method against others on both MMD scales "
+        "(results CSVs of one model, merged)",
+    )
+    cp.add_argument("csv", nargs="+", help="results.csv files (merged)")
+    cp.add_argument("--method", default="auto", help="the method compared (default auto)")
+    cp.add_argument(
+        "--against", default="dphmc,penalty", help="comma-separated (default dphmc,penalty)"
+    )
     return p
 
 
@@ -164,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "table":
         print(summary_table(merge_results(args.csv)), end="")
+        return 0
+    if args.command == "compare":
+        rows = merge_results(args.csv)
+        print(comparison_table(rows, args.method, args.against.split(",")), end="")
         return 0
     quick = QUICK[args.model] if args.quick else {}
     methods = (args.methods or DEFAULT_METHODS[args.model]).split(",")

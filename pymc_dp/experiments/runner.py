@@ -54,6 +54,7 @@ __all__ = [
     "AUTO",
     "RunResult",
     "auto_iteration_budget",
+    "comparison_table",
     "merge_results",
     "paper_iterations_per_chain",
     "register_method",
@@ -896,4 +897,80 @@ def summary_table(rows: Sequence[dict]) -> str:
             f"| {mean_sd([_paper(r) for r in rs])} "
             f"| {mean_sd([r['mean_error'] for r in rs])} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _mean_sd(vals: Sequence[float]) -> tuple[float, float, int, int]:
+    """(mean, sd, finite runs, all runs) of the finite values (sd nan below 2 runs)."""
+    v = np.asarray(vals, dtype=float)
+    ok = v[np.isfinite(v)]
+    if ok.size == 0:
+        return math.nan, math.nan, 0, v.size
+    sd = float(ok.std(ddof=1)) if ok.size > 1 else math.nan
+    return float(ok.mean()), sd, int(ok.size), int(v.size)
+
+
+def comparison_table(
+    rows: Sequence[dict], method: str = "auto", against: Sequence[str] = ("dphmc", "penalty")
+) -> str:
+    """Markdown table: one method against others, per epsilon, on both MMD scales.
+
+    For each epsilon where ``method`` has runs: its runs, iterations per chain, largest
+    reported epsilon, and mean ± sd over the runs of ``mmd2_u`` (the unbiased squared MMD)
+    and of ``mmd_paper`` (``sqrt(|mmd2_u|)`` of each run, the DP-HMC paper's Figure 1 scale)
+    for it and for each of ``against``; the column "no worse" says, per scale, whether the
+    mean of ``method`` is at most the smallest mean of ``against`` (the best hand-tuned
+    setting at that epsilon).
+
+    Parameters
+    ----------
+    rows : sequence of dict
+        Rows of `merge_results` (one model), holding ``method`` and ``against``.
+    method : str
+        The method compared (default ``"auto"``).
+    against : sequence of str
+        The methods it is compared with (default the DP-HMC paper's: ``dphmc``, ``penalty``).
+
+    Returns
+    -------
+    str
+        The Markdown table, ending with a newline.
+    """
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["method"], float(r["epsilon_target"])), []).append(r)
+    eps_grid = sorted(e for (m, e) in groups if m == method)
+    if not eps_grid:
+        raise ValueError(f"no run of method {method!r} in the rows")
+
+    def cell(m: str, e: float, key: str) -> tuple[str, float]:
+        rs = groups.get((m, e), [])
+        if not rs:
+            return "-", math.nan
+        mean, sd, ok, total = _mean_sd([r[key] for r in rs])
+        text = f"{mean:.4f} ± {sd:.4f}" if ok > 1 else f"{mean:.4f}"
+        return (text if ok == total else f"{text} ({total - ok} nan)"), mean
+
+    head = ["epsilon", f"{method} runs", f"{method} iterations / chain", "max reported epsilon"]
+    for key in ("mmd2_u", "mmd_paper"):
+        head += [f"{m} `{key}`" for m in (method, *against)]
+        head.append(f"no worse (`{key}`)")
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for e in eps_grid:
+        rs = groups[(method, e)]
+        its = sorted({int(r["iterations_per_chain"]) for r in rs})
+        it_text = str(its[0]) if len(its) == 1 else f"{its[0]}-{its[-1]}"
+        max_eps = max(float(r["epsilon_reported"]) for r in rs)
+        cells = [f"{e:g}", str(len(rs)), it_text, f"{max_eps:.4g}"]
+        for key in ("mmd2_u", "mmd_paper"):
+            text, mine = cell(method, e, key)
+            cells.append(text)
+            best = math.inf
+            for m in against:
+                t, v = cell(m, e, key)
+                cells.append(t)
+                if np.isfinite(v):
+                    best = min(best, v)
+            cells.append("-" if not np.isfinite(best) else ("yes" if mine <= best else "**no**"))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

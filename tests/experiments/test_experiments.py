@@ -472,3 +472,68 @@ def test_cli_runs_the_auto_method(tmp_path):
     rows = _check_outputs(out, "banana", ["auto", "penalty"])
     protocols = {r["method"]: r["protocol"] for r in rows}
     assert protocols == {"auto": "auto", "penalty": "paper"}
+
+
+def _row(method, eps, rep, mmd2_u, its=10):
+    return {
+        "model": "banana",
+        "method": method,
+        "protocol": "auto" if method == "auto" else "paper",
+        "n": 100.0,
+        "epsilon_target": eps,
+        "epsilon_reported": eps - 0.01,
+        "delta": 1e-6,
+        "chains": 4.0,
+        "iterations_per_chain": its,
+        "repeat": rep,
+        "mmd2_u": mmd2_u,
+        "mmd_paper": math.sqrt(abs(mmd2_u)),
+    }
+
+
+def test_comparison_table_hand_example(tmp_path, capsys):
+    """Means and sds over the runs on both scales; "no worse" compares the mean with the
+    best of the others per scale (which can differ: the mean of sqrt is not the sqrt of
+    the mean); a cell without runs is "-"."""
+    from pymc_dp.experiments import comparison_table
+
+    rows = [
+        _row("auto", 2.0, 0, 0.04),
+        _row("auto", 2.0, 1, 0.0),
+        _row("penalty", 2.0, 0, 0.01),
+        _row("penalty", 2.0, 1, 0.04),
+        _row("dphmc", 2.0, 0, 0.09),
+        _row("auto", 4.0, 0, 0.01, its=20),
+        _row("auto", 4.0, 1, 0.01, its=30),
+        _row("penalty", 4.0, 0, 0.04),
+    ]
+    table = comparison_table(rows)
+    lines = table.strip().splitlines()
+    assert len(lines) == 4
+    assert lines[0].startswith("| epsilon | auto runs | auto iterations / chain |")
+    c2 = [c.strip() for c in lines[2].strip("|").split("|")]
+    # auto mmd2_u 0.02 ± 0.0283 vs penalty 0.025 (best): no worse; on the paper's scale
+    # auto (0.2 + 0) / 2 = 0.1 vs penalty (0.1 + 0.2) / 2 = 0.15: no worse
+    assert c2[:4] == ["2", "2", "10", "1.99"]
+    assert c2[4] == f"0.0200 ± {np.std([0.04, 0.0], ddof=1):.4f}"
+    assert c2[5] == "0.0900"  # dphmc, one run
+    assert c2[6] == f"0.0250 ± {np.std([0.01, 0.04], ddof=1):.4f}"
+    assert c2[7] == "yes" and c2[8] == "0.1000 ± 0.1414" and c2[11] == "yes"
+    c4 = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert c4[2] == "20-30" and c4[5] == "-" and c4[7] == "yes"
+    worse = comparison_table([_row("auto", 2.0, 0, 0.05), _row("penalty", 2.0, 0, 0.01)])
+    assert worse.count("**no**") == 2
+    with pytest.raises(ValueError, match="no run of method"):
+        comparison_table([_row("penalty", 2.0, 0, 0.01)])
+    # the CLI prints the same table from CSVs
+    from pymc_dp.experiments.runner import CSV_FIELDS
+
+    path = tmp_path / "results.csv"
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({**{k: 0 for k in CSV_FIELDS}, **r, "seed": 1})
+    capsys.readouterr()
+    assert main(["compare", str(path)]) == 0
+    assert capsys.readouterr().out == table
