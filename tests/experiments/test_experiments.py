@@ -537,3 +537,26 @@ def test_comparison_table_hand_example(tmp_path, capsys):
     capsys.readouterr()
     assert main(["compare", str(path)]) == 0
     assert capsys.readouterr().out == table
+
+
+@pytest.mark.parametrize("model", ["banana", "gaussian"])
+def test_results_page_auto_tables_are_the_committed_csvs(model):
+    """docs/results.md's automatic-mode tables are comparison_table of the committed auto
+    runs (docs/data/results/auto/) with the committed hand-tuned runs, every auto run within
+    its target and at least 3 repeats per epsilon."""
+    import pathlib
+
+    from pymc_dp.experiments import comparison_table, merge_results
+
+    root = pathlib.Path(__file__).parents[2] / "docs"
+    csvs = sorted((root / "data" / "results").glob(f"{model}_*.csv"))
+    auto = root / "data" / "results" / "auto" / f"{model}.csv"
+    rows = merge_results([*csvs, auto])
+    mine = [r for r in rows if r["method"] == "auto"]
+    assert mine and all(r["protocol"] == "auto" for r in mine)
+    assert all(r["epsilon_reported"] <= r["epsilon_target"] for r in mine)
+    per_cell = Counter(r["epsilon_target"] for r in mine)
+    assert set(per_cell) == {2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 15.0}
+    assert min(per_cell.values()) >= 3
+    page = (root / "results.md").read_text()
+    assert comparison_table(rows).strip() in page
