@@ -280,8 +280,11 @@ class Recentring:
             logdet = logdet + (sl.stop - sl.start) * pt.log(scale)
         jac = pytensor.gradient.jacobian(y, x)
         kw = dict(compile_kwargs or {})
-        self._fwd = pytensor.function(
-            [x], [y, logdet, pytensor.grad(logdet, x), jac], on_unused_input="ignore", **kw
+        # the map and its log-determinant (every iteration of a chain) apart from the
+        # derivatives (the warm start only): the Jacobian is a loop over the d outputs
+        self._fwd = pytensor.function([x], [y, logdet], on_unused_input="ignore", **kw)
+        self._derivs = pytensor.function(
+            [x], [pytensor.grad(logdet, x), jac], on_unused_input="ignore", **kw
         )
         yv = x.type()
         scale_loc = clone_replace(outs, replace={x: yv})
@@ -311,12 +314,14 @@ class Recentring:
             **kw,
         )
 
-    def _eval(self, q) -> list:
-        return self._fwd(np.asarray(q, dtype=float))
+    def forward_with_log_det(self, q: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(T(q), log |det dT/dq|)`` in one evaluation."""
+        y, logdet = self._fwd(np.asarray(q, dtype=float))
+        return np.asarray(y, dtype=float), float(logdet)
 
     def forward(self, q: np.ndarray) -> np.ndarray:
         """``y = T(q)``."""
-        return np.asarray(self._eval(q)[0], dtype=float)
+        return self.forward_with_log_det(q)[0]
 
     def inverse(self, y: np.ndarray) -> np.ndarray:
         """``q = T^{-1}(y)``."""
@@ -324,15 +329,15 @@ class Recentring:
 
     def log_det_jacobian(self, q: np.ndarray) -> float:
         """``log |det dT/dq|`` at ``q``."""
-        return float(self._eval(q)[1])
+        return self.forward_with_log_det(q)[1]
 
     def grad_log_det_jacobian(self, q: np.ndarray) -> np.ndarray:
         """Gradient of `log_det_jacobian` with respect to ``q``."""
-        return np.asarray(self._eval(q)[2], dtype=float)
+        return np.asarray(self._derivs(np.asarray(q, dtype=float))[0], dtype=float)
 
     def jacobian(self, q: np.ndarray) -> np.ndarray:
         """``dT/dq`` at ``q``, shape ``(d, d)``."""
-        return np.asarray(self._eval(q)[3], dtype=float)
+        return np.asarray(self._derivs(np.asarray(q, dtype=float))[1], dtype=float)
 
     def gradient_map(self, q: np.ndarray) -> np.ndarray:
         """``M = J(q)^{-T}``: gradients in ``q`` to gradients in ``y`` (chain rule)."""

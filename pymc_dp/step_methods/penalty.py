@@ -110,10 +110,10 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         sum of those ``c_i``. Default the identity.
     reparametrization : object, optional
         A data-free bijection ``y = T(theta)`` (e.g. `pymc_dp.auto.recentre.Recentring`:
-        methods ``forward``, ``inverse``, ``log_det_jacobian``, ``gradient_map``) in whose
-        coordinates the proposal works: ``y' = y + ...`` for the walks, ``y' ~ N(m, s^2
-        Sigma)`` for ``independent`` (``proposal_mean`` and ``proposal_cov`` are then in
-        ``y``), and ``theta' = T^{-1}(y')``. The Hastings ratio gains
+        methods ``forward_with_log_det``, ``inverse``, ``log_det_jacobian``,
+        ``gradient_map``) in whose coordinates the proposal works: ``y' = y + ...`` for the
+        walks, ``y' ~ N(m, s^2 Sigma)`` for ``independent`` (``proposal_mean`` and
+        ``proposal_cov`` are then in ``y``), and ``theta' = T^{-1}(y')``. The Hastings ratio gains
         ``log |det J(theta)| - log |det J(theta')|`` (the proposal's density in ``theta``),
         so the chain still targets the posterior of ``theta``. With ``control_variate`` the
         linearisation is in ``y`` too: ``c_i`` are the per-record gradients in ``y`` at the
@@ -297,12 +297,11 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         else:
             # propose in y = T(q); the proposal's density in q carries |det J| (change of
             # variables), so the chain still targets the posterior of q
-            y = rp.forward(q)
+            y, log_det = rp.forward_with_log_det(q)
             y1, j = self._propose(y)
             q1 = rp.inverse(y1)
-            log_q = self._log_q_ratio(y, y1) + rp.log_det_jacobian(q) - rp.log_det_jacobian(q1)
+            log_q = self._log_q_ratio(y, y1) + log_det - rp.log_det_jacobian(q1)
             dy = y1 - y
-        dc = dy if self._cv_dir is None else self._cv_dir @ dy
         norm = float(np.linalg.norm(q1 - q))
         bound = self.clip_bound * norm
         lp0 = self._prior_logp(q)
@@ -318,6 +317,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
                 llr, n_clipped = self._fns.clipped_loglik_ratio_sum(q1, q, bound)
             else:
                 anchor, grad_sum, grad_bound = self.control_variate
+                dc = dy if self._cv_dir is None else self._cv_dir @ dy
                 llr, n_clipped = self._fns.clipped_residual_ratio_sum(
                     q1, q, bound, anchor, grad_bound, self._cv_map, dc
                 )
