@@ -343,9 +343,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             log_q = self._log_q_ratio(y, y1) + log_det - rp.log_det_jacobian(q1)
             dy = y1 - y
         # the step's length: any data-free function of (q, q1) (the sensitivity is 2 b norm)
-        norm = float(
-            np.linalg.norm(q1 - q) if self.clip_metric is None else np.linalg.norm(self.clip_metric @ dy)
-        )
+        step = q1 - q if self.clip_metric is None else self.clip_metric @ dy
+        norm = float(np.linalg.norm(step))
         bound = self.clip_bound * norm
         lp0 = self._prior_logp(q)
         lp1 = self._fns.prior_logp(q1)
