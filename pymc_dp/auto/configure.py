@@ -148,6 +148,10 @@ class AutoPlan:
 
 #: Scale of the independence proposal relative to the private Laplace approximation.
 PROPOSAL_INFLATION = 1.2
+#: Data-free random-walk moves of the likelihood-free coordinates (e.g. a recentred
+#: hierarchy's ``mu`` and ``log tau``) per iteration of the chain (`DPPenaltyMetropolis`
+#: ``free_moves``).
+FREE_MOVES = 5
 
 #: Fisher-scoring steps of the warm start (public).
 NEWTON_STEPS = 10
@@ -251,10 +255,10 @@ def choose_anchor_share(
     return best
 
 
-def _counts_above_residual(fns, q1, q0, grid, anchor, grad_bound, transform, direction):
+def _counts_above_residual(fns, q1, q0, grid, anchor, grad_bound, transform, direction, norm):
     """Records whose control-variate residual exceeds each grid bound per unit of the step's
-    length ``||q1 - q0||`` (exact counts, the input of a noisy histogram)."""
-    norm = float(np.linalg.norm(q1 - q0))
+    length ``norm`` (the penalty step's ``||M dy||``; exact counts, the input of a noisy
+    histogram)."""
     return np.array(
         [
             fns.clipped_residual_ratio_sum(
@@ -503,6 +507,19 @@ def auto_configure(
     # step, for pairs of draws from the approximation; the average of the pairs' histograms
     # has L2 sensitivity sqrt(2), as one histogram (one record moves by at most one unit in
     # two bins of every pair's histogram)
+    # the step's length the test scales with (`DPPenaltyMetropolis` ``clip_metric``): the
+    # whitened step of the coordinates the likelihood reads (public: the basis is a DP
+    # output, the mask comes from the graph); a move of the others changes no record's
+    # log-likelihood and costs no noise
+    # (derived residual bounds are per unit of the Euclidean step in q: kept with them)
+    free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
+    metric = None if res_derived else basis.T * (~free)[None, :]
+
+    def length(a: np.ndarray, b: np.ndarray) -> float:
+        if metric is None:
+            return float(np.linalg.norm(coords.to_q(a) - coords.to_q(b)))
+        return float(np.linalg.norm(metric @ (a - b)))
+
     hist = np.zeros(grid.size + 1)
     dist = []
     for _ in range(llr_pairs):
@@ -510,10 +527,10 @@ def auto_configure(
         b = info.mean + chol @ rng.normal(size=d)
         qa, qb = coords.to_q(a), coords.to_q(b)
         direction = basis.T @ (a - b)
-        dist.append(float(np.linalg.norm(qa - qb)))
+        dist.append(length(a, b))
         if not res_derived:
             counts = _counts_above_residual(
-                fns, qa, qb, grid, anchor_q, info.anchor_bound, anchor_map, direction
+                fns, qa, qb, grid, anchor_q, info.anchor_bound, anchor_map, direction, dist[-1]
             )
             hist += histogram_from_counts(n, counts)
     if res_derived:  # public: the declared bounds over a box around released values
@@ -530,7 +547,10 @@ def auto_configure(
     hi = max(lo, max_iterations if not fixed else chains * draws)
     rw_len = hi if not fixed else chains * draws
     llr_step = 2.0 * clip * float(np.mean(dist))
-    sd_scale = float(np.sqrt(np.trace(cov) / d))
+    # a random-walk step chol xi has mean squared length ||M chol||_F^2 (M the metric)
+    sd_scale = float(
+        np.sqrt(np.trace(cov) / d) if metric is None else np.linalg.norm(metric @ chol) / np.sqrt(d)
+    )
 
     def ess_of(mu_s: float) -> Prediction:
         ind = best_independent_length(mu_s, llr_step, minimum=lo, maximum=hi)
@@ -540,7 +560,6 @@ def auto_configure(
         return ind if ind.ess >= rw.ess else rw
 
     mu_left = mu_total - sum(p.mu for p in plan.phases)
-    free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
     mu_anchor, pred, plan.predicted_error = choose_anchor_share(
         mu_left, cov, info.anchor_bound, ess_of, ~free, basis, max_anchor_share
     )
@@ -576,6 +595,10 @@ def auto_configure(
             "proposal_mean": mean,
             "local_moves": local_moves,
         }
+        if free.any() and not free.all():
+            # the coordinates no record reads move by data-free Metropolis-within-Gibbs
+            # moves; the independence proposal moves the others given them
+            kwargs["free_moves"] = FREE_MOVES
     else:
         plan.tune = max(100, rw_len // chains // 5) if tune is None else int(tune)
         plan.draws = draws if fixed else max(50, rw_len // chains - plan.tune)
@@ -601,6 +624,7 @@ def auto_configure(
             "delta": delta,
             "control_variate": (anchor_q, anchor_grad, info.anchor_bound),
             "control_variate_basis": basis,
+            "clip_metric": metric,
         }
     )
     if coords.rp is not None:

@@ -108,6 +108,27 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         variate's gradients are ``c_i = clip(L^{-1} g_i)`` and its step ``L^T dtheta``, so
         ``c_i . L^T dtheta = g_i . dtheta`` before clipping; ``grad_sum`` must be the released
         sum of those ``c_i``. Default the identity.
+    clip_metric : array, optional
+        A public matrix ``M`` ``(k, d)`` (from public knowledge or DP outputs): the step's
+        length is ``s = ||M dy||``, with ``dy`` the step in the proposal's coordinates (``y``
+        with a reparametrization), instead of ``||theta' - theta||``; the ratios (or
+        residuals) are clipped to ``+-b s`` and the noise is ``z 2 b s``. Any data-free
+        length keeps the test a Gaussian mechanism with sensitivity ``2 b s`` and the same
+        privacy; a length that follows what the likelihood reads (e.g. whitened steps of the
+        coordinates the likelihood reads, zero on the others) clips fewer records at a given
+        noise. Default: the Euclidean length of ``theta' - theta``.
+    free_moves : int
+        With a ``reparametrization`` whose ``likelihood_free`` marks coordinates of ``y`` that
+        no record's log-likelihood reads (`pymc_dp.auto.recentre.Recentring`, from the
+        model's graph: e.g. ``mu`` and ``log tau`` once ``a = mu + tau z`` replaces ``z``):
+        after each penalty test, ``free_moves`` random-walk Metropolis moves of those
+        coordinates alone, with the exact acceptance ratio of the density of ``y`` (the
+        prior of ``theta`` over ``|det J|``; the likelihood is constant along them). They read
+        no record: no noise, no privacy cost (Metropolis-within-Gibbs, Tierney 1994: each
+        move keeps the posterior). The independence proposal then moves the other
+        coordinates only, drawn from its Gaussian conditioned on the current free ones.
+        The moves' covariance is the conditional one of ``proposal_cov`` given the others,
+        times ``2.38^2 / d_free``. Default 0.
     reparametrization : object, optional
         A data-free bijection ``y = T(theta)`` (e.g. `pymc_dp.auto.recentre.Recentring`:
         methods ``forward_with_log_det``, ``inverse``, ``log_det_jacobian``,
@@ -174,6 +195,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         control_variate=None,
         control_variate_basis=None,
         local_moves: float = 0.0,
+        clip_metric=None,
+        free_moves: int = 0,
         reparametrization=None,
         scaling: float = 1.0,
         target_accept: float | None = None,
@@ -248,6 +271,10 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         self._cv_map, self._cv_dir = _control_variate_maps(
             self.control_variate, control_variate_basis, reparametrization, self._fns.ndim
         )
+        self.clip_metric = _check_clip_metric(clip_metric, self._fns.ndim)
+        self.free_moves, self._free = _check_free_moves(
+            free_moves, reparametrization, self._chol, self._fns.ndim
+        )
         self._reset_chain_state()
 
     def _reset_chain_state(self) -> None:
@@ -265,6 +292,13 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
                 self._local = True
                 return q + self.local_scaling * (self._chol @ self.rng.normal(size=d)), None
             self._local = False
+            if self._free is not None:  # the free coordinates stay: y_L ~ N(. | y_F)
+                f = self._free
+                y1 = q.copy()
+                y1[f.read] = f.mean(q, self.proposal_mean) + self.scaling * (
+                    f.chol_read @ self.rng.normal(size=f.chol_read.shape[0])
+                )
+                return y1, None
             return self.proposal_mean + self.scaling * (self._chol @ self.rng.normal(size=d)), None
         if self.proposal == "gaussian":
             if self._chol is not None:
@@ -283,6 +317,12 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         symmetric walks (data-free)."""
         if self.proposal != "independent" or self._local:
             return 0.0
+        if self._free is not None:  # the conditional density of y_L given the same y_F
+            f = self._free
+            m = f.mean(q, self.proposal_mean)
+            w0 = np.linalg.solve(f.chol_read, q[f.read] - m) / self.scaling
+            w1 = np.linalg.solve(f.chol_read, q1[f.read] - m) / self.scaling
+            return float(0.5 * (w1 @ w1 - w0 @ w0))
         w0 = np.linalg.solve(self._chol, q - self.proposal_mean) / self.scaling
         w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling
         return float(0.5 * (w1 @ w1 - w0 @ w0))
@@ -302,7 +342,9 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             q1 = rp.inverse(y1)
             log_q = self._log_q_ratio(y, y1) + log_det - rp.log_det_jacobian(q1)
             dy = y1 - y
-        norm = float(np.linalg.norm(q1 - q))
+        # the step's length: any data-free function of (q, q1) (the sensitivity is 2 b norm)
+        step = q1 - q if self.clip_metric is None else self.clip_metric @ dy
+        norm = float(np.linalg.norm(step))
         bound = self.clip_bound * norm
         lp0 = self._prior_logp(q)
         lp1 = self._fns.prior_logp(q1)
@@ -327,7 +369,10 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         accepted = accept(log_a, self.rng)
         if self.proposal == "guided" and not accepted:
             self._direction[j] = -self._direction[j]
-        self._remember_prior(q1 if accepted else q, lp1 if accepted else lp0)
+        q_out, lp_out = (q1, lp1) if accepted else (q, lp0)
+        if self.free_moves:  # data-free: the prior of y along what the likelihood ignores
+            q_out, lp_out = self._free_moves(q_out, lp_out)
+        self._remember_prior(q_out, lp_out)
         if self.tune:
             self._adapt_scaling(accepted)
         stats = {
@@ -338,7 +383,24 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             "noise_std": sigma,
             "clip_fraction" + NONPRIVATE_SUFFIX: n_clipped / self._fns.n_records,
         }
-        return (q1 if accepted else q), stats
+        return q_out, stats
+
+    def _free_moves(self, q: np.ndarray, lp: float) -> tuple[np.ndarray, float]:
+        """``free_moves`` random-walk Metropolis moves of the likelihood-free coordinates of
+        ``y = T(q)``, targeting the density of ``y``, ``p(q) / |det J(q)|`` (no record is
+        read: the log-likelihood does not change along these coordinates)."""
+        rp, f = self.reparametrization, self._free
+        y, log_det = rp.forward_with_log_det(q)
+        target = lp - log_det
+        for _ in range(self.free_moves):
+            y1 = y.copy()
+            y1[f.free] += f.chol_free @ self.rng.normal(size=f.chol_free.shape[0])
+            q1 = rp.inverse(y1)
+            lp1 = self._fns.prior_logp(q1)
+            target1 = lp1 - rp.log_det_jacobian(q1)
+            if np.log(self.rng.uniform()) < target1 - target:
+                y, q, lp, target = y1, q1, lp1, target1
+        return q, lp
 
 
 def _check_proposal_shape(proposal, cov, mean, scale, d):
@@ -390,6 +452,66 @@ def _control_variate_maps(cv, basis, rp, d):
     if rp is not None:
         m = m @ rp.gradient_map(cv[0])
     return m, basis.T
+
+
+class _FreeBlock:
+    """The likelihood-free coordinates ``free`` of ``y`` and the others, ``read``: the
+    independence proposal's Gaussian conditioned on ``y_free`` (mean map and Cholesky factor)
+    and the free moves' random-walk factor (all public: from ``proposal_cov``)."""
+
+    def __init__(self, free: np.ndarray, chol: np.ndarray) -> None:
+        self.free, self.read = free, ~free
+        prec = np.linalg.inv(chol @ chol.T)
+        p_rr = prec[np.ix_(self.read, self.read)]
+        self._gain = np.linalg.solve(p_rr, prec[np.ix_(self.read, self.free)])
+        self.chol_read = np.linalg.cholesky(np.linalg.inv(p_rr))
+        cov_ff = np.linalg.inv(prec[np.ix_(self.free, self.free)])
+        self.chol_free = 2.38 / np.sqrt(free.sum()) * np.linalg.cholesky(cov_ff)
+
+    def mean(self, y: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """Mean of ``y_read`` given ``y_free`` under ``N(m, s^2 Sigma)`` (any ``s``)."""
+        return m[self.read] - self._gain @ (y[self.free] - m[self.free])
+
+
+def _check_free_moves(k, rp, chol, d):
+    """``(free_moves, _FreeBlock or None)`` validated."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"free_moves must be a non-negative integer; got {k!r}")
+    if not k:
+        return 0, None
+    free = getattr(rp, "likelihood_free", None)
+    if free is None:
+        raise ValueError(
+            "free_moves needs a reparametrization with a likelihood_free mask (e.g. "
+            "pymc_dp.auto.recentre.Recentring): the coordinates no record's log-likelihood reads"
+        )
+    free = np.asarray(free, dtype=bool)
+    if free.shape != (d,) or not free.any() or free.all():
+        raise ValueError(
+            "free_moves: the reparametrization's likelihood_free mask must have shape "
+            f"({d},) and mark some but not all coordinates"
+        )
+    if chol is None:
+        raise ValueError("free_moves needs proposal_cov (the moves' covariance comes from it)")
+    return int(k), _FreeBlock(free, chol)
+
+
+def _check_clip_metric(metric, d):
+    """``clip_metric`` as a finite ``(k, d)`` array, or None."""
+    if metric is None:
+        return None
+    try:
+        m = np.asarray(metric, dtype=float)
+    except (TypeError, ValueError):
+        raise ValueError("clip_metric must be a (k, d) array of numbers") from None
+    if m.ndim != 2 or m.shape[1] != d or m.shape[0] < 1 or not np.all(np.isfinite(m)):
+        raise ValueError(
+            f"clip_metric must be a finite (k, {d}) array (k >= 1): the public matrix M of the "
+            f"step's length ||M dy||; got shape {m.shape}"
+        )
+    if not np.any(m):
+        raise ValueError("clip_metric must not be all zeros (every step would have length 0)")
+    return m
 
 
 def _check_control_variate(cv, d):

@@ -203,14 +203,34 @@ def _prior_only_model():
     return m
 
 
+# the step's length of the last case: the a-coordinates only (mu and log tau are not read
+# by the likelihood once recentred), with a noise that is really on (sigma = z 2 b s ~ 1)
+_A_ONLY = np.diag([0.0, 0.0, 1.0, 1.0])
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("local_moves", [0.0, 0.5])
-def test_independence_proposal_in_centred_coordinates_is_exact(local_moves):
+@pytest.mark.parametrize(
+    "local_moves, clip_metric, clip_bound, z, free_moves",
+    [
+        (0.0, None, 1e6, 1e-12, 0),
+        (0.5, None, 1e6, 1e-12, 0),
+        (0.0, _A_ONLY, 1e-3, 300.0, 0),
+        (0.0, _A_ONLY, 1e-3, 300.0, 2),
+    ],
+)
+def test_independence_proposal_in_centred_coordinates_is_exact(
+    local_moves, clip_metric, clip_bound, z, free_moves
+):
     """Proposing in y = T(q) targets the posterior of q only with the Jacobian in the
     Hastings ratio: on a model whose posterior is its prior, the chain's means and second
     moments match the closed form within 4 Monte Carlo standard errors (dropping the
     log-determinant terms moves E[tau] by many MCSEs: checked by hand); the same with half
-    the iterations random-walk moves in y (a mixture of two kernels)."""
+    the iterations random-walk moves in y (a mixture of two kernels); and with the step's
+    length ``||M dy||`` of a public ``clip_metric`` and a noise of sd ~1 on the test (the
+    penalty correction keeps the chain exact for any length symmetric in the two points;
+    clipping stays inactive: the ratios are ~1e-8); and with data-free moves of mu and
+    log tau (which the likelihood does not read in y) between independence proposals of
+    the a's conditioned on them."""
     import arviz as az
 
     model = _prior_only_model()
@@ -221,14 +241,18 @@ def test_independence_proposal_in_centred_coordinates_is_exact(local_moves):
     cov = np.diag([1.5, 0.8, 1.2, 1.2]) ** 2
     with model:
         step = pymc_dp.DPPenaltyMetropolis(
-            clip_bound=1e6, noise_multiplier=1e-12, proposal="independent",
+            clip_bound=clip_bound, noise_multiplier=z, proposal="independent",
             proposal_mean=mean, proposal_cov=cov, reparametrization=rp,
-            local_moves=local_moves,
+            local_moves=local_moves, clip_metric=clip_metric, free_moves=free_moves,
+            nonprivate_diagnostics=True,
         )  # fmt: skip
         idata = pm.sample(
             draws=6000, tune=0, chains=4, step=step, random_seed=7, progressbar=False,
             compute_convergence_checks=False,
         )  # fmt: skip
+    assert np.nanmax(idata.sample_stats["clip_fraction_NONPRIVATE"].values) == 0.0
+    if clip_metric is not None:  # the noise is really on
+        assert float(np.median(idata.sample_stats["noise_std"].values)) > 0.5
     post = idata.posterior
     checks = {
         "mu": (post["mu"], 0.0),
@@ -242,10 +266,60 @@ def test_independence_proposal_in_centred_coordinates_is_exact(local_moves):
         assert abs(float(x.mean()) - truth) < 4 * mcse, (name, float(x.mean()), truth, mcse)
 
 
+def test_clip_metric_sets_the_steps_length_and_the_tests_noise():
+    """With ``clip_metric`` M the released test's noise is z 2 b ||M dy||, dy the step in the
+    proposal's coordinates (here y = T(q)): checked on every accepted move, where the step
+    is the difference of consecutive draws; a move of the coordinates M leaves out has
+    length 0."""
+    model = _prior_only_model()
+    ip = model.initial_point()
+    rp = Recentring(model, find_recentring(model), model.value_vars, ip)
+    metric = np.array([[0.0, 0.0, 2.0, 1.0], [0.0, 0.0, 0.0, 3.0]])
+    z, b = 0.7, 0.05
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=b, noise_multiplier=z, proposal="gaussian", proposal_scale=0.3,
+            reparametrization=rp, clip_metric=metric,
+        )  # fmt: skip
+        idata = pm.sample(
+            draws=300, tune=0, chains=1, step=step, random_seed=3, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    post, st = idata.posterior, idata.sample_stats
+    q = np.column_stack(
+        [
+            post["mu"].values[0],
+            np.log(post["tau"].values[0]),
+            post["z"].values[0],
+        ]
+    )
+    y = np.array([rp.forward_with_log_det(row)[0] for row in q])
+    moved = np.flatnonzero(np.any(np.diff(q, axis=0) != 0, axis=1)) + 1
+    assert moved.size > 20
+    s = np.linalg.norm((y[moved] - y[moved - 1]) @ metric.T, axis=1)
+    np.testing.assert_allclose(st["step_norm"].values[0][moved], s, rtol=1e-9)
+    np.testing.assert_allclose(st["noise_std"].values[0][moved], z * 2 * b * s, rtol=1e-9)
+    # a step of mu alone changes nothing M sees
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=b, noise_multiplier=z, reparametrization=rp, clip_metric=metric
+        )
+    y0 = rp.forward_with_log_det(np.array([0.0, 0.0, 0.3, -0.2]))[0]
+    assert np.linalg.norm(step.clip_metric @ (y0 + [1.0, 0, 0, 0] - y0)) == 0.0
+
+
 def test_bad_local_moves_and_basis_are_refused_before_any_data_is_read():
     model = _prior_only_model()
     cov, mean = np.eye(4), np.zeros(4)
     with model:
+        for bad in (np.eye(3), np.zeros((2, 4)), np.full((1, 4), np.nan), "x"):
+            with pytest.raises(ValueError, match="clip_metric must"):
+                pymc_dp.DPPenaltyMetropolis(clip_bound=1.0, noise_multiplier=1.0, clip_metric=bad)
+        for bad in (-1, 1.5, True):
+            with pytest.raises(ValueError, match="free_moves must be a non-negative integer"):
+                pymc_dp.DPPenaltyMetropolis(clip_bound=1.0, noise_multiplier=1.0, free_moves=bad)
+        with pytest.raises(ValueError, match="free_moves needs a reparametrization"):
+            pymc_dp.DPPenaltyMetropolis(clip_bound=1.0, noise_multiplier=1.0, free_moves=2)
         with pytest.raises(ValueError, match="local_moves must be a probability"):
             pymc_dp.DPPenaltyMetropolis(
                 clip_bound=1.0, noise_multiplier=1.0, proposal="independent",
