@@ -2,7 +2,8 @@
 
 Run: ``python examples/dphmc_logistic_regression.py [--epsilon 4] [--draws 1000] [--quick]``
 
-The same data and model as ``logistic_regression.py`` (see ``_data.py``), sampled with
+Fair's affairs survey and its logistic regression (``load_example_data``, ``logistic_model``
+in ``_data.py``; ``logistic_regression.py`` runs on the census data there), sampled with
 differentially private HMC (Räisä, Koskela & Honkela, Algorithm 1): every gradient of the
 leapfrog is a clipped per-record sum plus Gaussian noise, and the proposal is accepted by
 the penalty test on a noisy log-likelihood ratio. Both clip bounds are the Lipschitz bound
