@@ -140,7 +140,9 @@ def test_bench_models_floor_tiny():
         *("--models", "hier50", "slopes", "banana"),
     )
     rows = [r for r in out.splitlines() if r.startswith("floor")]
-    assert len(rows) == 3 * 3, out  # models x (pymc_dp, Numba clipped, Numba unclipped)
+    # models x (pymc_dp, Numba clipped, Numba unclipped), plus the strips for hier50
+    assert len(rows) == 3 * 3 + 1, out
+    assert sum("clipped, strips" in r for r in rows) == 1 and "hier50" in rows[3], out
     for r in rows:
         ms, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
         assert ratio == pytest.approx(ms / ref, rel=0.05, abs=0.01)
