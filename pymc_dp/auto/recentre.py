@@ -18,6 +18,12 @@ transform), optionally inside ``loc + scale * z`` with ``loc`` a scalar free var
 ``sum_blocks J_k log scale_k``, compiled from the graph. ``T`` is a bijection whatever the
 data: a detection that misses a pattern costs efficiency, never correctness or privacy (the
 automatic mode then samples in the model's own coordinates).
+
+A block already written centred, ``a ~ Normal(loc, scale)``, is found too
+(``RecentredBlock.centred``): ``T`` is the identity there, and the automatic mode takes from
+it what it takes from a recentred block, the expected curvature of its funnel prior
+(`Recentring.curvature_correction`) and the ``loc``/``scale`` the likelihood does not read
+(``likelihood_free``).
 """
 
 from __future__ import annotations
@@ -62,21 +68,28 @@ class RecentredBlock:
     #: names among ``scale``/``loc`` that the likelihood reads only through this pattern
     #: (in the centred coordinates the likelihood does not depend on them at all)
     exclusive: tuple[str, ...] = ()
+    #: an already centred block ``name ~ N(loc, scale)``: sampled as it is (the map is the
+    #: identity there); its prior is the funnel of a recentred block's, with the same
+    #: expected curvature and the same likelihood-free ``loc`` and ``scale``
+    centred: bool = False
 
     def describe(self) -> str:
+        if self.centred:
+            return f"{self.name} ~ N({self.loc or 0}, {self.scale}) (centred: as is)"
         a = f"{self.scale} * {self.name}"
         return f"{self.name} -> {self.loc} + {a}" if self.loc else f"{self.name} -> {a}"
 
 
-def _clients(outputs) -> dict:
-    """``variable -> [(node, input index)]`` over the graph of ``outputs``."""
+def _clients(outputs, stop=frozenset()) -> dict:
+    """``variable -> [(node, input index)]`` over the graph of ``outputs`` (not through the
+    variables in ``stop``)."""
     clients: dict = defaultdict(list)
     seen: set = set()
     stack = list(outputs)
     while stack:
         v = stack.pop()
         node = v.owner
-        if node is None or node in seen:
+        if node is None or node in seen or v in stop:
             continue
         seen.add(node)
         for i, inp in enumerate(node.inputs):
@@ -210,7 +223,58 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
         blocks.append(
             RecentredBlock(z.name, scale.name, None if loc is None else loc.name, exclusive)
         )
+    # the likelihood reads the free variables' values: their priors are not part of it
+    direct = _clients(params, stop=frozenset(model.free_RVs))
+    for p in params:
+        direct[p].append((None, 0))
+    blocks += _centred_blocks(model, sampled, direct, {b.name for b in blocks})
     return blocks
+
+
+def _centred_blocks(model: pm.Model, sampled: set, clients, taken: set) -> list:
+    """Already centred blocks ``a ~ Normal(loc, scale)``: ``a`` a sampled vector without a
+    transform, ``scale`` a sampled positive scalar (log transform), ``loc`` a sampled scalar
+    or the constant 0, neither of them a block. The map leaves them as they are; what the
+    automatic mode takes from them is the prior's expected curvature and which of ``loc``
+    and ``scale`` the likelihood does not read (structure only)."""
+    out = []
+    blocks = []
+    for a in model.free_RVs:
+        node = a.owner
+        if (
+            a not in sampled
+            or a.name in taken
+            or a.ndim < 1
+            or model.rvs_to_transforms.get(a) is not None
+            or node is None
+            or not isinstance(node.op, NormalRV)
+        ):
+            continue
+        mu, sigma = (_strip(v) for v in node.op.dist_params(node))
+        if (
+            sigma not in sampled
+            or sigma.ndim != 0
+            or not isinstance(model.rvs_to_transforms.get(sigma), LogTransform)
+        ):
+            continue
+        if mu in sampled and mu.ndim == 0:
+            loc = mu
+        elif _constant(mu) == 0.0:
+            loc = None
+        else:
+            continue
+        blocks.append((a, sigma, loc))
+    names = {a.name for a, *_ in blocks} | set(taken)
+    for a, sigma, loc in blocks:
+        if sigma.name in names or (loc is not None and loc.name in names):
+            continue
+        exclusive = tuple(
+            v.name for v in (sigma, loc) if v is not None and _only_through(v, set(), clients)
+        )
+        out.append(
+            RecentredBlock(a.name, sigma.name, None if loc is None else loc.name, exclusive, True)
+        )
+    return out
 
 
 def _only_through(v, nodes: set, clients) -> bool:
@@ -262,7 +326,7 @@ class Recentring:
             exprs.append(by_name[b.loc] if b.loc else pt.constant(0.0))
         exprs = model.replace_rvs_by_values(exprs)
         outs, x = join_nonshared_inputs(dict(point), exprs, list(vars))
-        y = x
+        y = x.copy()  # a new variable (the map is the identity where no block is recentred)
         logdet = pt.constant(0.0)
         self._slices = []
         self.likelihood_free = np.zeros(sum(sizes), dtype=bool)
@@ -275,6 +339,8 @@ class Recentring:
             a0 = starts[vb.name]
             sl = slice(a0, a0 + size[vb.name])
             self._slices.append(sl)
+            if b.centred:  # sampled as it is
+                continue
             scale, loc = outs[2 * k], outs[2 * k + 1]
             y = pt.set_subtensor(y[sl], loc + scale * x[sl])
             logdet = logdet + (sl.stop - sl.start) * pt.log(scale)
@@ -284,12 +350,17 @@ class Recentring:
         # derivatives (the warm start only): the Jacobian is a loop over the d outputs
         self._fwd = pytensor.function([x], [y, logdet], on_unused_input="ignore", **kw)
         self._derivs = pytensor.function(
-            [x], [pytensor.grad(logdet, x), jac], on_unused_input="ignore", **kw
+            [x],
+            [pytensor.grad(logdet, x, disconnected_inputs="ignore"), jac],
+            on_unused_input="ignore",
+            **kw,
         )
         yv = x.type()
         scale_loc = clone_replace(outs, replace={x: yv})
-        xr = yv
+        xr = yv.copy()
         for k, sl in enumerate(self._slices):
+            if self.blocks[k].centred:
+                continue
             scale, loc = scale_loc[2 * k], scale_loc[2 * k + 1]
             xr = pt.set_subtensor(xr[sl], (yv[sl] - loc) / scale)
         self._inv = pytensor.function([yv], xr, on_unused_input="ignore", **kw)

@@ -86,8 +86,90 @@ def test_refuses_what_is_not_the_pattern():
         mu, tau = pm.Normal("mu"), pm.HalfNormal("tau")
         z = pm.Normal("z", 0, 2, shape=3)
         pm.Normal("y", mu + tau * z[g], 1, observed=y)
-    for m in (centred, other_use, signed_scale, not_standard):
+    for m in (other_use, signed_scale, not_standard):
         assert find_recentring(m) == []
+    # the centred model is not recentred: it is found as a centred block, left as it is
+    assert [b.centred for b in find_recentring(centred)] == [True]
+
+
+def test_centred_blocks_are_found_and_left_as_they_are():
+    """``a ~ N(loc, scale)`` is a centred block (identity map); its ``loc`` and ``scale`` are
+    likelihood-free when the likelihood reads neither (structure only)."""
+    rng = np.random.default_rng(2)
+    g = rng.integers(4, size=60)
+    y = rng.normal(size=60)
+
+    def model(loc="mu", scale="tau", mu_in_likelihood=False):
+        with pm.Model() as m:
+            mu = pm.Normal("mu")
+            tau = pm.HalfNormal("tau") if scale == "tau" else pm.Normal("tau")
+            loc_ = {"mu": mu, "zero": 0.0, "three": 3.0}[loc]
+            a = pm.Normal("a", loc_, tau if scale != "const" else 2.0, shape=4)
+            pm.Normal("y", a[g] + (mu if mu_in_likelihood else 0.0), 1, observed=y)
+        return m
+
+    (b,) = find_recentring(model())
+    assert b.centred and b.describe() == "a ~ N(mu, tau) (centred: as is)"
+    assert b.exclusive == ("tau", "mu")
+    assert find_recentring(model(mu_in_likelihood=True))[0].exclusive == ("tau",)
+    (b,) = find_recentring(model(loc="zero"))
+    assert b.loc is None and b.exclusive == ("tau",)
+    # a constant scale, a signed scale, a constant non-zero loc: not the pattern
+    for m in (model(scale="const"), model(scale="signed"), model(loc="three")):
+        assert find_recentring(m) == []
+    m = model()
+    rp = Recentring(m, find_recentring(m), m.value_vars, m.initial_point())
+    q = rng.normal(size=6)  # mu, log tau, a (4)
+    y1, log_det = rp.forward_with_log_det(q)
+    np.testing.assert_array_equal(y1, q)
+    assert log_det == 0.0
+    np.testing.assert_array_equal(rp.inverse(q), q)
+    np.testing.assert_array_equal(rp.jacobian(q), np.eye(6))
+    np.testing.assert_array_equal(rp.likelihood_free, [True, True, False, False, False, False])
+
+
+@pytest.mark.slow
+def test_free_moves_on_a_centred_block_are_exact():
+    """The automatic mode's sampler on a centred block (identity map): independence
+    proposals of the a's given (mu, log tau), data-free moves of those two, the step's
+    length on the a's only, a noise of sd ~1 on the test; the posterior is the prior
+    (likelihood sd 1e4): mu ~ N(0, 1), tau ~ HalfNormal(1), a_j | mu, tau ~ N(mu, tau^2),
+    so E[a_0] = 0, E[a_0^2] = 1 + E[tau^2] = 2, within 4 MCSE."""
+    import arviz as az
+
+    rng = np.random.default_rng(6)
+    g = np.arange(20) % 2
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 1)
+        tau = pm.HalfNormal("tau", 1)
+        a = pm.Normal("a", mu, tau, shape=2)
+        pm.Normal("y", a[g], 1e4, observed=rng.normal(size=20))
+    rp = Recentring(model, find_recentring(model), model.value_vars, model.initial_point())
+    mean = np.array([0.2, -0.5, 0.1, -0.1])
+    cov = np.diag([1.5, 0.8, 1.2, 1.2]) ** 2
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=1e-3, noise_multiplier=300.0, proposal="independent",
+            proposal_mean=mean, proposal_cov=cov, reparametrization=rp,
+            clip_metric=_A_ONLY, free_moves=3, nonprivate_diagnostics=True,
+        )  # fmt: skip
+        idata = pm.sample(
+            draws=6000, tune=0, chains=4, step=step, random_seed=8, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    assert np.nanmax(idata.sample_stats["clip_fraction_NONPRIVATE"].values) == 0.0
+    assert float(np.median(idata.sample_stats["noise_std"].values)) > 0.5
+    post = idata.posterior
+    checks = {
+        "mu": (post["mu"], 0.0),
+        "tau": (post["tau"], np.sqrt(2 / np.pi)),
+        "tau^2": (post["tau"] ** 2, 1.0),
+        "a0": (post["a"].sel(a_dim_0=0), 0.0),
+        "a0^2": (post["a"].sel(a_dim_0=0) ** 2, 2.0),
+    }
+    for name, (x, truth) in checks.items():
+        mcse = float(az.mcse(x.to_dataset(name="x"))["x"])
+        assert abs(float(x.mean()) - truth) < 4 * mcse, (name, float(x.mean()), truth, mcse)
 
 
 def test_the_map_its_inverse_jacobian_and_log_determinant():
