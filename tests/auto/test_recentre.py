@@ -28,6 +28,48 @@ def _hier(n=200, groups=5, seed=0, sigma_is_tau=False):
     return m
 
 
+def _within_4_mcse(checks: dict) -> None:
+    """Each ``name: (draws, exact value)``: the chain's mean within 4 Monte Carlo standard
+    errors of the closed form."""
+    import arviz as az
+
+    for name, (x, truth) in checks.items():
+        mcse = float(az.mcse(x.to_dataset(name="x"))["x"])
+        assert abs(float(x.mean()) - truth) < 4 * mcse, (name, float(x.mean()), truth, mcse)
+
+
+def _prior_moments_within_4_mcse(model, block, second, seed, noise_on, **step_kwargs):
+    """Sample a prior-only model (mu ~ N(0, 1), tau ~ HalfNormal(1), a 2-vector ``block``)
+    with an independence proposal in y = (mu, log tau, a_1, a_2) that is not the prior pushed
+    to y, clipping inactive (checked), the noise on when ``noise_on`` (checked); E[mu],
+    E[tau], E[tau^2], E[block_0] = 0 and E[block_0^2] = ``second`` within 4 MCSE."""
+    mean = np.array([0.2, -0.5, 0.1, -0.1])
+    cov = np.diag([1.5, 0.8, 1.2, 1.2]) ** 2
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            proposal="independent", proposal_mean=mean, proposal_cov=cov,
+            nonprivate_diagnostics=True, **step_kwargs,
+        )  # fmt: skip
+        idata = pm.sample(
+            draws=6000, tune=0, chains=4, step=step, random_seed=seed, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    assert np.nanmax(idata.sample_stats["clip_fraction_NONPRIVATE"].values) == 0.0
+    if noise_on:  # the noise is really on
+        assert float(np.median(idata.sample_stats["noise_std"].values)) > 0.5
+    post = idata.posterior
+    first = post[block].sel({f"{block}_dim_0": 0})
+    _within_4_mcse(
+        {
+            "mu": (post["mu"], 0.0),
+            "tau": (post["tau"], np.sqrt(2 / np.pi)),
+            "tau^2": (post["tau"] ** 2, 1.0),
+            f"{block}0": (first, 0.0),
+            f"{block}0^2": (first**2, second),
+        }
+    )
+
+
 def _flat(model, point=None):
     point = point or model.initial_point()
     return DictToArrayBijection.map({v.name: point[v.name] for v in model.value_vars}).data
@@ -135,7 +177,6 @@ def test_free_moves_on_a_centred_block_are_exact():
     length on the a's only, a noise of sd ~1 on the test; the posterior is the prior
     (likelihood sd 1e4): mu ~ N(0, 1), tau ~ HalfNormal(1), a_j | mu, tau ~ N(mu, tau^2),
     so E[a_0] = 0, E[a_0^2] = 1 + E[tau^2] = 2, within 4 MCSE."""
-    import arviz as az
 
     rng = np.random.default_rng(6)
     g = np.arange(20) % 2
@@ -145,31 +186,10 @@ def test_free_moves_on_a_centred_block_are_exact():
         a = pm.Normal("a", mu, tau, shape=2)
         pm.Normal("y", a[g], 1e4, observed=rng.normal(size=20))
     rp = Recentring(model, find_recentring(model), model.value_vars, model.initial_point())
-    mean = np.array([0.2, -0.5, 0.1, -0.1])
-    cov = np.diag([1.5, 0.8, 1.2, 1.2]) ** 2
-    with model:
-        step = pymc_dp.DPPenaltyMetropolis(
-            clip_bound=1e-3, noise_multiplier=300.0, proposal="independent",
-            proposal_mean=mean, proposal_cov=cov, reparametrization=rp,
-            clip_metric=_A_ONLY, free_moves=3, nonprivate_diagnostics=True,
-        )  # fmt: skip
-        idata = pm.sample(
-            draws=6000, tune=0, chains=4, step=step, random_seed=8, progressbar=False,
-            compute_convergence_checks=False,
-        )  # fmt: skip
-    assert np.nanmax(idata.sample_stats["clip_fraction_NONPRIVATE"].values) == 0.0
-    assert float(np.median(idata.sample_stats["noise_std"].values)) > 0.5
-    post = idata.posterior
-    checks = {
-        "mu": (post["mu"], 0.0),
-        "tau": (post["tau"], np.sqrt(2 / np.pi)),
-        "tau^2": (post["tau"] ** 2, 1.0),
-        "a0": (post["a"].sel(a_dim_0=0), 0.0),
-        "a0^2": (post["a"].sel(a_dim_0=0) ** 2, 2.0),
-    }
-    for name, (x, truth) in checks.items():
-        mcse = float(az.mcse(x.to_dataset(name="x"))["x"])
-        assert abs(float(x.mean()) - truth) < 4 * mcse, (name, float(x.mean()), truth, mcse)
+    _prior_moments_within_4_mcse(
+        model, "a", 2.0, 8, True, clip_bound=1e-3, noise_multiplier=300.0,
+        reparametrization=rp, clip_metric=_A_ONLY, free_moves=3,
+    )  # fmt: skip
 
 
 def test_the_map_its_inverse_jacobian_and_log_determinant():
@@ -313,39 +333,15 @@ def test_independence_proposal_in_centred_coordinates_is_exact(
     clipping stays inactive: the ratios are ~1e-8); and with data-free moves of mu and
     log tau (which the likelihood does not read in y) between independence proposals of
     the a's conditioned on them."""
-    import arviz as az
 
     model = _prior_only_model()
     ip = model.initial_point()
     rp = Recentring(model, find_recentring(model), model.value_vars, ip)
-    # a proposal in y = (mu, log tau, a_1, a_2) that is not the prior pushed to y
-    mean = np.array([0.2, -0.5, 0.1, -0.1])
-    cov = np.diag([1.5, 0.8, 1.2, 1.2]) ** 2
-    with model:
-        step = pymc_dp.DPPenaltyMetropolis(
-            clip_bound=clip_bound, noise_multiplier=z, proposal="independent",
-            proposal_mean=mean, proposal_cov=cov, reparametrization=rp,
-            local_moves=local_moves, clip_metric=clip_metric, free_moves=free_moves,
-            nonprivate_diagnostics=True,
-        )  # fmt: skip
-        idata = pm.sample(
-            draws=6000, tune=0, chains=4, step=step, random_seed=7, progressbar=False,
-            compute_convergence_checks=False,
-        )  # fmt: skip
-    assert np.nanmax(idata.sample_stats["clip_fraction_NONPRIVATE"].values) == 0.0
-    if clip_metric is not None:  # the noise is really on
-        assert float(np.median(idata.sample_stats["noise_std"].values)) > 0.5
-    post = idata.posterior
-    checks = {
-        "mu": (post["mu"], 0.0),
-        "tau": (post["tau"], np.sqrt(2 / np.pi)),
-        "tau^2": (post["tau"] ** 2, 1.0),
-        "z0": (post["z"].sel(z_dim_0=0), 0.0),
-        "z0^2": (post["z"].sel(z_dim_0=0) ** 2, 1.0),
-    }
-    for name, (x, truth) in checks.items():
-        mcse = float(az.mcse(x.to_dataset(name="x"))["x"])
-        assert abs(float(x.mean()) - truth) < 4 * mcse, (name, float(x.mean()), truth, mcse)
+    _prior_moments_within_4_mcse(
+        model, "z", 1.0, 7, clip_metric is not None, clip_bound=clip_bound,
+        noise_multiplier=z, reparametrization=rp, local_moves=local_moves,
+        clip_metric=clip_metric, free_moves=free_moves,
+    )  # fmt: skip
 
 
 def test_clip_metric_sets_the_steps_length_and_the_tests_noise():
