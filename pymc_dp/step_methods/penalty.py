@@ -340,7 +340,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             y, log_det = rp.forward_with_log_det(q)
             y1, j = self._propose(y)
             q1 = rp.inverse(y1)
-            log_q = self._log_q_ratio(y, y1) + log_det - rp.log_det_jacobian(q1)
+            log_det1 = rp.log_det_jacobian(q1)
+            log_q = self._log_q_ratio(y, y1) + log_det - log_det1
             dy = y1 - y
         # the step's length: any data-free function of (q, q1) (the sensitivity is 2 b norm)
         step = q1 - q if self.clip_metric is None else self.clip_metric @ dy
@@ -371,7 +372,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             self._direction[j] = -self._direction[j]
         q_out, lp_out = (q1, lp1) if accepted else (q, lp0)
         if self.free_moves:  # data-free: the prior of y along what the likelihood ignores
-            q_out, lp_out = self._free_moves(q_out, lp_out)
+            y_out, ld_out = (y1, log_det1) if accepted else (y, log_det)
+            q_out, lp_out = self._free_moves(q_out, y_out, lp_out, ld_out)
         self._remember_prior(q_out, lp_out)
         if self.tune:
             self._adapt_scaling(accepted)
@@ -385,12 +387,15 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         }
         return q_out, stats
 
-    def _free_moves(self, q: np.ndarray, lp: float) -> tuple[np.ndarray, float]:
+    def _free_moves(
+        self, q: np.ndarray, y: np.ndarray, lp: float, log_det: float
+    ) -> tuple[np.ndarray, float]:
         """``free_moves`` random-walk Metropolis moves of the likelihood-free coordinates of
         ``y = T(q)``, targeting the density of ``y``, ``p(q) / |det J(q)|`` (no record is
-        read: the log-likelihood does not change along these coordinates)."""
+        read: the log-likelihood does not change along these coordinates). ``y``, the log
+        prior ``lp`` and ``log_det`` at ``q`` come from the test's own evaluations. Returns
+        the new ``q`` and its log prior."""
         rp, f = self.reparametrization, self._free
-        y, log_det = rp.forward_with_log_det(q)
         target = lp - log_det
         for _ in range(self.free_moves):
             y1 = y.copy()
