@@ -310,9 +310,11 @@ class _Coordinates:
             return m
         return g if m is None else m @ g
 
-    def moments(self, y: np.ndarray, b: float, b_outer: float, m=None):
+    def moments(self, y: np.ndarray, b: float, b_outer: float, m=None, centre=None):
         q = self.to_q(y)
-        return self.fns.clipped_grad_moments(q, b, self.transform(q, m), outer_bound=b_outer)
+        return self.fns.clipped_grad_moments(
+            q, b, self.transform(q, m), outer_bound=b_outer, centre=centre
+        )
 
     def counts(self, y: np.ndarray, grid: np.ndarray, m=None) -> np.ndarray:
         q = self.to_q(y)

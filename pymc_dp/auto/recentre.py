@@ -72,8 +72,14 @@ class RecentredBlock:
     #: identity there); its prior is the funnel of a recentred block's, with the same
     #: expected curvature and the same likelihood-free ``loc`` and ``scale``
     centred: bool = False
+    #: a shifted block ``name ~ N(loc(w), s)`` that the likelihood reads only as
+    #: ``name - loc(w)`` (`_shift_blocks`): sampled as ``u = name - loc(w)``; ``loc`` names
+    #: the free variables ``w`` of ``loc``, ``scale`` is empty
+    shift: bool = False
 
     def describe(self) -> str:
+        if self.shift:
+            return f"{self.name} -> {self.name} - loc({self.loc})"
         if self.centred:
             return f"{self.name} ~ N({self.loc or 0}, {self.scale}) (centred: as is)"
         a = f"{self.scale} * {self.name}"
@@ -228,7 +234,95 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
     for p in params:
         direct[p].append((None, 0))
     blocks += _centred_blocks(model, sampled, direct, {b.name for b in blocks})
+    blocks += _shift_blocks(model, sampled, direct, blocks)
     return blocks
+
+
+def _free_inputs(v, free: set) -> set | None:
+    """The free variables the graph of ``v`` reads, or None when it reads anything else
+    that is not a constant (data: a ``pm.Data`` container, a shared variable)."""
+    found, seen, stack = set(), set(), [v]
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x in free:
+            found.add(x)
+        elif x.owner is None:
+            if not isinstance(x, pt.TensorConstant):
+                return None
+        else:
+            stack.extend(x.owner.inputs)
+    return found
+
+
+def _negates(t, loc, deps, point: dict, rng: np.random.Generator) -> bool:
+    """Whether ``t(w) = -loc(w)`` at a few random points ``w`` (graphs of the free variables
+    ``deps`` and constants only: data-free)."""
+    ins = [w.type() for w in deps]
+    out = clone_replace(t + loc, replace=dict(zip(deps, ins, strict=True)))
+    f = pytensor.function(ins, [out, t], on_unused_input="ignore")
+    for _ in range(3):
+        vals = [0.5 + np.abs(rng.normal(size=np.shape(point[w.name]))) for w in deps]
+        err, size = (np.asarray(x, dtype=float) for x in f(*vals))
+        if not np.all(np.isfinite(err)) or np.max(np.abs(err)) > 1e-9 * (1 + np.max(np.abs(size))):
+            return False
+    return True
+
+
+def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
+    """Shifted blocks ``v ~ Normal(loc(w), s)`` that the likelihood reads only as
+    ``v - loc(w)``: every use of ``v`` is an addition ``v + t(w)`` with ``t = -loc``
+    (checked numerically at random points: both are graphs of free variables and constants,
+    no data). ``loc`` a non-constant function of other sampled variables ``w`` (none of them
+    a block). In ``u = v - loc(w)`` (unit Jacobian) the likelihood reads ``u`` alone and the
+    prior is ``u ~ N(0, s)``: the curved ridge of ``(w, v)`` (the DP-HMC paper's banana,
+    ``theta2 ~ N(-a theta1^2, s)``, ``x_2 ~ N(theta2 + a theta1^2, .)``) becomes a
+    Gaussian-like posterior (the reparametrisation of Papaspiliopoulos, Roberts & Skold 2007
+    applied to a location). Structure only; the map is a bijection whatever the data."""
+    free = set(model.free_RVs)
+    taken = {b.name for b in blocks} | {n for b in blocks for n in (b.scale, b.loc) if n}
+    point = {rv.name: np.asarray(v) for rv, v in _rv_point(model).items()}
+    rng = np.random.default_rng(0)  # data-free: random points of the free variables
+    out = []
+    for v in model.free_RVs:
+        node = v.owner
+        if (
+            v not in sampled
+            or v.name in taken
+            or model.rvs_to_transforms.get(v) is not None
+            or node is None
+            or not isinstance(node.op, NormalRV)
+        ):
+            continue
+        loc = node.op.dist_params(node)[0]
+        deps = _free_inputs(loc, free)
+        if not deps or any(w not in sampled or w.name in taken for w in deps):
+            continue
+        uses = clients.get(v, [])
+        ts = []
+        for use, i in uses:
+            if use is None or not (_is_op(use, ps.Add) and len(use.inputs) == 2):
+                break
+            t = use.inputs[1 - i]
+            if _free_inputs(t, free) is None or t.type.shape != loc.type.shape:
+                break
+            ts.append(t)
+        if not uses or len(ts) != len(uses):
+            continue
+        deps = sorted(deps, key=lambda w: w.name)
+        if not all(_negates(t, loc, deps, point, rng) for t in ts):
+            continue
+        out.append(RecentredBlock(v.name, "", ", ".join(w.name for w in deps), shift=True))
+        taken |= {v.name, *(w.name for w in deps)}
+    return out
+
+
+def _rv_point(model: pm.Model) -> dict:
+    """``{free RV: a value of its shape}`` (the initial point, shapes only)."""
+    ip = model.initial_point()
+    return {rv: ip[model.rvs_to_values[rv].name] for rv in model.free_RVs}
 
 
 def _centred_blocks(model: pm.Model, sampled: set, clients, taken: set) -> list:
@@ -322,6 +416,10 @@ class Recentring:
         by_name = {rv.name: rv for rv in model.free_RVs}
         exprs = []
         for b in self.blocks:
+            if b.shift:  # the prior's location, a graph of other free variables
+                rv = by_name[b.name]
+                exprs += [pt.constant(1.0), rv.owner.op.dist_params(rv.owner)[0]]
+                continue
             exprs.append(by_name[b.scale])
             exprs.append(by_name[b.loc] if b.loc else pt.constant(0.0))
         exprs = model.replace_rvs_by_values(exprs)
@@ -342,6 +440,9 @@ class Recentring:
             if b.centred:  # sampled as it is
                 continue
             scale, loc = outs[2 * k], outs[2 * k + 1]
+            if b.shift:  # u = v - loc(w), unit Jacobian
+                y = pt.set_subtensor(y[sl], x[sl] - loc)
+                continue
             y = pt.set_subtensor(y[sl], loc + scale * x[sl])
             logdet = logdet + (sl.stop - sl.start) * pt.log(scale)
         jac = pytensor.gradient.jacobian(y, x)
@@ -362,13 +463,23 @@ class Recentring:
             if self.blocks[k].centred:
                 continue
             scale, loc = scale_loc[2 * k], scale_loc[2 * k + 1]
+            if self.blocks[k].shift:  # loc reads w, which the map leaves as it is
+                xr = pt.set_subtensor(xr[sl], yv[sl] + loc)
+                continue
             xr = pt.set_subtensor(xr[sl], (yv[sl] - loc) / scale)
         self._inv = pytensor.function([yv], xr, on_unused_input="ignore", **kw)
         # the recentred blocks' prior in y: sum_k -|a_k - loc_k|^2 / (2 s_k^2) - J_k log s_k
         # (z's N(0, 1) over |det J|), its exact Hessian, and the Jacobian of (a, loc, log s)
+        # (the hierarchical blocks only: a shifted block's prior u ~ N(0, s) is no funnel)
+        self._funnels = [k for k, b in enumerate(self.blocks) if not b.shift]
+        self._d = int(sum(sizes))
+        if not self._funnels:
+            self._curv = None
+            return
         fg = pt.constant(0.0)
         parts = []
-        for k, sl in enumerate(self._slices):
+        for k in self._funnels:
+            sl = self._slices[k]
             scale, loc = scale_loc[2 * k], scale_loc[2 * k + 1]
             a = yv[sl]
             fg = fg - pt.sum((a - loc) ** 2) / (2.0 * scale**2)
@@ -379,7 +490,7 @@ class Recentring:
             [
                 pytensor.gradient.hessian(fg, yv),
                 pytensor.gradient.jacobian(pt.concatenate(parts), yv),
-                pt.stack([scale_loc[2 * k] for k in range(len(self._slices))]),
+                pt.stack([scale_loc[2 * k] for k in self._funnels]),
             ],
             on_unused_input="ignore",
             **kw,
@@ -425,9 +536,12 @@ class Recentring:
         definite and as large everywhere. Added to the exact curvature of the whole prior,
         it replaces the blocks' part by its expectation. Data-free.
         """
+        if self._curv is None:
+            return np.zeros((self._d, self._d))
         hess, k, scales = self._curv(np.asarray(y, dtype=float))
         blocks = []
-        for sl, s in zip(self._slices, np.atleast_1d(scales), strict=True):
+        slices = [self._slices[j] for j in self._funnels]
+        for sl, s in zip(slices, np.atleast_1d(scales), strict=True):
             j = sl.stop - sl.start
             h = np.zeros((j + 2, j + 2))
             h[:j, :j] = np.eye(j) / s**2

@@ -33,6 +33,7 @@ References
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -112,18 +113,24 @@ def noisy_histogram_quantile(
 
 
 def histogram_quantile(
-    noisy: np.ndarray, grid: np.ndarray, quantile: float, n: int, noise_std: float = 0.0
+    noisy: np.ndarray,
+    grid: np.ndarray,
+    quantile: float,
+    n: int,
+    noise_std: float = 0.0,
+    threshold_sds: float = 3.0,
 ) -> float:
     """The smallest grid bound with at most a ``1 - quantile`` noisy share above it.
 
     Post-processing. The share above ``grid[k]`` is the sum of the noisy bins above it,
     summed from the top, so its noise comes from the bins *above* the bound only; bins whose
-    noisy count is below ``3 noise_std`` count as empty there (hard thresholding: the many
-    empty bins of a wide public grid would otherwise add their noise to every tail). ``n``
-    is the public number of records; the largest grid value when no bound qualifies.
+    noisy count is below ``threshold_sds`` noise sds count as empty there (hard
+    thresholding: the many empty bins of a wide public grid would otherwise add their noise
+    to every tail). ``n`` is the public number of records; the largest grid value when no
+    bound qualifies.
     """
     noisy = np.asarray(noisy, dtype=float)
-    kept = np.where(noisy >= 3.0 * noise_std, noisy, 0.0)
+    kept = np.where(noisy >= threshold_sds * noise_std, noisy, 0.0)
     above = np.cumsum(kept[::-1])[::-1][1:] / max(n, 1)
     hit = np.nonzero(above <= 1.0 - quantile)[0]
     return float(grid[hit[0]]) if hit.size else float(grid[-1])
@@ -143,6 +150,8 @@ class LaplaceInfo:
     #: the last iterate and a clip bound for a first-order control variate there (DP outputs)
     anchor: np.ndarray | None = None
     anchor_bound: float = float("nan")
+    #: the iteration whose released gradient rejected the centred Newton steps (None: none)
+    newton_rejected: int | None = None
     #: the last curvature (floored precision) and its Levenberg-Marquardt damping (d, d)
     precision: np.ndarray | None = None
     damping: np.ndarray | float = 0.0
@@ -156,6 +165,65 @@ def _pd_floor(h: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
     w, v = np.linalg.eigh(h)
     w = np.maximum(w, floor)
     return (v * w) @ v.T, (v / w) @ v.T
+
+
+#: Trust region of the uncentred (damped) Fisher-scoring steps, in standard deviations of
+#: the current approximation (`private_laplace`).
+UNCENTRED_MAX_STEP_SD = 200.0
+
+
+class _Curvature:
+    """The curvature of one Fisher-scoring iteration of `private_laplace`, from its released
+    outer-product sum ``s2`` (whitened coordinates ``w``; post-processing only).
+
+    Off-diagonal entries below three noise sds are set to 0 (hard thresholding of a noisy
+    covariance: the noise's spectral norm grows like sqrt(d), the kept entries carry the
+    correlations that are clearly there); coordinates the likelihood does not read (public:
+    a recentred hierarchy's loc and scale) have exactly 0 there, their entries are pure
+    noise and are dropped (the prior's curvature carries them, undamped). Eigenvalues of the
+    data block are floored at the noise level of the released curvature: the thresholded
+    noise is sparse where the curvature is, about 2 sqrt(k) sds for k entries kept in the
+    fullest row (sqrt(d) when the released matrix is dense); half of that.
+    """
+
+    def __init__(self, s2, outer_std, data, basis, p_hess) -> None:
+        self.s2, self.outer_std, self.data, self.basis = s2, outer_std, data, basis
+        self.p_hess = p_hess
+        d = s2.shape[0]
+        fisher = np.nan_to_num(s2, nan=0.0, posinf=0.0, neginf=0.0)
+        off = ~np.eye(d, dtype=bool)
+        fisher[off & (np.abs(fisher) < 3.0 * outer_std)] = 0.0
+        fisher[~data, :] = 0.0
+        fisher[:, ~data] = 0.0
+        kept = int(np.count_nonzero(fisher, axis=1).max(initial=1))
+        noise_level = np.sqrt(max(kept, 1)) * outer_std
+        f_w = np.zeros((d, d))
+        if data.any():
+            f_w[np.ix_(data, data)] = _pd_floor(fisher[np.ix_(data, data)], noise_level)[0]
+        self.f_data = basis @ f_w @ basis.T
+        self.p_floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()))
+        self.prec, self.cov = _pd_floor(self.f_data + p_hess, self.p_floor)
+        # Levenberg-Marquardt damping: the noise level, in w, on the data block
+        self.damping = 2.0 * noise_level * (basis @ np.diag(data.astype(float)) @ basis.T)
+
+    def uncentred(self, centre: np.ndarray, n: int) -> _Curvature:
+        """The same from the uncentred outer products ``s2 + n cbar cbar^T`` (``cbar`` the
+        released centre): far from the mode the mean part damps the step along the
+        gradient, as in Levenberg-Marquardt."""
+        s2 = self.s2 + n * np.outer(centre, centre)
+        return _Curvature(s2, self.outer_std, self.data, self.basis, self.p_hess)
+
+    def next_basis(self) -> np.ndarray:
+        """The next iteration's whitening: Cholesky factor of the data block of this
+        precision (a DP output)."""
+        d = self.s2.shape[0]
+        basis = np.eye(d)
+        if self.data.any():
+            dd = np.ix_(self.data, self.data)
+            basis[dd] = np.linalg.cholesky(
+                _pd_floor(self.f_data[dd] + self.p_hess[dd], self.p_floor)[0]
+            )
+        return basis
 
 
 def laplace_releases(newton_steps: int) -> int:
@@ -205,11 +273,12 @@ def private_laplace(
     rng: np.random.Generator,
     anchor_quantile: float = 0.9999,
     average_last: int = 4,
-    max_step_sd: float = 200.0,
+    max_step_sd: float | None = None,
     prior_curvature: Callable[[np.ndarray], np.ndarray] | None = None,
     outer_quantile: float = 0.95,
     likelihood_free: np.ndarray | None = None,
     clip_bound_at: Callable[[np.ndarray], float] | None = None,
+    centred: bool = True,
 ) -> LaplaceInfo:
     """A DP Laplace approximation ``N(mean, cov)`` of the posterior by private Fisher scoring.
 
@@ -305,6 +374,8 @@ def private_laplace(
 
     iterates = []
     cov = None
+    max_sd = max(UNCENTRED_MAX_STEP_SD, 3.0 * np.sqrt(n)) if max_step_sd is None else max_step_sd
+    newton, prev = centred, None
     # the released sums are in whitened coordinates w = L^T y, L L^T the previous iteration's
     # precision on the data block (a DP output): the per-record gradients L^-1 g_i then have
     # about the same scale in every direction, so one clip bound (and isotropic noise) costs
@@ -339,49 +410,60 @@ def private_laplace(
             std_h = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
             b_outer = min(b, histogram_quantile(noisy_hist, grid_it, outer_quantile, n, std_h))
         info.outer_clip_bounds.append(b_outer)
-        s1, s2 = clipped_moments(q, b, b_outer, m)
-        s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
+        centre = None
+        if newton:
+            # release the gradient sum first; its noisy mean (public) centres the outer
+            # products, whose clip bound grows by the centre's norm (``||c_i - cbar|| <=
+            # ||c_i|| + ||cbar||``: no record the uncentred bound keeps is clipped for it)
+            s1, _ = clipped_moments(q, b, b_outer, m)
+            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
+            centre = np.where(data, np.nan_to_num(s1), 0.0) / n
+            b_outer = min(b_outer + float(np.linalg.norm(centre)), 2.0 * b)
+            info.outer_clip_bounds[-1] = b_outer
+            _, s2 = clipped_moments(q, b, b_outer, m, centre)
+        else:
+            s1, s2 = clipped_moments(q, b, b_outer, m)
+            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier * 2.0 * b
         outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b_outer * b_outer
         s2 = np.asarray(s2, dtype=float) + _sym_noise(d, outer_std, rng)
         info.grad_releases += 2
         # -- post-processing of the three releases ---------------------------------------------
-        # off-diagonal entries below three noise sds are set to 0 (hard thresholding of a
-        # noisy covariance: the noise's spectral norm grows like sqrt(d), the kept entries
-        # carry the correlations that are clearly there)
-        fisher = np.nan_to_num(s2, nan=0.0, posinf=0.0, neginf=0.0)
-        off = ~np.eye(d, dtype=bool)
-        fisher[off & (np.abs(fisher) < 3.0 * outer_std)] = 0.0
-        # coordinates the likelihood does not read (public: a recentred hierarchy's loc and
-        # scale) have exactly 0 there: their entries are pure noise, dropped; the prior's
-        # curvature carries them, undamped
-        fisher[~data, :] = 0.0
-        fisher[:, ~data] = 0.0
         s1 = basis @ np.where(data, np.nan_to_num(s1), 0.0)
         p_hess = np.nan_to_num(prior_hessian(q))
-        # eigenvalue floor of the data block: the noise level of the released curvature
-        # (eigenvalues below it are noise): the thresholded noise is sparse where the
-        # curvature is, about 2 sqrt(k) sds for k entries kept in the fullest row (sqrt(d)
-        # when the released matrix is dense); half of that
-        kept = int(np.count_nonzero(fisher, axis=1).max(initial=1))
-        noise_level = np.sqrt(max(kept, 1)) * outer_std
-        f_w = np.zeros((d, d))
-        eye_w = np.diag(data.astype(float))
-        if data.any():
-            f_w[np.ix_(data, data)] = _pd_floor(fisher[np.ix_(data, data)], noise_level)[0]
-        f_data = basis @ f_w @ basis.T
-        p_floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()))
-        prec, cov = _pd_floor(f_data + p_hess, p_floor)
-        info.precision = prec
-        # Levenberg-Marquardt damping: the noise level, in w, on the data block
-        info.damping = 2.0 * noise_level * (basis @ eye_w @ basis.T)
+        curv = _Curvature(s2, outer_std, data, basis, p_hess)
+        g = s1 + prior_grad(q)
+        if newton and prev is not None and it < newton_steps:
+            # the Newton step's check: the released gradient at the new point, in the metric
+            # of the old precision, must be smaller than at the old point (the merit function
+            # of trust-region methods for nonlinear equations, here grad = 0). Where it is
+            # not, the centred curvature overstated the quadratic model's reach (far from the
+            # mode the empirical Fisher information can be far below the Hessian: a scale
+            # parameter started too large); back to the old point, and from there on the
+            # uncentred, damped steps. Post-processing: this point's releases are not used.
+            old_merit = float(prev["g"] @ np.linalg.solve(prev["curv"].prec, prev["g"]))
+            new_merit = float(g @ np.linalg.solve(prev["curv"].prec, g))
+            if not new_merit < old_merit:
+                newton = False
+                info.newton_rejected = it
+                q, g, curv = prev["q"], prev["g"], prev["curv"].uncentred(prev["centre"], n)
+                iterates.pop()
+                info.path.pop()
+        info.precision, cov = curv.prec, curv.cov
+        info.damping = curv.damping
         iterates.append(q.copy())
         if it == newton_steps:
             # the control variate's clip bound: a higher quantile of the same released
             # histogram (post-processing), so that few anchor gradients are clipped
             info.anchor = q.copy()
             if clip_bound_at is None:
+                # a quantile this high is set by the few top records, where any empty bin
+                # whose noise passes the threshold decides it, and the control variate's
+                # noise (its tilt of the target) grows with the bound: the threshold is
+                # Bonferroni's over the bins (at most a 1e-3 chance that noise alone passes
+                # anywhere; 3 sds let 4 % of the runs through on 29 bins, 19 times the bound)
                 std = hist_noise_multiplier * HISTOGRAM_SENSITIVITY
-                top = histogram_quantile(noisy_hist, grid_it, anchor_quantile, n, std)
+                sds = statistics.NormalDist().inv_cdf(1.0 - 1e-3 / len(noisy_hist))
+                top = histogram_quantile(noisy_hist, grid_it, anchor_quantile, n, std, sds)
                 info.anchor_bound = max(b, top)
             else:  # the bound at q clips no record inside the declared bounds already
                 info.anchor_bound = b
@@ -390,12 +472,13 @@ def private_laplace(
         # spectral norm is about 2 sqrt(d) entry sds): steps along directions the data do
         # not determine (a zero-gradient direction at the start) stay small; the fixed point
         # and the final covariance are not damped
-        step = np.linalg.solve(prec + info.damping, s1 + prior_grad(q))
-        maha = float(np.sqrt(max(step @ prec @ step, 0.0)))
+        step = np.linalg.solve(curv.prec + curv.damping, g)
+        maha = float(np.sqrt(max(step @ curv.prec @ step, 0.0)))
         if not np.isfinite(maha):
             break
-        if maha > max_step_sd:
-            step *= max_step_sd / maha
+        cap = max_sd if newton else min(max_sd, UNCENTRED_MAX_STEP_SD)
+        if maha > cap:
+            step *= cap / maha
         # stay where the prior is finite (a data-free check): halve the step until it is
         for _ in range(30):
             if np.all(np.isfinite(prior_grad(q + step))) and np.all(np.isfinite(step)):
@@ -403,13 +486,11 @@ def private_laplace(
             step = 0.5 * np.nan_to_num(step)
         else:
             break
+        prev = {"q": q.copy(), "g": g, "curv": curv, "centre": centre}
         q = q + step
         info.path.append(q.copy())
         # the next iteration's whitening: the data block of this precision (a DP output)
-        basis = np.eye(d)
-        if data.any():
-            dd = np.ix_(data, data)
-            basis[dd] = np.linalg.cholesky(_pd_floor(f_data[dd] + p_hess[dd], p_floor)[0])
+        basis = curv.next_basis()
     k = max(1, min(average_last, len(iterates)))
     info.mean = np.mean(iterates[-k:], axis=0)
     info.cov = cov

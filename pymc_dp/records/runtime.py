@@ -77,6 +77,7 @@ class RecordSource(Protocol):
         bound: float,
         transform: np.ndarray | None = None,
         outer_bound: float | None = None,
+        centre: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
     def grad_norm_counts(
@@ -220,13 +221,18 @@ def _mapped(g, m: np.ndarray | None) -> np.ndarray:
 @dataclass(frozen=True)
 class _GradMomentsChunk:
     """``(sum_i c_i, sum_i e_i e_i^T)`` of one chunk, ``c_i = clip_b(M grad l_i(q))``,
-    ``e_i = clip_{b'}(c_i)``."""
+    ``e_i = clip_{b'}(c_i - centre)`` (``centre`` public, default 0)."""
 
     f: Any
 
-    def __call__(self, q, bound, m, outer_bound, *chunk) -> tuple[np.ndarray, np.ndarray]:
+    def __call__(self, q, bound, m, outer_bound, centre, *chunk) -> tuple[np.ndarray, np.ndarray]:
         g = _clip_rows(_mapped(self.f(q, *chunk), m), bound)
-        e = g if outer_bound is None or outer_bound >= bound else _clip_rows(g, outer_bound)
+        if centre is not None:
+            e = _clip_rows(g - centre[None, :], bound if outer_bound is None else outer_bound)
+        elif outer_bound is None or outer_bound >= bound:
+            e = g
+        else:
+            e = _clip_rows(g, outer_bound)
         return g.sum(axis=0), e.T @ e
 
 
@@ -615,9 +621,11 @@ class RecordFunctions:
         bound: float,
         transform: np.ndarray | None = None,
         outer_bound: float | None = None,
+        centre: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(sum_i c_i, sum_i e_i e_i^T)`` with ``c_i = clip_b(M grad l_i(q))`` and
-        ``e_i = clip_{b'}(c_i)``, ``b'`` = ``outer_bound`` (default ``b``).
+        ``e_i = clip_{b'}(c_i - centre)``, ``b'`` = ``outer_bound`` (default ``b``),
+        ``centre`` a public vector (default 0: the uncentred outer products).
 
         The sufficient statistics of the private Fisher scoring of the automatic warm start
         (`pymc_dp.kernels.warmstart.private_laplace`). ``M`` (``transform``, public, default
@@ -625,14 +633,16 @@ class RecordFunctions:
         whitening of the warm start, and with ``M = J^{-T}`` the gradients in ``y = T(q)``
         (`pymc_dp.auto.recentre`). A record whose gradient is not finite contributes 0.
         Replace-one sensitivities: ``2 b`` for the sum, ``sqrt(2) b'^2`` (in Frobenius norm)
-        for the outer-product sum, whatever ``M``. Chunked: memory ``chunk_size x d``; each
+        for the outer-product sum, whatever ``M`` and ``centre`` (each ``e_i`` has norm at
+        most ``b'``). Chunked: memory ``chunk_size x d``; each
         chunk returns its two sums (where it lives), added in chunk order.
         """
         self._ensure_grad()
         m = None if transform is None else np.asarray(transform, dtype=float)
+        c = None if centre is None else np.asarray(centre, dtype=float).reshape(self.ndim)
         init = (np.zeros(self.ndim), np.zeros((self.ndim, self.ndim)))
         s1, s2 = self._records.map_reduce(
-            self._kernel("moments"), _add_moments, init, args=(q, bound, m, outer_bound)
+            self._kernel("moments"), _add_moments, init, args=(q, bound, m, outer_bound, c)
         )
         self.released["grad"] += 1
         return s1, s2

@@ -105,7 +105,9 @@ def test_private_laplace_without_noise_is_the_exact_posterior_of_a_conjugate_mod
         q0=np.zeros(1),
         n=x.size,
         prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
-        clipped_moments=lambda q, b, b2, m: fns.clipped_grad_moments(q, b, m, outer_bound=b2),
+        clipped_moments=lambda q, b, b2, m, c=None: fns.clipped_grad_moments(
+            q, b, m, outer_bound=b2, centre=c
+        ),
         grad_counts_above=lambda q, g, m: fns.grad_norm_counts(q, g, m),
         grid=grid,
         quantile=1.0 - 1e-9,
