@@ -41,8 +41,10 @@ configuration](auto.md)): the clip histogram (record 0 is 0.3 in D and 100 in D'
 moves between two bins; the event is a threshold on the difference of those two noisy
 bins), the warm start's gradient and outer-product sums (record 0 at -100 / +100; in one
 dimension its outer product is the same in D and D', so the audit sees half the claimed
-loss: the noise divided by 3 is caught, halved it is not), and the penalty test with the
-control variate.
+loss: the noise divided by 3 is caught, halved it is not), the same with the outer products
+centred on the first release (the warm start's Newton steps: a new centre in every trial,
+the clip bound and noise that follow from it; record 0 now moves both releases), and the
+penalty test with the control variate.
 
 A lower bound below the claim does not prove the claim: the audit only sees the events it
 tests, with finite trials. It catches gross errors (missing clipping, noise on the wrong

@@ -1,4 +1,5 @@
-"""Automatic recentring of non-centred hierarchical parameters (a data-free bijection).
+"""Automatic recentring of non-centred hierarchical parameters, and shifting of blocks whose
+likelihood reads them relative to their prior location (data-free bijections).
 
 A non-centred hierarchical model writes group effects as ``a = loc + scale * z`` with
 ``z ~ N(0, 1)``. With many records per group the posterior of ``(loc, log scale, z)`` is a
@@ -18,6 +19,13 @@ transform), optionally inside ``loc + scale * z`` with ``loc`` a scalar free var
 ``sum_blocks J_k log scale_k``, compiled from the graph. ``T`` is a bijection whatever the
 data: a detection that misses a pattern costs efficiency, never correctness or privacy (the
 automatic mode then samples in the model's own coordinates).
+
+A *shifted* block, ``v ~ Normal(loc(w), s)`` with ``loc`` a function of other free
+variables ``w`` that the likelihood reads only as ``v - loc(w)`` (written ``v + t(w)``,
+``t = -loc`` checked numerically at random points: data-free graphs), is sampled as
+``u = v - loc(w)`` (``RecentredBlock.shift``; unit Jacobian). The DP-HMC paper's banana,
+``theta2 ~ N(-a theta1^2, s)`` with ``x_2 ~ N(theta2 + a theta1^2, .)``, is the case: its
+curved posterior is Gaussian-like in ``(theta1, u)``.
 
 A block already written centred, ``a ~ Normal(loc, scale)``, is found too
 (``RecentredBlock.centred``): ``T`` is the identity there, and the automatic mode takes from
@@ -385,7 +393,8 @@ def _only_through(v, nodes: set, clients) -> bool:
 
 
 class Recentring:
-    """The bijection ``y = T(q)``: each block ``z`` replaced by ``loc + scale * z``.
+    """The bijection ``y = T(q)``: each block ``z`` replaced by ``loc + scale * z`` (a shifted
+    block ``v`` by ``v - loc(w)``).
 
     ``loc`` and ``scale`` do not depend on any recentred block, so ``T`` is triangular:
     ``T^{-1}`` replaces ``a`` by ``(a - loc) / scale`` with ``loc``, ``scale`` read from the

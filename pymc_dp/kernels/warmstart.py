@@ -11,12 +11,17 @@ Two mechanisms that run *before* the chains, inside the same privacy budget:
   such a quantile follows the guidance of the DP-HMC paper (clip so that few records are
   clipped; Räisä et al., Sec. 5) and the adaptive clipping of Andrew et al. (2021), which
   also spends a noisy count per update.
-* **A private Laplace approximation**: damped Newton iterations on the log posterior whose
-  log-likelihood gradient is the clipped per-record gradient sum plus Gaussian noise (each
-  release the Gaussian mechanism of DP-HMC's gradients, Räisä et al. Algorithm 1 /
-  Theorem 3.5: sensitivity ``2 b`` under replace-one), and a finite-difference Hessian made
-  from ``d`` further noisy gradients (post-processing). The prior and log-Jacobian parts
-  are data-free and exact.
+* **A private Laplace approximation** (`private_laplace`): Fisher-scoring iterations on
+  the log posterior whose log-likelihood gradient is the clipped per-record gradient sum
+  plus Gaussian noise (each release the Gaussian mechanism of DP-HMC's gradients, Räisä et
+  al. Algorithm 1 / Theorem 3.5: sensitivity ``2 b`` under replace-one) and whose curvature
+  is the noisy sum of the clipped per-record gradients' outer products (Frobenius
+  sensitivity ``sqrt(2) b'^2``). The outer products are first centred on the released mean
+  gradient (Newton steps, exact for a quadratic log-likelihood wherever they start); a
+  step after which the released gradient grows is undone and the iterations go on with
+  the uncentred outer products, whose mean part damps the steps as in Levenberg-Marquardt
+  (the merit function of trust-region methods for nonlinear equations, Nocedal & Wright
+  2006, Sec. 11.2). The prior and log-Jacobian parts are data-free and exact.
 
 The functions here never see the data: the caller passes callables that return exact
 clipped sums or counts, and the kernel adds the noise and does the post-processing.
@@ -29,6 +34,8 @@ References
    with adaptive clipping", NeurIPS 2021 (arXiv:1905.03871). [Andrew2021]
 .. [3] O. Räisä, A. Koskela, A. Honkela, "Differentially private Hamiltonian Monte Carlo",
    Algorithm 1 and Theorem 3.5. [DPHMC]
+.. [4] J. Nocedal, S. J. Wright, Numerical Optimization, 2nd ed. (2006), Sec. 11.2
+   (trust-region methods for nonlinear equations, merit function ``||r(x)||^2``).
 """
 
 from __future__ import annotations
@@ -287,10 +294,21 @@ def private_laplace(
     (`noisy_histogram_quantile`); then the clipped gradient sum (noise ``z_g 2 b``) and the
     clipped outer-product sum (upper triangle, noise ``z_F sqrt(2) b^2``; Frobenius
     sensitivity ``sqrt(2) b^2`` under replace-one) are released. The empirical Fisher
-    information ``F = S2`` (uncentred: far from the mode its mean part damps the step along
-    the gradient, as in Levenberg-Marquardt; at the mode the mean is about 0) plus the
-    prior's curvature (data-free, finite differences of the exact prior gradient) is the
-    curvature of a Fisher-scoring step ``q += (F + P)^-1 (S1 + grad log prior)``; the last
+    information ``F = S2`` plus the prior's curvature (data-free, finite differences of the
+    exact prior gradient) is the curvature of a Fisher-scoring step ``q += (F + P)^-1 (S1 +
+    grad log prior)``. With ``centred`` the gradient sum is released first and the outer
+    products are of ``c_i - cbar``, ``cbar = S1 / n`` the released mean (public): Newton
+    steps, exact for a quadratic log-likelihood however far the start (the DP-HMC paper's
+    10-d Gaussian starts 10-16 record sds, over 2000 posterior sds, from its posterior).
+    Far from the mode of other models the empirical Fisher information can be far below
+    the Hessian (a scale parameter started too large makes every record's gradient small),
+    and the step overshoots: when the released gradient at the new point is larger than at
+    the old one (both in the old precision's metric, the merit function of trust-region
+    methods for nonlinear equations), the point is dropped, the step is taken again from
+    the old point with the uncentred ``F = S2 + n cbar cbar^T`` (its mean part damps the
+    step along the gradient, as in Levenberg-Marquardt; at the mode the mean is about 0),
+    and the remaining iterations release uncentred sums. Without ``centred`` every
+    iteration is uncentred. All of it is post-processing of the releases; the last
     iterate's gradient is not applied, its ``F + P`` gives ``cov`` and its histogram the
     control variate's clip bound (quantile ``anchor_quantile``); ``mean`` averages the last
     ``average_last`` iterates (Polyak averaging, which shrinks the gradient noise). All of
@@ -305,8 +323,9 @@ def private_laplace(
     prior_grad : callable
         Gradient of log prior + log-Jacobian (data-free).
     clipped_moments : callable
-        ``(q, b, b', M) -> (sum_i c_i, sum_i e_i e_i^T)`` with ``c_i = clip_b(M grad l_i(q))``
-        and ``e_i = clip_{b'}(c_i)``: exact (data). ``M`` (public) is the whitening
+        ``(q, b, b', M, centre=None) -> (sum_i c_i, sum_i e_i e_i^T)`` with ``c_i =
+        clip_b(M grad l_i(q))`` and ``e_i = clip_{b'}(c_i - centre)`` (``centre`` public,
+        default 0): exact (data). ``M`` (public) is the whitening
         ``L^{-1}`` of the previous iteration's precision ``L L^T`` (identity at first):
         gradients of about one scale in every direction share one clip bound well.
     grad_counts_above : callable
@@ -325,7 +344,10 @@ def private_laplace(
     hist_noise_multiplier : float
         ``z`` of the clip histograms (`noisy_histogram_quantile`).
     anchor_quantile : float
-        Quantile of the last histogram that gives the control variate's clip bound.
+        Quantile of the last histogram that gives the control variate's clip bound (its
+        bins thresholded at Bonferroni's level over the bins, a 1e-3 chance that noise alone
+        passes anywhere: the few top records set this quantile, and the control variate's
+        noise, its tilt of the target, grows with the bound).
     newton_steps : int
         Fisher-scoring steps (>= 1).
     rng : numpy.random.Generator
@@ -343,10 +365,16 @@ def private_laplace(
         prior is log-concave); default `prior_curvature_fd` of ``prior_grad``. A Fisher-type
         (expected) curvature keeps the steps stable where the exact one degenerates (a
         hierarchical prior's funnel: `pymc_dp.auto.recentre`).
-    max_step_sd : float
+    max_step_sd : float, optional
         Trust region: a step is shortened to at most this many standard deviations of the
-        current approximation (Mahalanobis norm). Steps are also damped by the curvature's
-        noise level (Levenberg-Marquardt), which leaves the fixed point unchanged.
+        current approximation (Mahalanobis norm). Default ``max(200, 3 sqrt(n))`` for the
+        centred (Newton) steps, three record sds; the uncentred steps keep at most
+        `UNCENTRED_MAX_STEP_SD` (200). Steps are also damped by the curvature's noise level
+        (Levenberg-Marquardt), which leaves the fixed point unchanged.
+    centred : bool
+        Newton steps from centred outer products, undone and replaced by the uncentred
+        steps at the first increase of the released gradient (above). ``False``: the
+        uncentred steps throughout.
     clip_bound_at : callable, optional
         ``q -> b``: a clip bound that is a function of public information only (declared
         data bounds and the released iterate ``q``; `pymc_dp.auto.bounds.DerivedBounds`).

@@ -18,6 +18,7 @@ from pymc_dp.kernels.warmstart import (
     OUTER_SENSITIVITY,
     clip_grid,
     histogram_from_counts,
+    histogram_quantile,
     noisy_histogram_quantile,
     private_laplace,
 )
@@ -67,6 +68,17 @@ def test_noisy_quantile_without_noise_is_the_grid_quantile():
     assert np.mean(v <= b) >= 0.9
     below = grid[grid < b]
     assert below.size == 0 or np.mean(v <= below[-1]) < 0.9  # the smallest such grid value
+
+
+def test_a_noise_spike_in_an_empty_bin_passes_3_sds_but_not_the_bonferroni_threshold():
+    """The anchor's quantile (0.9999) is set by the top records: 3 sds let one empty bin's
+    noise through (4 % of the runs on 29 bins), the threshold ``threshold_sds`` does not."""
+    grid = clip_grid(0.1, 10.0, 9)
+    noisy = np.zeros(10)
+    noisy[2] = 1000.0  # every record below grid[2]
+    noisy[8] = 3.5  # noise of sd 1 in an empty bin, above 3 sds
+    assert histogram_quantile(noisy, grid, 0.9999, 1000, 1.0) == grid[8]
+    assert histogram_quantile(noisy, grid, 0.9999, 1000, 1.0, threshold_sds=4.0) == grid[2]
 
 
 def test_outer_product_sensitivity_bound():
@@ -127,6 +139,63 @@ def test_private_laplace_without_noise_is_the_exact_posterior_of_a_conjugate_mod
     assert info.cov[0, 0] == pytest.approx(v, rel=4 * np.sqrt(2.0 / x.size))
     assert info.anchor is not None and info.grad_releases == 2 * 11
     assert info.anchor_bound >= info.clip_bounds[-1]
+
+
+def _laplace_without_noise(model, n, *, centred, newton_steps=10):
+    """`private_laplace` with clipping inactive (quantile 1) and noise 1e-12."""
+    ip = model.initial_point()
+    fns, _ = build_record_functions(model, model.value_vars, ip)
+    q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
+    return private_laplace(
+        q0=q0, n=n, prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
+        clipped_moments=lambda q, b, b2, m, c=None: fns.clipped_grad_moments(
+            q, b, m, outer_bound=b2, centre=c
+        ),
+        grad_counts_above=lambda q, g, m: fns.grad_norm_counts(q, g, m),
+        grid=clip_grid(1e-3, 1e4, 40), quantile=1.0 - 1e-9, outer_quantile=1.0 - 1e-9,
+        grad_noise_multiplier=1e-12, outer_noise_multiplier=1e-12,
+        hist_noise_multiplier=1e-12, newton_steps=newton_steps,
+        rng=np.random.default_rng(0), centred=centred,
+    )  # fmt: skip
+
+
+def test_centred_newton_steps_reach_a_far_posterior_of_a_quadratic_log_likelihood():
+    """Normal mean, known sd, data 40 record sds from the start (800 posterior sds): the
+    log-likelihood is quadratic, the centred outer products are its curvature wherever the
+    iterate is, and the steps (trust region 200 sds) reach the closed-form posterior mean
+    exactly. The uncentred ones (mean part ``n cbar cbar^T`` in the curvature) move about
+    1/40 record sd per step and stay far: what kept the automatic mode off the DP-HMC
+    paper's 10-d Gaussian."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(40.0, 1.0, 400)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 100.0)
+        pm.Normal("x", mu, 1.0, observed=x)
+    v = 1.0 / (x.size + 1e-4)
+    post_mean, post_sd = v * x.sum(), np.sqrt(v)
+    info = _laplace_without_noise(model, x.size, centred=True)
+    assert info.mean[0] == pytest.approx(post_mean, abs=1e-6)
+    slow = _laplace_without_noise(model, x.size, centred=False)
+    assert abs(slow.mean[0] - post_mean) > 100 * post_sd
+
+
+def test_a_newton_step_that_raises_the_released_gradient_is_undone():
+    """Normal with unknown sd started 16 times too wide: far from the mode the records'
+    gradients are small against the Hessian, the centred curvature is too low and the
+    first Newton step overshoots; the released gradient at the new point (in the old
+    precision's metric) is larger than at the old one, so the step is undone and the
+    iterations go on from the old point with the uncentred, damped steps: the path is the
+    uncentred iteration's, one iteration later."""
+    x = np.random.default_rng(0).normal(0.5, 0.3, 400)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 10.0)
+        s = pm.HalfNormal("s", 5.0)
+        pm.Normal("x", mu, s, observed=x)
+    newton = _laplace_without_noise(model, x.size, centred=True)
+    damped = _laplace_without_noise(model, x.size, centred=False)
+    assert newton.newton_rejected == 1 and damped.newton_rejected is None
+    assert len(newton.path) == len(damped.path) - 1
+    np.testing.assert_allclose(newton.path, damped.path[:-1], atol=1e-6)
 
 
 def test_clipped_grad_moments_against_a_per_record_loop():
