@@ -294,16 +294,8 @@ def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
     point = {rv.name: np.asarray(v) for rv, v in _rv_point(model).items()}
     rng = np.random.default_rng(0)  # data-free: random points of the free variables
     out = []
-    for v in model.free_RVs:
+    for v in _plain_normals(model, sampled, taken):
         node = v.owner
-        if (
-            v not in sampled
-            or v.name in taken
-            or model.rvs_to_transforms.get(v) is not None
-            or node is None
-            or not isinstance(node.op, NormalRV)
-        ):
-            continue
         loc = node.op.dist_params(node)[0]
         deps = _free_inputs(loc, free)
         if not deps or any(w not in sampled or w.name in taken for w in deps):
@@ -333,6 +325,21 @@ def _rv_point(model: pm.Model) -> dict:
     return {rv: ip[model.rvs_to_values[rv].name] for rv in model.free_RVs}
 
 
+def _plain_normals(model: pm.Model, sampled: set, taken: set):
+    """The sampled free variables ``v ~ Normal(...)`` without a transform that are not
+    already part of a block (``taken``: names), in the model's order."""
+    for v in model.free_RVs:
+        node = v.owner
+        if (
+            v in sampled
+            and v.name not in taken
+            and model.rvs_to_transforms.get(v) is None
+            and node is not None
+            and isinstance(node.op, NormalRV)
+        ):
+            yield v
+
+
 def _centred_blocks(model: pm.Model, sampled: set, clients, taken: set) -> list:
     """Already centred blocks ``a ~ Normal(loc, scale)``: ``a`` a sampled vector without a
     transform, ``scale`` a sampled positive scalar (log transform), ``loc`` a sampled scalar
@@ -341,17 +348,10 @@ def _centred_blocks(model: pm.Model, sampled: set, clients, taken: set) -> list:
     and ``scale`` the likelihood does not read (structure only)."""
     out = []
     blocks = []
-    for a in model.free_RVs:
-        node = a.owner
-        if (
-            a not in sampled
-            or a.name in taken
-            or a.ndim < 1
-            or model.rvs_to_transforms.get(a) is not None
-            or node is None
-            or not isinstance(node.op, NormalRV)
-        ):
+    for a in _plain_normals(model, sampled, taken):
+        if a.ndim < 1:
             continue
+        node = a.owner
         mu, sigma = (_strip(v) for v in node.op.dist_params(node))
         if (
             sigma not in sampled
