@@ -139,7 +139,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="tiny smoke run")
     args = ap.parse_args()
     if args.quick:
-        args.n, args.eps, args.models = [300], [10.0], ["linear"]
+        args.n, args.eps, args.models = [1000], [10.0], ["linear"]
     print(
         f"{'model':<13}{'n':>8}{'eps':>6} | {'max R-hat':>9}{'max err':>9}{'sd ratio':>13}"
         f"{'laplace err':>12}{'report eps':>11} | {'DP s':>7}{'NUTS s':>8}"
