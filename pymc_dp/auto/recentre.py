@@ -46,9 +46,12 @@ import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pymc.logprob.transforms import LogTransform
 from pytensor.graph.replace import clone_replace
+from pytensor.graph.traversal import ancestors
 from pytensor.tensor import subtensor as _st
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.random.basic import NormalRV
+
+from pymc_dp.records.graph_facts import count_records, static_leading_length
 
 __all__ = ["RecentredBlock", "Recentring", "find_recentring"]
 
@@ -246,22 +249,19 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
     return blocks
 
 
-def _free_inputs(v, free: set) -> set | None:
-    """The free variables the graph of ``v`` reads, or None when it reads anything else
-    that is not a constant (data: a ``pm.Data`` container, a shared variable)."""
-    found, seen, stack = set(), set(), [v]
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
+def _free_inputs(v, free: set, n: int) -> set | None:
+    """The free variables the graph of ``v`` reads (the search stops at them), or None when
+    it reads anything else that is not a constant, or a constant with one row per record
+    (data, as `pymc_dp.records.graph_facts` defines it: a ``pm.Data`` container, a shared
+    variable, a numpy array of ``n`` rows)."""
+    found = set()
+    for x in ancestors([v], blockers=free):
         if x in free:
             found.add(x)
-        elif x.owner is None:
-            if not isinstance(x, pt.TensorConstant):
-                return None
-        else:
-            stack.extend(x.owner.inputs)
+        elif x.owner is None and (
+            not isinstance(x, pt.TensorConstant) or (x.ndim >= 1 and static_leading_length(x) == n)
+        ):
+            return None
     return found
 
 
@@ -290,6 +290,7 @@ def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
     Gaussian-like posterior (the reparametrisation of Papaspiliopoulos, Roberts & Skold 2007
     applied to a location). Structure only; the map is a bijection whatever the data."""
     free = set(model.free_RVs)
+    n = count_records(model)
     taken = {b.name for b in blocks} | {n for b in blocks for n in (b.scale, b.loc) if n}
     point = {rv.name: np.asarray(v) for rv, v in _rv_point(model).items()}
     rng = np.random.default_rng(0)  # data-free: random points of the free variables
@@ -297,7 +298,7 @@ def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
     for v in _plain_normals(model, sampled, taken):
         node = v.owner
         loc = node.op.dist_params(node)[0]
-        deps = _free_inputs(loc, free)
+        deps = _free_inputs(loc, free, n)
         if not deps or any(w not in sampled or w.name in taken for w in deps):
             continue
         uses = clients.get(v, [])
@@ -306,7 +307,7 @@ def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
             if use is None or not (_is_op(use, ps.Add) and len(use.inputs) == 2):
                 break
             t = use.inputs[1 - i]
-            if _free_inputs(t, free) is None or t.type.shape != loc.type.shape:
+            if _free_inputs(t, free, n) is None or t.type.shape != loc.type.shape:
                 break
             ts.append(t)
         if not uses or len(ts) != len(uses):

@@ -458,6 +458,15 @@ def test_a_shifted_block_is_found_by_structure_and_checked_numerically():
         _banana(loc_reads_data=True)[0],
     ):
         assert find_recentring(other) == []
+    # a location that multiplies a numpy array with one row per record reads data: refused
+    # (the check evaluates the graph, and its outcome is published in the result's attrs)
+    n = 30
+    w = np.random.default_rng(1).uniform(0.5, 1.5, n)
+    with pm.Model() as m:
+        t1 = pm.Normal("theta1", 0.0, _P1)
+        v = pm.Normal("v", -_A * t1**2 * w, _P2, shape=n)
+        pm.Normal("y", v + _A * t1**2 * w, 1.0, observed=np.zeros(n))
+    assert find_recentring(m) == []
 
 
 def test_the_shift_map_its_inverse_jacobian_and_log_determinant():
