@@ -540,6 +540,28 @@ def outer_runner(
     return run
 
 
+def oneshot_runner(
+    fns_d, fns_d2, q: np.ndarray, *, bound: float, noise_multiplier: float
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """The one-shot strategy's last release on D and D', through the library's own call
+    (`pymc_dp.auto.oneshot.release_gradient_sum`): a change of its noise shows here.
+
+    Published: the noisy clipped gradient sum (1-d here); the auditor also thresholds its
+    likelihood-ratio statistic.
+    """
+    from pymc_dp.auto.oneshot import release_gradient_sum
+
+    exact = {k: f.clipped_grad_moments(q, bound)[0] for k, f in ((False, fns_d), (True, fns_d2))}
+    diff = float(exact[True][0] - exact[False][0])
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        fns = fns_d2 if on_d2 else fns_d
+        g = release_gradient_sum(fns, q, bound, None, noise_multiplier, rng, size=trials)[:, 0]
+        return {"gradient sum": g, "LR statistic": diff * g}
+
+    return run
+
+
 def auto_scenarios() -> list[Scenario]:
     """The automatic mode's mechanisms as shipped, and with the noise halved (caught).
 
@@ -579,6 +601,14 @@ def auto_scenarios() -> list[Scenario]:
 
         return make
 
+    def oneshot(claimed_z: float = 1.0):
+        # record 0 at -100 / +100: its clipped gradient is -b / +b (the sensitivity 2 b);
+        # ``claimed_z`` below 1: the release runs with less noise than the claim's
+        return lambda: oneshot_runner(
+            _normal_record_functions(-100.0), _normal_record_functions(100.0), np.array([0.0]),
+            bound=2.0, noise_multiplier=claimed_z,
+        )  # fmt: skip
+
     one = gaussian_epsilon(1 / (2 * 1.0**2), delta)
     # two releases (gradient sum, outer-product sum) with noise multiplier sqrt(2) each
     two = gaussian_epsilon(2 / (2 * 2.0), delta)
@@ -608,6 +638,13 @@ def auto_scenarios() -> list[Scenario]:
         Scenario(
             "auto: control-variate penalty test", "as shipped", one, delta, True, cv_penalty(),
             400_000,
+        ),
+        Scenario(
+            "auto: one-shot gradient sum", "as shipped", one, delta, True, oneshot(), 400_000
+        ),
+        Scenario(
+            "auto: one-shot gradient sum", "noise scale halved", one, delta, False,
+            oneshot(0.5), 400_000,
         ),
         Scenario(
             "auto: control-variate penalty test", "clipping removed", one, delta, False,

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pymc as pm
+import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
 from pymc_dp.records import (
@@ -24,9 +25,14 @@ from pymc_dp.records import (
 from pymc_dp.records.dask_store import RecordsLostError
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
+from pymc_dp.step_methods.laplace import DPLaplaceDraws
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
-__all__ = ["sample", "check_run_is_private"]
+__all__ = ["OneShotWarning", "sample", "check_run_is_private"]
+
+
+class OneShotWarning(UserWarning):
+    """The one-shot strategy's result is in doubt (its warm start had not converged)."""
 
 
 def _flatten_steps(step) -> list:
@@ -383,18 +389,49 @@ def _sample_auto(
         records=records,
         **(auto_kwargs or {}),
     )
-    # the penalty run reads the records in the chunks of the configuration (the partitions
-    # of records on a cluster)
-    chunks = {} if records is not None else {"chunk_size": (auto_kwargs or {}).get("chunk_size")}
-    step = DPPenaltyMetropolis(
-        model=model,
-        draws=plan.draws,
-        tune=plan.tune,
-        chains=chains,
-        records=records,
-        **chunks,
-        **plan.step_kwargs,
-    )
+    if plan.method == "laplace":
+        # the one-shot strategy released everything before sampling: independent draws from
+        # its noise-aware Gaussian read no data (one process is enough)
+        step = DPLaplaceDraws(
+            plan.draws_mean,
+            plan.draws_cov,
+            to_q=plan.to_q,
+            model=model,
+            draws=plan.draws,
+            tune=plan.tune,
+            chains=chains,
+            delta=delta,
+        )
+        sample_kwargs = {"cores": 1, **sample_kwargs}
+        check = plan.oneshot
+        if check is not None and not check.converged:
+            warnings.warn(
+                "the one-shot private Laplace approximation had not converged: its last two "
+                f"Newton steps disagree by {check.step_chi2:.4g} on the chi-square scale of "
+                "their release noise (at most "
+                f"{scipy.stats.chi2.ppf(0.99, plan.d):.3g} where the warm start has "
+                f"converged; the second step was {check.contraction:.2g} of the first). Its "
+                "intervals were widened along the last step; a larger epsilon, more records, "
+                "or auto_kwargs={'method': 'chain'} would help",
+                OneShotWarning,
+                stacklevel=3,
+            )
+    else:
+        # the penalty run reads the records in the chunks of the configuration (the
+        # partitions of records on a cluster)
+        chunks = (
+            {} if records is not None else {"chunk_size": (auto_kwargs or {}).get("chunk_size")}
+        )
+        step = DPPenaltyMetropolis(
+            model=model,
+            draws=plan.draws,
+            tune=plan.tune,
+            chains=chains,
+            records=records,
+            **chunks,
+            **plan.step_kwargs,
+        )
+        sample_kwargs = {"initvals": plan.initvals, **sample_kwargs}
     seed = int(seeds[1].generate_state(1)[0]) if random_seed is not None else None
     return _run(
         model,
@@ -407,7 +444,7 @@ def _sample_auto(
         keep_data=keep_data,
         var_names=var_names,
         idata_kwargs=idata_kwargs,
-        sample_kwargs={"initvals": plan.initvals, **sample_kwargs},
+        sample_kwargs=sample_kwargs,
         presample=plan,
     )
 

@@ -30,6 +30,16 @@ import numpy as np
 import pymc as pm
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.auto.oneshot import (
+    ONESHOT_NEWTON_STEPS,
+    NoiseAwareLaplace,
+    bonferroni_sds,
+    choose_method,
+    last_release_noise_multiplier,
+    newton_step,
+    noise_aware_laplace,
+    release_gradient_sum,
+)
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
 from pymc_dp.kernels.warmstart import (
     clip_grid,
@@ -75,6 +85,12 @@ class BudgetSplit:
             )
 
 
+#: Budget shares of the one-shot strategy (`pymc_dp.auto.oneshot`): its warm start's gradient
+#: and curvature releases and clip histograms; what is left (about 70 % of ``mu``) goes to
+#: the last gradient release (``clip_selection`` is not used).
+ONESHOT_SPLIT = BudgetSplit(warm_start=0.2, histograms=0.04, clip_selection=0.01)
+
+
 @dataclass(frozen=True)
 class Phase:
     """One accounted phase of an automatic run: its Gaussian releases (data-free facts)."""
@@ -111,6 +127,17 @@ class AutoPlan:
     recentred: list[str] = field(default_factory=list)
     #: where each clip bound came from: ``{clip: "data_bounds" | "DP histogram (...)"}``
     clip_sources: dict[str, str] = field(default_factory=dict)
+    #: the strategy (`pymc_dp.auto.oneshot.METHODS`): "chain" (the penalty chain) or
+    #: "laplace" (the one-shot noise-aware Laplace approximation)
+    method: str = "chain"
+    #: the approximation's coordinates ``y`` to the model's ``q`` (public; the one-shot
+    #: strategy draws in ``y``)
+    to_q: Callable[[np.ndarray], np.ndarray] | None = None
+    #: the one-shot result in ``y`` (DP outputs)
+    draws_mean: np.ndarray | None = None
+    draws_cov: np.ndarray | None = None
+    #: the one-shot result and its convergence check (DP outputs)
+    oneshot: NoiseAwareLaplace | None = None
 
     def to_attrs(self) -> dict:
         """Data-free attributes the privacy report composes with the sampling phase."""
@@ -119,6 +146,7 @@ class AutoPlan:
             "dp_presample_mu": float(sum(p.mu for p in pre)),
             "dp_presample_releases": int(sum(p.releases for p in pre)),
             "dp_phases": self.describe(),
+            "dp_method": self.method,
         }
         if self.clip_sources:  # data-free: which clip bounds came from declared bounds
             out["dp_auto_clip_sources"] = self.describe_clips()
@@ -126,6 +154,11 @@ class AutoPlan:
             # DP outputs (post-processing of the warm start's releases): safe to publish
             out["dp_auto_laplace_mean"] = np.asarray(self.laplace_mean, dtype=float)
             out["dp_auto_laplace_sd"] = np.sqrt(np.diag(self.laplace_cov))
+        if self.oneshot is not None:
+            # DP outputs: the one-shot strategy's convergence check (`pymc_dp.auto.oneshot`)
+            out["dp_oneshot_step_chi2"] = self.oneshot.step_chi2
+            out["dp_oneshot_converged"] = int(self.oneshot.converged)
+            out["dp_predicted_error"] = float(self.predicted_error)
         if self.recentred:
             # structure only (variable names): which blocks were sampled in centred coordinates
             out["dp_auto_recentred"] = "; ".join(self.recentred)
@@ -167,6 +200,7 @@ def presample_phases(
     *,
     gradient_histograms: bool = True,
     residual_histogram: bool = True,
+    newton_steps: int = NEWTON_STEPS,
 ) -> list[Phase]:
     """The fixed-share Gaussian releases made before the chains, with their noise multipliers.
 
@@ -179,7 +213,7 @@ def presample_phases(
     bounds (``gradient_histograms`` / ``residual_histogram`` false) is left out: its share is
     not spent and goes to the control variate and the sampling.
     """
-    iters = laplace_releases(NEWTON_STEPS)
+    iters = laplace_releases(newton_steps)
 
     def z(releases: int, share: float) -> float:
         return math.sqrt(releases / (2.0 * share * mu_total))
@@ -357,6 +391,7 @@ def auto_configure(
     data_bounds: dict | None = None,
     derive_clips: bool = False,
     derive_residual_clip: bool = False,
+    method: str = "auto",
 ) -> AutoPlan:
     """Choose and privately fit everything a DP penalty run needs.
 
@@ -436,11 +471,15 @@ def auto_configure(
     from pymc_dp.auto.recentre import Recentring, find_recentring
     from pymc_dp.records import build_record_functions
 
-    split = split or BudgetSplit()
     ip = model.initial_point()
     vars = model.value_vars
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
     blocks = find_recentring(model, vars) if recentre else []
+    method = choose_method(method, bool(blocks))
+    one_shot = method == "laplace"
+    if one_shot and split is None:
+        split = ONESHOT_SPLIT
+    newton_steps = ONESHOT_NEWTON_STEPS if one_shot else NEWTON_STEPS
     # public: declared bounds and the model's graph (raises before any data is read); the
     # derived bounds are for gradients in the model's coordinates, so not with recentring
     derived, sources = clip_plan(
@@ -455,7 +494,8 @@ def auto_configure(
     fns, _ = build_record_functions(model, vars, ip, chunk_size=chunk_size, records=records)
     n, d = fns.n_records, fns.ndim
     mu_total = gaussian_mu_for_epsilon(epsilon, delta)
-    plan = AutoPlan(epsilon, delta, n, d, chains, mu_total)
+    split = split or BudgetSplit()
+    plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method=method)
     coords = _Coordinates(fns, Recentring(model, blocks, vars, ip) if blocks else None)
     plan.recentred = [b.describe() for b in blocks]
     plan.clip_sources = sources
@@ -468,7 +508,8 @@ def auto_configure(
             mu_total,
             split,
             gradient_histograms=not grad_derived,
-            residual_histogram=not res_derived,
+            residual_histogram=not (res_derived or one_shot),
+            newton_steps=newton_steps,
         )
     )
     z = {p.name.split(":")[1].strip(): p.noise_multiplier for p in plan.phases}
@@ -490,9 +531,10 @@ def auto_configure(
         grad_noise_multiplier=z_grad,
         outer_noise_multiplier=z_outer,
         hist_noise_multiplier=z_hist,
-        newton_steps=NEWTON_STEPS,
+        newton_steps=newton_steps,
         rng=rng,
         clip_bound_at=derived.gradient_bound if grad_derived else None,
+        hist_threshold_sds=bonferroni_sds(grid.size + 1) if one_shot else 3.0,
     )
     cov = info.cov
     chol = np.linalg.cholesky(cov)
@@ -503,6 +545,9 @@ def auto_configure(
     # L^T dy (public maps)
     basis = info.basis
     anchor_map = coords.transform(anchor_q, np.linalg.inv(basis))
+    free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
+    if one_shot:
+        return _one_shot(plan, fns, coords, info, anchor_q, anchor_map, free, draws, rng)
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
     # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
@@ -514,7 +559,6 @@ def auto_configure(
     # output, the mask comes from the graph); a move of the others changes no record's
     # log-likelihood and costs no noise
     # (derived residual bounds are per unit of the Euclidean step in q: kept with them)
-    free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
     metric = None if res_derived else basis.T * (~free)[None, :]
 
     def length(a: np.ndarray, b: np.ndarray) -> float:
@@ -637,4 +681,54 @@ def auto_configure(
     plan.initvals = [
         _unravel(point_info, coords.to_q(mean + (chol @ rng.normal(size=d)))) for _ in range(chains)
     ]
+    return plan
+
+
+#: Draws per chain of the one-shot strategy when the user gives none (independent draws).
+ONESHOT_DRAWS = 1000
+
+
+def _one_shot(plan, fns, coords, info, anchor_q, anchor_map, free, draws, rng) -> AutoPlan:
+    """The one-shot strategy's two last releases and its noise-aware Laplace approximation
+    (`pymc_dp.auto.oneshot`): the clipped gradient sum at the warm start's last iterate and
+    at the end of the Newton step it gives, with all the budget left, half each."""
+    mu_left = plan.mu_total - sum(p.mu for p in plan.phases)
+    pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
+    z = last_release_noise_multiplier(pre, mu_left / 2.0, plan.epsilon, plan.delta, releases=2)
+    plan.phases.append(Phase("one-shot: noisy clipped gradient sums", z, 2))
+    b = info.anchor_bound
+    m = np.linalg.inv(info.basis)
+    steps = []
+    y = info.anchor
+    for _ in range(2):
+        q = coords.to_q(y)
+        released = release_gradient_sum(fns, q, b, coords.transform(q, m), z, rng)
+        # coordinates the likelihood does not read have an exact sum of 0 (post-processing)
+        released = np.where(free, 0.0, np.nan_to_num(released))
+        p_hess = np.nan_to_num(coords.prior_curvature(y))
+        floor = max(1e-8, float(np.linalg.eigvalsh(0.5 * (p_hess + p_hess.T)).min()))
+        steps.append(
+            newton_step(
+                anchor=y,
+                released_grad=released,
+                prior_grad=coords.prior_grad(y),
+                precision=info.precision,
+                damping=info.damping,
+                basis=info.basis,
+                data=~free,
+                noise_std=2.0 * b * z,
+                prior_precision_floor=floor,
+            )
+        )
+        y = steps[-1].mean
+    result = noise_aware_laplace(steps[0], steps[1], ~free)
+    plan.predicted_error = result.predicted_error
+    plan.oneshot = result
+    plan.draws_mean, plan.draws_cov = result.mean, result.cov
+    plan.to_q = coords.to_q if coords.rp is not None else None
+    # published in the model's coordinates (delta method for the covariance)
+    plan.laplace_mean = coords.to_q(result.mean)
+    plan.laplace_cov = coords.cov_in_q(result.mean, result.cov)
+    plan.draws = ONESHOT_DRAWS if draws is None else int(draws)
+    plan.tune = 0  # independent draws: nothing to adapt, nothing to discard
     return plan

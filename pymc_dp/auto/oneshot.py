@@ -1,0 +1,243 @@
+"""The one-shot strategy of the automatic mode: a noise-aware private Laplace approximation.
+
+Where the posterior is close to Gaussian (a regression with no hierarchical block: the
+Bernstein-von Mises regime of n records and a few parameters), a chain adds little to a
+private Laplace approximation, and its intervals ignore the noise of the releases it
+conditions on (the control variate tilts its target). Here, after the warm start
+(`pymc_dp.kernels.warmstart.private_laplace`: a few private Newton steps on a fifth of the
+budget), the budget left goes to **two** last releases, half each: the clipped gradient
+sum at the last iterate ``a``, in that iteration's whitened coordinates, and the same at
+the end ``m1`` of the Newton step it gives (`newton_step`):
+
+    m1 = a + P^-1 (L g~(a) + grad log prior(a)),    g~ = sum_i clip_b(L^-1 g_i) + N(0, s^2 I),
+    m2 = m1 + P^-1 (L g~(m1) + grad log prior(m1)), s = 2 b z,
+
+``P`` the warm start's last released curvature (floored). Where the log-likelihood is
+quadratic between them, ``m1`` and ``m2`` are the mode plus the effect of their own
+release's noise, ``N_j = s^2 P^-1 L D L^T P^-1`` (``D`` the coordinates the likelihood
+reads), independent; their inverse-variance combination carries the noise of one release
+with both halves of the budget, and the result is ``N(m, P_c^-1 + N)``, ``P_c`` the
+curvature less one noise level of its release (a conservative precision). Where ``m2 -
+m1`` is beyond its noise (a chi-square test), the warm start had not converged: the
+result is ``m2``, widened along the last step (`noise_aware_laplace`), and flagged. This is
+the private Newton method of the one-shot baselines (a few steps, most of the budget on
+the last gradients) with the noise-aware output of Bernstein & Sheldon (2018, Sec. 4: the
+posterior given the *released* statistic, whose noise adds to the sampling variance) in its
+Gaussian approximation. Draws are independent
+(`pymc_dp.step_methods.laplace.DPLaplaceDraws`); the run reads no data after the releases.
+
+References
+----------
+.. [1] G. Bernstein, D. Sheldon, "Differentially private Bayesian inference for exponential
+   families", NeurIPS 2018. [BernsteinSheldon2018]
+.. [2] O. Räisä, A. Koskela, A. Honkela, "Differentially private Hamiltonian Monte Carlo",
+   Algorithm 1 / Theorem 3.5 (the clipped gradient sum's sensitivity ``2 b``). [DPHMC]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.stats
+
+from pymc_dp.accounting import GaussianEvent, compose_epsilon
+
+__all__ = [
+    "METHODS",
+    "ONESHOT_NEWTON_STEPS",
+    "NewtonStep",
+    "NoiseAwareLaplace",
+    "newton_step",
+    "bonferroni_sds",
+    "choose_method",
+    "noise_aware_laplace",
+    "release_gradient_sum",
+]
+
+#: The strategies of the automatic mode (``auto_kwargs={"method": ...}``).
+METHODS = ("auto", "laplace", "chain")
+
+#: Private Newton steps of the one-shot strategy's warm start (public).
+ONESHOT_NEWTON_STEPS = 6
+
+
+def bonferroni_sds(bins: int, family_wise: float = 1e-2) -> float:
+    """Noise sds a histogram bin must pass so that noise alone passes in any of ``bins``
+    with probability ``family_wise`` (Bonferroni; one-sided Gaussian tail)."""
+    return statistics.NormalDist().inv_cdf(1.0 - family_wise / bins)
+
+
+def choose_method(method: str, hierarchical: bool) -> str:
+    """The strategy of an automatic run, from public structure only (before any data read).
+
+    ``"auto"``: the one-shot noise-aware Laplace approximation unless the model has a
+    hierarchical or shifted block (`pymc_dp.auto.recentre`), whose posterior (a scale
+    parameter's, a banana's) is far from Gaussian: there the penalty chain.
+    """
+    if method not in METHODS:
+        raise ValueError(
+            f"auto_kwargs['method'] must be one of {METHODS}; got {method!r}. 'laplace' is the "
+            "one-shot noise-aware private Laplace approximation, 'chain' the private penalty "
+            "chain, 'auto' chooses by the model's structure"
+        )
+    if method != "auto":
+        return method
+    return "chain" if hierarchical else "laplace"
+
+
+@dataclass
+class NewtonStep:
+    """One Newton step with a released gradient (DP outputs, coordinates ``y``)."""
+
+    #: where the step ends: ``a + P^-1 (L g~ + grad log prior(a))``
+    mean: np.ndarray
+    #: the step itself
+    step: np.ndarray
+    #: the release noise's effect on ``mean``: ``s^2 P^-1 L D L^T P^-1``
+    noise_cov: np.ndarray
+    #: the conservative posterior covariance ``P_c^-1``
+    cov_c: np.ndarray
+    #: the curvature ``P`` of the step
+    precision: np.ndarray
+
+
+@dataclass
+class NoiseAwareLaplace:
+    """The one-shot result (DP outputs, in the approximation's coordinates ``y``)."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+    #: the part of ``cov`` due to the releases' noise
+    noise_cov: np.ndarray
+    #: predicted error of the mean from the release noise, in posterior sds (worst coordinate)
+    predicted_error: float
+    #: the second step's correction of the first, on the chi-square scale of their noise
+    #: (chi-square with ``k`` degrees of freedom where the log-likelihood is quadratic)
+    step_chi2: float = float("nan")
+    #: whether that is within the chi-square's 0.99 quantile (else the steps disagree beyond
+    #: their noise: the warm start had not converged and the intervals were widened)
+    converged: bool = True
+    #: the ratio of the second step's length to the first's (``P`` metric)
+    contraction: float = float("nan")
+
+
+def last_release_noise_multiplier(
+    pre: list[GaussianEvent], mu_each: float, epsilon: float, delta: float, releases: int = 1
+) -> float:
+    """``z`` of ``releases`` Gaussian releases with privacy-loss parameter ``mu_each`` each
+    (``1/(2 z^2)``), nudged up until the composition with ``pre`` is within ``epsilon`` (the
+    report adds the phases in another order: a margin of 1e-9 relative)."""
+    if not mu_each > 0:
+        raise ValueError("no budget is left for the one-shot strategy's last releases")
+    z = math.sqrt(1.0 / (2.0 * mu_each))
+    while compose_epsilon([*pre, GaussianEvent(z, releases)], delta) > epsilon * (1 - 1e-9):
+        z *= 1.0 + 1e-9
+    return z
+
+
+def release_gradient_sum(
+    fns,
+    q: np.ndarray,
+    bound: float,
+    transform: np.ndarray | None,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    size: int | None = None,
+) -> np.ndarray:
+    """The one-shot strategy's last release: ``sum_i clip_b(M grad l_i(q)) + N(0, (2 b z)^2 I)``.
+
+    A Gaussian mechanism with L2 sensitivity ``2 b`` under replace-one neighbours (DP-HMC
+    paper, Theorem 3.5) and privacy-loss parameter ``1 / (2 z^2)``. ``fns`` are the records'
+    functions (`pymc_dp.records.build_record_functions`), ``M`` the public whitening.
+    ``size``: that many independent releases (rows; the audit's trials).
+    """
+    exact, _ = fns.clipped_grad_moments(q, bound, transform)
+    exact = np.asarray(exact, dtype=float)
+    shape = exact.shape if size is None else (int(size), *exact.shape)
+    return exact + rng.normal(size=shape) * noise_multiplier * 2.0 * bound
+
+
+def newton_step(
+    *,
+    anchor: np.ndarray,
+    released_grad: np.ndarray,
+    prior_grad: np.ndarray,
+    precision: np.ndarray,
+    damping: np.ndarray | float,
+    basis: np.ndarray,
+    data: np.ndarray,
+    noise_std: float,
+    prior_precision_floor: float,
+) -> NewtonStep:
+    """One Newton step with a released gradient, and the effect of its noise (post-processing).
+
+    Parameters
+    ----------
+    anchor : array (d,)
+        Where the gradient was released (a DP output).
+    released_grad : array (d,)
+        The released clipped gradient sum there, in whitened coordinates (noise added), zero
+        on the coordinates the likelihood does not read.
+    prior_grad : array (d,)
+        Gradient of the log prior (+ log-Jacobian) at ``anchor`` (data-free).
+    precision : array (d, d)
+        The warm start's last released curvature, floored (``P``).
+    damping : array (d, d) or float
+        Its noise level's damping (`pymc_dp.kernels.warmstart.LaplaceInfo.damping`: two
+        noise levels on the data block); one level is taken off ``P`` for ``P_c``.
+    basis : array (d, d)
+        ``L``: the release was of ``L^-1 g_i`` (public).
+    data : array of bool (d,)
+        The coordinates the likelihood reads (public).
+    noise_std : float
+        ``s = 2 b z``: the sd of the release's noise per coordinate.
+    prior_precision_floor : float
+        The smallest eigenvalue ``P_c`` may have (the prior's curvature, data-free).
+    """
+    p = 0.5 * (precision + precision.T)
+    cov_p = np.linalg.inv(p)
+    step = cov_p @ (basis @ released_grad + prior_grad)
+    pc = p - 0.5 * np.asarray(damping, dtype=float)
+    w, v = np.linalg.eigh(0.5 * (pc + pc.T))
+    w = np.maximum(w, max(prior_precision_floor, 1e-12 * float(np.max(np.abs(w)))))
+    k = cov_p @ (basis * data[None, :].astype(float))
+    return NewtonStep(anchor + step, step, noise_std**2 * (k @ k.T), (v / w) @ v.T, p)
+
+
+def noise_aware_laplace(
+    first: NewtonStep, second: NewtonStep, data: np.ndarray
+) -> NoiseAwareLaplace:
+    """Combine two Newton steps, the second from where the first ended (module docstring).
+
+    Where the log-likelihood is quadratic between them (and the curvature exact), both ends
+    are the mode plus their own release's noise, independent: their difference is
+    ``N(0, N1 + N2)`` and their inverse-variance combination carries the noise of one
+    release with both budgets. Where the difference is beyond that noise (its chi-square
+    past the 0.99 quantile) the warm start had not converged: the mean is the second end,
+    and the covariance is widened along the second step by its length over ``1 - r`` (the
+    rest of a series of steps contracting by ``r``, the ratio of the second step's length
+    to the first's; ten times the step when they do not contract): honestly wide rather
+    than confidently wrong.
+    """
+    n1, n2 = first.noise_cov, second.noise_cov
+    diff = second.mean - first.mean
+    joint = np.linalg.pinv(n1 + n2, hermitian=True)
+    k = max(int(np.count_nonzero(data)), 1)
+    chi2 = float(diff @ joint @ diff)
+    limit = float(scipy.stats.chi2.ppf(0.99, k))
+    p = first.precision
+    r = float(np.sqrt((diff @ p @ diff) / max(float(first.step @ p @ first.step), 1e-300)))
+    if chi2 <= limit:
+        mean = first.mean + n1 @ joint @ diff
+        noise = n1 - n1 @ joint @ n1
+        doubt = np.zeros_like(diff)
+    else:
+        mean, noise = second.mean, n2
+        doubt = diff / (1.0 - r) if r < 0.9 else 10.0 * diff
+    noise = 0.5 * (noise + noise.T)
+    cov = second.cov_c + noise + np.outer(doubt, doubt)
+    err = float(np.max(np.sqrt(np.diag(noise) / np.diag(second.cov_c))))
+    return NoiseAwareLaplace(mean, 0.5 * (cov + cov.T), noise, err, chi2, bool(chi2 <= limit), r)

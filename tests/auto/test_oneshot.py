@@ -1,0 +1,188 @@
+"""The one-shot strategy of the automatic mode (issue 26): its release, its noise-aware
+posterior against a closed form, its choice and its accounting."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import stats
+
+import pymc_dp
+from pymc_dp.accounting import GaussianEvent, compose_epsilon
+from pymc_dp.auto import auto_configure
+from pymc_dp.auto.oneshot import (
+    choose_method,
+    noise_aware_laplace,
+    release_gradient_sum,
+)
+from pymc_dp.auto.recentre import find_recentring
+from pymc_dp.records import build_record_functions
+
+
+def _normal_mean_model(x: np.ndarray, prior_sd: float = 10.0) -> pm.Model:
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, prior_sd)
+        pm.Normal("x", mu, 1.0, observed=x)
+    return model
+
+
+def _fns(x):
+    model = _normal_mean_model(x)
+    return build_record_functions(model, model.value_vars, model.initial_point())[0]
+
+
+# -- the release: sensitivity (brute force) and noise -------------------------------------------
+def test_release_sensitivity_is_2b_by_brute_force():
+    """Replacing any one record moves the exact clipped gradient sum by at most 2 b (L2), and
+    the worst replacement reaches it."""
+    x = np.linspace(-2.0, 2.0, 12)
+    q, b = np.array([0.4]), 1.5
+    base = release_gradient_sum(_fns(x), q, b, None, 0.0, np.random.default_rng(0))
+    worst = 0.0
+    for i in range(x.size):
+        for new in (-50.0, -1.0, 0.0, 0.4, 3.0, 50.0):
+            w = x.copy()
+            w[i] = new
+            moved = release_gradient_sum(_fns(w), q, b, None, 0.0, np.random.default_rng(0))
+            worst = max(worst, float(np.linalg.norm(moved - base)))
+    assert worst <= 2 * b + 1e-12
+    assert worst == pytest.approx(2 * b)
+
+
+def test_release_adds_noise_of_z_times_2b():
+    """Released minus exact, over 4000 seeded releases, has sd 2 b z within its sampling error
+    (the sd of a sample sd is sd / sqrt(2 (k - 1))): a halved or dropped noise fails."""
+    fns = _fns(np.linspace(-2.0, 2.0, 12))
+    q, b, z, k = np.array([0.4]), 1.5, 0.7, 4000
+    exact = release_gradient_sum(fns, q, b, None, 0.0, np.random.default_rng(0))
+    released = release_gradient_sum(fns, q, b, None, z, np.random.default_rng(1), size=k)
+    sd = float(np.std(released[:, 0] - exact[0], ddof=1))
+    want = 2 * b * z
+    assert abs(sd - want) < 4 * want / np.sqrt(2 * (k - 1))
+
+
+# -- the noise-aware posterior against a closed form -------------------------------------------
+def test_noise_aware_laplace_is_exact_for_a_quadratic_log_likelihood():
+    """Log-likelihood -(theta - m)^T F (theta - m) / 2 and a N(0, tau^2 I) prior: the exact
+    posterior is N((F + P)^-1 F m, (F + P)^-1). With no noise the one-shot mean is that
+    mean from any anchor; with noise, mean - exact is N(0, noise_cov) (checked by the
+    chi-square of 3000 draws' sample covariance) and the covariance is at least the exact
+    posterior's plus noise_cov."""
+    rng = np.random.default_rng(3)
+    d = 3
+    a = rng.normal(size=(d, d))
+    fisher = a @ a.T + d * np.eye(d)
+    m = rng.normal(size=d)
+    prior_prec = 0.1 * np.eye(d)
+    prec = fisher + prior_prec
+    exact_mean = np.linalg.solve(prec, fisher @ m)
+    basis = np.linalg.cholesky(prec)  # the release is of L^-1 g_i
+    anchor = exact_mean + rng.normal(size=d) * 3.0  # any anchor: the step is exact
+    data = np.ones(d, dtype=bool)
+
+    def one(noise):
+        grad = fisher @ (m - anchor)  # the log-likelihood's gradient at the anchor
+        released = np.linalg.solve(basis, grad) + noise
+        return noise_aware_laplace(
+            anchor=anchor, released_grad=released, prior_grad=-prior_prec @ anchor,
+            precision=prec, damping=0.0, basis=basis, data=data, noise_std=0.4,
+            prior_precision_floor=0.1,
+        )  # fmt: skip
+
+    exact = one(np.zeros(d))
+    np.testing.assert_allclose(exact.mean, exact_mean, rtol=1e-10, atol=1e-12)
+    draws = np.array([one(rng.normal(size=d) * 0.4).mean for _ in range(3000)])
+    err = draws - exact_mean
+    # each draw's error standardised by noise_cov is N(0, I): its squared norm chi2(d)
+    w = np.linalg.solve(np.linalg.cholesky(exact.noise_cov), err.T).T
+    total = float(np.sum(w * w))
+    dof = w.size
+    assert stats.chi2.sf(total, dof) > 1e-3 and stats.chi2.cdf(total, dof) > 1e-3
+    gap = exact.cov - np.linalg.inv(prec) - exact.noise_cov
+    assert np.linalg.eigvalsh(gap).min() > -1e-12  # never narrower than the truth + noise
+
+
+def test_a_step_beyond_its_noise_is_flagged_and_widened():
+    """An anchor far from the mode (in noise sds) fails the chi-square check, and the
+    covariance is widened along the step at least by the step itself."""
+    d = 2
+    prec = np.eye(d) * 100.0
+    basis = np.linalg.cholesky(prec)
+    far = noise_aware_laplace(
+        anchor=np.array([5.0, 0.0]), released_grad=np.linalg.solve(basis, prec @ [-5.0, 0.0]),
+        prior_grad=np.zeros(d), precision=prec, damping=0.0, basis=basis,
+        data=np.ones(d, dtype=bool), noise_std=0.1, prior_precision_floor=1e-3,
+    )  # fmt: skip
+    near = noise_aware_laplace(
+        anchor=np.array([0.001, 0.0]), released_grad=np.linalg.solve(basis, [-0.1, 0.0]),
+        prior_grad=np.zeros(d), precision=prec, damping=0.0, basis=basis,
+        data=np.ones(d, dtype=bool), noise_std=0.1, prior_precision_floor=1e-3,
+    )  # fmt: skip
+    assert not far.converged and far.step_chi2 > 1e4
+    assert near.converged
+    assert far.cov[0, 0] >= 25.0  # the step was 5: at least its square along it
+
+
+# -- the choice ----------------------------------------------------------------------------------
+def test_method_choice_is_structural_and_overridable():
+    x = np.zeros(10)
+    assert choose_method("auto", hierarchical=False) == "laplace"
+    assert choose_method("auto", hierarchical=True) == "chain"
+    assert choose_method("chain", hierarchical=False) == "chain"
+    with pytest.raises(ValueError, match="method"):
+        choose_method("newton", hierarchical=False)
+    g = np.arange(10) % 2
+    with pm.Model() as hier:
+        mu = pm.Normal("mu", 0, 1)
+        tau = pm.HalfNormal("tau", 1)
+        z = pm.Normal("z", 0, 1, shape=2)
+        pm.Normal("x", mu + tau * z[g], 1.0, observed=x)
+    assert find_recentring(hier, hier.value_vars)
+    assert not find_recentring(_normal_mean_model(x), _normal_mean_model(x).value_vars)
+
+
+# -- end to end ------------------------------------------------------------------------------------
+def test_one_shot_spends_exactly_the_budget():
+    x = np.random.default_rng(0).normal(1.0, 1.0, 500)
+    cfg = auto_configure(
+        _normal_mean_model(x), epsilon=2.0, delta=1e-5, chains=2, draws=None, tune=None,
+        rng=np.random.default_rng(0), method="laplace",
+    )  # fmt: skip
+    assert cfg.method == "laplace"
+    events = [GaussianEvent(p.noise_multiplier, p.releases) for p in cfg.phases]
+    eps = compose_epsilon(events, 1e-5)
+    assert eps <= 2.0 and eps == pytest.approx(2.0, rel=1e-6)
+    assert cfg.phases[-1].name == "one-shot: noisy clipped gradient sum"
+    assert cfg.phases[-1].releases == 1
+    # most of the budget on the last release
+    assert cfg.phases[-1].mu / sum(p.mu for p in cfg.phases) > 0.7
+    assert cfg.to_attrs()["dp_method"] == "laplace"
+
+
+def test_sample_one_shot_is_private_honest_and_fast_to_a_closed_form():
+    """``pymc_dp.sample`` on a normal-mean model (n = 2000, epsilon 3): the one-shot strategy
+    is chosen, the result carries its spend and method, and its mean lies within 3 of its own
+    sds of the exact posterior mean over 6 seeds (never confidently wrong) while its sd is
+    within [1, 3] of the exact posterior sd."""
+    x = np.clip(np.random.default_rng(5).normal(0.7, 1.0, 2000), -5, 5)
+    model = _normal_mean_model(x)
+    post_prec = x.size + 1 / 100.0
+    post_mean, post_sd = x.sum() / post_prec, post_prec**-0.5
+    for seed in range(6):
+        with model, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            idata = pymc_dp.sample(
+                300, epsilon=3.0, delta=1e-6, chains=2, random_seed=seed, progressbar=False
+            )
+        assert idata.attrs["dp_method"] == "laplace"
+        assert idata.attrs["dp_epsilon"] <= 3.0
+        draws = np.asarray(idata["posterior"]["mu"].values)
+        assert draws.shape == (2, 300)
+        m, s = draws.mean(), draws.std()
+        assert abs(m - post_mean) < 3 * s, (seed, m, s, post_mean)
+        assert post_sd <= s * 1.1 and s < 3 * post_sd
+        report = pymc_dp.privacy_report(idata, model=model)
+        assert report.private and report.epsilon <= 3.0
