@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pymc_dp.auto import plan
 from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
-from pymc_dp.sampling import sample
+from pymc_dp.sampling import OneShotWarning, sample
 from pymc_dp.step_methods import (
     DPHMC,
     DPSGLD,
@@ -41,6 +41,7 @@ __all__ = [
     "DPPenaltyMetropolis",
     "DPStep",
     "ModelNotSupportedError",
+    "OneShotWarning",
     "PrivacyReport",
     "__version__",
     "plan",

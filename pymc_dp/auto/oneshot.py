@@ -61,7 +61,7 @@ __all__ = [
 METHODS = ("auto", "laplace", "chain")
 
 #: Private Newton steps of the one-shot strategy's warm start (public).
-ONESHOT_NEWTON_STEPS = 6
+ONESHOT_NEWTON_STEPS = 10
 
 
 def bonferroni_sds(bins: int, family_wise: float = 1e-2) -> float:
@@ -219,8 +219,9 @@ def noise_aware_laplace(
     past the 0.99 quantile) the warm start had not converged: the mean is the second end,
     and the covariance is widened along the second step by its length over ``1 - r`` (the
     rest of a series of steps contracting by ``r``, the ratio of the second step's length
-    to the first's; ten times the step when they do not contract): honestly wide rather
-    than confidently wrong.
+    to the first's; ten times the step when they do not contract) and along the first step
+    by its length (how far from the mode the warm start had left the anchor): honestly wide
+    rather than confidently wrong.
     """
     n1, n2 = first.noise_cov, second.noise_cov
     diff = second.mean - first.mean
@@ -230,14 +231,17 @@ def noise_aware_laplace(
     limit = float(scipy.stats.chi2.ppf(0.99, k))
     p = first.precision
     r = float(np.sqrt((diff @ p @ diff) / max(float(first.step @ p @ first.step), 1e-300)))
+    doubt = np.zeros((2, diff.size))
     if chi2 <= limit:
         mean = first.mean + n1 @ joint @ diff
         noise = n1 - n1 @ joint @ n1
-        doubt = np.zeros_like(diff)
     else:
         mean, noise = second.mean, n2
-        doubt = diff / (1.0 - r) if r < 0.9 else 10.0 * diff
+        # the rest of the series of steps, and the first step itself: how far from the
+        # mode the warm start had left the anchor (its ratio r is itself a noisy estimate)
+        doubt[0] = diff / (1.0 - r) if r < 0.9 else 10.0 * diff
+        doubt[1] = first.step
     noise = 0.5 * (noise + noise.T)
-    cov = second.cov_c + noise + np.outer(doubt, doubt)
+    cov = second.cov_c + noise + doubt.T @ doubt
     err = float(np.max(np.sqrt(np.diag(noise) / np.diag(second.cov_c))))
     return NoiseAwareLaplace(mean, 0.5 * (cov + cov.T), noise, err, chi2, bool(chi2 <= limit), r)
