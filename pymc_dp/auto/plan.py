@@ -17,7 +17,8 @@ from scipy import optimize
 from pymc_dp._validation import check_positive, check_target
 from pymc_dp.accounting import gaussian_mu_for_epsilon
 from pymc_dp.auto.bounds import check_data_bounds, clip_plan
-from pymc_dp.auto.configure import BudgetSplit, Phase, presample_phases
+from pymc_dp.auto.configure import ONESHOT_SPLIT, BudgetSplit, Phase, presample_phases
+from pymc_dp.auto.oneshot import ONESHOT_NEWTON_STEPS, choose_method
 
 __all__ = ["Plan", "plan", "predicted_mean_error"]
 
@@ -61,6 +62,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     #: where each clip bound will come from (declared bounds or a DP histogram)
     clip_sources: dict = field(default_factory=dict)
+    #: the strategy the automatic mode will choose (`pymc_dp.auto.oneshot.choose_method`)
+    method: str = "chain"
 
     def __str__(self) -> str:
         lines = [
@@ -73,16 +76,26 @@ class Plan:
                 f"    {p.name}: {p.releases} releases, noise multiplier {p.noise_multiplier:.4g}"
                 f" ({100 * p.mu / self.mu_total:.1f}% of mu)"
             )
-        lines.append(
-            f"    control variate and sampling (penalty tests): the rest "
-            f"({100 * self._sampling_share():.1f}% of mu), split after the warm start to "
-            "minimise the predicted error; run length chosen by the predicted effective "
-            "sample size"
-        )
+        if self.method == "laplace":
+            lines.append(
+                f"    one-shot: two noisy clipped gradient sums, the rest "
+                f"({100 * self._sampling_share():.1f}% of mu), half each; independent draws "
+                "from the noise-aware Laplace approximation they give"
+            )
+            basis = "all of the rest for the two last releases"
+        else:
+            lines.append(
+                f"    control variate and sampling (penalty tests): the rest "
+                f"({100 * self._sampling_share():.1f}% of mu), split after the warm start to "
+                "minimise the predicted error; run length chosen by the predicted effective "
+                "sample size"
+            )
+            basis = f"{NOMINAL_ANCHOR_SHARE:.0%} of mu for the control variate"
+        lines.insert(1, f"  strategy: {self.method} ({_METHOD_TEXT[self.method]})")
         lines.append(
             f"  predicted error of each posterior mean: about {self.predicted_error:.2g} "
             f"posterior sds (assumes per-record Fisher information {FISHER_SHARE} b^2 / d and "
-            f"{NOMINAL_ANCHOR_SHARE:.0%} of mu for the control variate)"
+            f"{basis})"
         )
         if self.data_bounds:
             lines.append(f"  declared data bounds: {self.data_bounds}")
@@ -95,14 +108,28 @@ class Plan:
         return 1.0 - sum(p.mu for p in self.phases) / self.mu_total
 
 
+_METHOD_TEXT = {
+    "laplace": "one-shot noise-aware private Laplace approximation: the model has no "
+    "hierarchical block",
+    "chain": "the penalty chain: the model has a hierarchical or shifted block",
+}
+
+
 def _nominal_anchor_z(mu_total: float) -> float:
     return math.sqrt(1.0 / (2.0 * NOMINAL_ANCHOR_SHARE * mu_total))
 
 
-def _epsilon_needed(n: int, d: int, delta: float, split: BudgetSplit) -> float:
+def _oneshot_z(mu_total: float) -> float:
+    """The noise multiplier of one release with the two last releases' budget together
+    (their combination's noise, `pymc_dp.auto.oneshot.noise_aware_laplace`)."""
+    share = 1.0 - ONESHOT_SPLIT.warm_start - ONESHOT_SPLIT.histograms
+    return math.sqrt(1.0 / (2.0 * share * mu_total))
+
+
+def _epsilon_needed(n: int, d: int, delta: float, z_of) -> float:
     def err(log_eps: float) -> float:
         mu = gaussian_mu_for_epsilon(math.exp(log_eps), delta)
-        return predicted_mean_error(n, d, _nominal_anchor_z(mu)) - USABLE_ERROR
+        return predicted_mean_error(n, d, z_of(mu)) - USABLE_ERROR
 
     if err(math.log(1e4)) > 0:
         return float("inf")
@@ -155,7 +182,11 @@ def plan(
     epsilon, delta = check_target(epsilon, delta)
     chains = check_positive(chains, "chains", integer=True, coerce=True)
     bounds = check_data_bounds(model, data_bounds) if data_bounds is not None else {}
-    split = split or BudgetSplit()
+    from pymc_dp.auto.recentre import find_recentring
+
+    method = choose_method("auto", bool(find_recentring(model, model.value_vars)))
+    one_shot = method == "laplace"
+    split = split or (ONESHOT_SPLIT if one_shot else BudgetSplit())
     n = count_records(model)
     ip = model.initial_point()
     d = int(sum(np.size(v) for v in ip.values()))
@@ -166,12 +197,15 @@ def plan(
         mu,
         split,
         gradient_histograms=sources.get("warm-start gradient clip") != "data_bounds",
-        residual_histogram=sources.get("penalty-test clip") != "data_bounds",
+        residual_histogram=not one_shot and sources.get("penalty-test clip") != "data_bounds",
+        **({"newton_steps": ONESHOT_NEWTON_STEPS} if one_shot else {}),
     )
-    err = predicted_mean_error(n, d, _nominal_anchor_z(mu))
+    z_of = _oneshot_z if one_shot else _nominal_anchor_z
+    err = predicted_mean_error(n, d, z_of(mu))
     out = Plan(n, d, epsilon, delta, int(chains), mu, phases, err, bounds, clip_sources=sources)
+    out.method = method
     if err > USABLE_ERROR:
-        eps_needed = _epsilon_needed(n, d, delta, split)
+        eps_needed = _epsilon_needed(n, d, delta, z_of)
         n_needed = int(math.ceil(n * (err / USABLE_ERROR) ** 2))
         d_max = int(d * (USABLE_ERROR / err) ** 2)
         out.warnings.append(
@@ -179,6 +213,11 @@ def plan(
             f"posterior sds off: not a usable posterior. Reaching {USABLE_ERROR} sd needs "
             f"epsilon >= {eps_needed:.3g} at this n, or n >= {n_needed} at this epsilon"
             + (f", or at most {d_max} parameters" if d_max >= 1 else "")
+            + (
+                " (the one-shot result's intervals include this noise: wide rather than off)"
+                if one_shot
+                else ""
+            )
         )
     if delta > 1.0 / n:
         out.warnings.append(

@@ -389,7 +389,7 @@ def test_auto_configure_spends_exactly_the_budget():
     with model:
         cfg = auto_configure(
             model, epsilon=2.0, delta=1e-5, chains=2, draws=None, tune=None,
-            rng=np.random.default_rng(0),
+            rng=np.random.default_rng(0), method="chain",
         )  # fmt: skip
     events = [GaussianEvent(p.noise_multiplier, p.releases) for p in cfg.phases]
     eps = compose_epsilon(events, 1e-5)
@@ -416,7 +416,7 @@ def test_control_variate_release_carries_its_calibrated_noise():
     for seed in range(25):
         cfg = auto_configure(
             model, epsilon=4.0, delta=1e-5, chains=2, draws=None, tune=None,
-            rng=np.random.default_rng(seed), max_iterations=200,
+            rng=np.random.default_rng(seed), max_iterations=200, method="chain",
         )  # fmt: skip
         anchor, released, bound = cfg.step_kwargs["control_variate"]
         # the release is of the whitened gradients L^-1 g_i, L the control variate's basis

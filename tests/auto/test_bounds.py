@@ -164,6 +164,7 @@ def test_bounds_drop_the_histogram_phases_and_the_budget_is_still_spent(residual
         model, epsilon=3.0, delta=1e-5, chains=2, draws=None, tune=None,
         rng=np.random.default_rng(0), max_iterations=400,
         data_bounds=BOUNDS["logistic"][0], derive_clips=True, derive_residual_clip=residual,
+        method="chain",
     )  # fmt: skip
     names = _phase_names(cfg)
     assert "warm start: noisy gradient-norm histograms" not in names
