@@ -81,6 +81,10 @@ class PrivacyReport:
         Mean over the run's iterations of the variance of the total noise added to the
         released log-likelihood-ratio sum (from the ``noise_std`` stat; NaN when the step
         does not record it).
+    convergence : str
+        The run's convergence diagnostics in one line (`pymc_dp.diagnostics`; written by
+        `pymc_dp.sample` as the ``dp_convergence`` attribute), or empty when not computed.
+        Printed as the report's first line.
     """
 
     epsilon: float
@@ -104,6 +108,7 @@ class PrivacyReport:
     owner_epsilons: tuple[float, ...] = ()
     noise_variance_factor: int = 1
     total_noise_variance: float = float("nan")
+    convergence: str = ""
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat ``dp_*`` attributes (str, int, float only)."""
@@ -117,6 +122,7 @@ class PrivacyReport:
         return out
 
     def __str__(self) -> str:
+        # first line: whether the result is private, else whether the chains converged
         lines = []
         if not self.private:
             lines += [
@@ -125,7 +131,9 @@ class PrivacyReport:
                 f"  (the pymc_dp mechanisms alone spent epsilon = {self.mechanism_epsilon:.4g} "
                 f"at delta = {self.delta:.3g}; that is NOT a guarantee for this result)",
             ]
+            lines += [f"  {self.convergence}"] if self.convergence else []
         else:
+            lines += [self.convergence] if self.convergence else []
             lines.append(f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP")
         lines += [
             f"  neighbours: {self.neighbour_relation}",
@@ -509,6 +517,9 @@ def privacy_report(
             both = sd if w is None else np.concatenate([w, sd], axis=1)
             total_var = float(np.mean(both**2))
     report = PrivacyReport(
+        convergence=str(
+            idata.attrs.get("dp_convergence", posterior.attrs.get("dp_convergence", ""))
+        ),
         owners=owners,
         owner_epsilons=tuple([float(epsilon) if not reasons else float("inf")] * owners),
         noise_variance_factor=max(owners, 1),

@@ -16,6 +16,7 @@ import numpy as np
 import pymc as pm
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
+from pymc_dp.diagnostics import check_convergence
 from pymc_dp.records import (
     ModelNotSupportedError,
     check_model_supported,
@@ -335,12 +336,27 @@ def _run(
         raise
     if not keep_data:
         _drop_groups(idata, RAW_DATA_GROUPS)
-    if presample is not None:
-        attrs = presample.to_attrs()
-        idata.attrs.update(attrs)
-        idata["posterior"].attrs.update(attrs)
+    attrs = {} if presample is None else presample.to_attrs()
+    # loud when the chains did not converge (post-processing of the DP draws); the report's
+    # first line repeats it
+    attrs.update(_convergence_attrs(idata, auto=presample is not None))
+    idata.attrs.update(attrs)
+    idata["posterior"].attrs.update(attrs)
     privacy_report(idata, delta, model=model)
     return idata
+
+
+def _convergence_attrs(idata, *, auto: bool) -> dict:
+    """R-hat, bulk ESS and acceptance of the run as attributes; a warning when unconverged."""
+    hint = (
+        "a larger epsilon or more records (the chains' noise grows as the budget per record "
+        "shrinks); draws=None lets the planner choose the run length"
+        if auto
+        else "more draws, a larger epsilon, or the automatic mode (pymc_dp.sample with "
+        "step=None), which configures its step privately"
+    )
+    # the warning points at the caller of pymc_dp.sample
+    return check_convergence(idata, hint=hint, stacklevel=6 if auto else 5).to_attrs()
 
 
 def _sample_auto(
