@@ -171,6 +171,7 @@ def check_convergence(
     chains = x.shape[0]
     max_rhat, min_ess, worst_rhat, worst_ess = float("nan"), float("nan"), "", ""
     problems = []
+    still = False  # no scalar moved in any chain
     if x.size:
         moving = np.ptp(x.reshape(-1, x.shape[2]), axis=0) > 0
         moving &= np.all(np.isfinite(x), axis=(0, 1))
@@ -186,7 +187,7 @@ def check_convergence(
                 j = int(np.argmax(rhat))
                 max_rhat, worst_rhat = float(rhat[j]), kept[j]
         else:
-            min_ess = 0.0
+            min_ess, still = 0.0, True
     acceptance = np.full(max(chains, 0), np.nan)
     if stats is not None and "accepted" in stats:
         a = np.asarray(stats["accepted"].values, dtype=float)
@@ -194,7 +195,9 @@ def check_convergence(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             acceptance = np.nanmin(np.nanmean(a, axis=1), axis=1)
-    if chains > 1 and not max_rhat <= MAX_RHAT:
+    if still:
+        problems.append("no draw differs from the first in any chain")
+    elif chains > 1 and not max_rhat <= MAX_RHAT:
         problems.append(f"R-hat {max_rhat:.3g} > {MAX_RHAT}")
     if not min_ess >= MIN_ESS:
         problems.append(f"bulk ESS {min_ess:.0f} < {MIN_ESS:.0f}")
