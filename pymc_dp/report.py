@@ -84,7 +84,8 @@ class PrivacyReport:
     convergence : str
         The run's convergence diagnostics in one line (`pymc_dp.diagnostics`; written by
         `pymc_dp.sample` as the ``dp_convergence`` attribute), or empty when not computed.
-        Printed as the report's first line.
+        Printed as the report's first line when the chains did not converge (after the
+        NOT DIFFERENTIALLY PRIVATE lines, if any).
     """
 
     epsilon: float
@@ -122,7 +123,8 @@ class PrivacyReport:
         return out
 
     def __str__(self) -> str:
-        # first line: whether the result is private, else whether the chains converged
+        # first line: NOT DIFFERENTIALLY PRIVATE, else NOT CONVERGED, else the guarantee
+        unconverged = self.convergence.startswith("NOT CONVERGED")
         lines = []
         if not self.private:
             lines += [
@@ -131,10 +133,11 @@ class PrivacyReport:
                 f"  (the pymc_dp mechanisms alone spent epsilon = {self.mechanism_epsilon:.4g} "
                 f"at delta = {self.delta:.3g}; that is NOT a guarantee for this result)",
             ]
-            lines += [f"  {self.convergence}"] if self.convergence else []
         else:
-            lines += [self.convergence] if self.convergence else []
+            lines += [self.convergence] if unconverged else []
             lines.append(f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP")
+        if self.convergence and not (unconverged and self.private):
+            lines.append(f"  {self.convergence}")
         lines += [
             f"  neighbours: {self.neighbour_relation}",
             f"  {self.chains} chains x {self.iterations // max(self.chains, 1)} iterations "

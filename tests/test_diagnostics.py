@@ -87,8 +87,9 @@ def test_a_well_mixing_run_is_quiet():
     assert idata.attrs["dp_converged"] == 1
     assert idata.attrs["dp_max_rhat"] < 1.05 and idata.attrs["dp_min_ess_bulk"] > 100
     assert np.all(np.asarray(idata.attrs["dp_acceptance"]) > 0.1)
-    first = str(pymc_dp.privacy_report(idata, model=model, attach=False)).splitlines()[0]
-    assert first.startswith("converged: max R-hat")
+    lines = str(pymc_dp.privacy_report(idata, model=model, attach=False)).splitlines()
+    assert lines[0].startswith("(epsilon, delta) = (")
+    assert lines[1].startswith("  converged: max R-hat")
 
 
 def test_check_convergence_is_public():
