@@ -134,16 +134,16 @@ class PrivacyReport:
                 f"at delta = {self.delta:.3g}; that is NOT a guarantee for this result)",
             ]
         else:
-            lines += [self.convergence] if unconverged else []
+            lines += _wrap_parts(self.convergence, first="") if unconverged else []
             lines.append(f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP")
         if self.convergence and not (unconverged and self.private):
-            lines.append(f"  {self.convergence}")
+            lines += _wrap_parts(self.convergence)
         lines += [
             f"  neighbours: {self.neighbour_relation}",
             f"  {self.chains} chains x {self.iterations // max(self.chains, 1)} iterations "
             f"({self.tuning_iterations} warmup + {self.draws} draws), {self.releases} releases, "
             f"mu = {self.mu:.6g}",
-            f"  {self.mechanism}",
+            *_wrap_parts(self.mechanism),
         ]
         if self.owners:
             lines.append(
@@ -159,8 +159,8 @@ class PrivacyReport:
                 "epsilon above counts every chain and exceeds the calibration target"
             )
         if not self.model_checked:
-            lines.append(
-                "  NOTE: no model was given: that every free variable was sampled by a pymc_dp "
+            lines += _wrap_parts(
+                "NOTE: no model was given: that every free variable was sampled by a pymc_dp "
                 "step and that no stored Deterministic reads the data was not checked "
                 "(pass model=... or call inside the model context)"
             )
@@ -169,6 +169,38 @@ class PrivacyReport:
         if self.raw_data_groups:
             lines.append(f"  WARNING: raw data groups present: {', '.join(self.raw_data_groups)}")
         return "\n".join(lines)
+
+
+#: Width of the printed report's lines.
+REPORT_WIDTH = 100
+
+
+def _wrap_parts(text: str, width: int = REPORT_WIDTH, first: str = "  ") -> list[str]:
+    """``text``'s parts (separated by ``"; "`` outside parentheses), one wrapped block each,
+    indented by ``first`` (continuation lines by four more spaces): the printed report stays
+    a short block of short lines."""
+    import textwrap
+
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text.startswith("; ", i):
+            parts.append(text[start:i])
+            start = i + 2
+    parts.append(text[start:])
+    return [
+        line
+        for p in parts
+        if p
+        for line in textwrap.wrap(
+            p,
+            width,
+            initial_indent=first,
+            subsequent_indent=first + "    ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+    ]
 
 
 def _groups(idata) -> list[str]:

@@ -117,8 +117,12 @@ def sample(
     Parameters
     ----------
     draws : int, optional
-        Draws per chain, as in `pymc.sample` (default 1000 with a step; chosen by the
-        predicted effective sample size in automatic mode).
+        Draws per chain the result holds, as in `pymc.sample` (default 1000 with a step;
+        chosen by the predicted effective sample size in automatic mode). In automatic mode,
+        a number of draws predicted unusable (each penalty test's noise too large for any
+        proposal to be accepted, or too few iterations for an effective sample size of 100)
+        is warned about (`pymc_dp.auto.configure.RunLengthWarning`, with the predicted
+        acceptance and ESS and the planner's own length) before the chains run.
     epsilon : float
         Target epsilon of the whole run (required unless ``step`` is an instance).
     delta : float
@@ -132,8 +136,14 @@ def sample(
         ``chains`` and ``step_kwargs``: its noise is calibrated so that the whole run meets
         the target. An instance is used as it is (its own calibration).
     tune : int, optional
-        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step;
-        chosen in automatic mode). Warmup iterations are charged.
+        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step).
+        Warmup iterations are charged. In automatic mode the independence proposal is a
+        calibrated private approximation with nothing to adapt: no warmup is run whatever
+        ``tune`` is, its budget goes to the draws, and the result's attributes
+        ``dp_draws_requested``, ``dp_tune_requested`` (-1: not given), ``dp_draws_run``,
+        ``dp_tune_run`` and ``dp_auto_run_length`` say what was asked and done (with
+        ``auto_kwargs={"allow_random_walk": True}`` a chosen random walk adapts its scale
+        over ``tune`` iterations).
     chains : int
         Number of chains, as in `pymc.sample`; the budget covers all of them.
     data_bounds : dict, optional
@@ -173,7 +183,13 @@ def sample(
     Returns
     -------
     arviz.InferenceData (PyMC 5.x) or xarray.DataTree (PyMC 6.x)
-        With ``dp_*`` attributes; read them with `pymc_dp.privacy_report`.
+        With ``dp_*`` attributes; read them with `pymc_dp.privacy_report`. They include the
+        convergence diagnostics of the DP draws (`pymc_dp.diagnostics`): ``dp_max_rhat``,
+        ``dp_min_ess_bulk``, ``dp_acceptance`` (per chain), ``dp_converged`` (1 or 0) and
+        ``dp_convergence`` (one line); when the chains did not converge (R-hat > 1.1, bulk
+        ESS < 100 or a chain accepting under 1 % of proposals) a
+        `pymc_dp.ConvergenceWarning` says so with the numbers and what would help, and the
+        report's first line repeats it.
     """
     model = pm.modelcontext(model)
     if step is None and (inspect.isclass(draws) or isinstance(draws, DPStep | list | tuple)):
