@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from pymc_dp.report import REPORT_WIDTH, PrivacyReport
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,3 +80,65 @@ def test_readme_blocks_report_with_the_model():
     assert len(reports) >= 2
     for b in reports:
         assert "as model:" in b and "privacy_report(idata, model=model)" in b
+
+
+def test_one_record_is_not_refused_for_an_ordinary_model():
+    """With n = 1 the constants PyMC makes for ``shape=3`` (``[3]``, ``[0]``, ``[5]``) have
+    one row, like a record: the model used to be refused ("the prior of 'b' reads record
+    data"). A pm.Data container of one row in a prior is still refused."""
+    import pymc as pm
+
+    from pymc_dp.records import ModelNotSupportedError, check_model_supported
+
+    X, y = np.array([[0.3, -0.2, 0.5]]), np.array([1.0])
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 5)
+        b = pm.Normal("b", 0, 5, shape=3)
+        pm.Normal("y", a + pm.math.dot(X, b), pm.HalfNormal("sigma", 2), observed=y)
+    check_model_supported(model, [], data_free_potentials=False)
+    with pm.Model() as leaky:
+        w = pm.Data("w", np.array([0.7]))
+        b = pm.Normal("b", w, 5, shape=1)
+        pm.Normal("y", b, 1.0, observed=y)
+    with pytest.raises(ModelNotSupportedError, match="the prior of 'b' reads record data"):
+        check_model_supported(leaky, [], data_free_potentials=False)
+
+
+def test_clip_sources_give_only_advice_that_changes_something():
+    """By default (derive_clips=False) declared bounds are checked, not used for the clips:
+    the sources say so and give no advice; with derive_clips=True the reason names the data
+    in the user's terms (no PyTensor types or op names)."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    from pymc_dp.auto.bounds import clip_plan
+
+    rng = np.random.default_rng(3)
+    X, y = rng.uniform(-1, 1, (50, 2)), rng.integers(0, 2, 50)
+    with pm.Model() as model:  # X a numpy constant: no name to declare bounds by
+        b = pm.Normal("b", 0, 3, shape=2)
+        pm.Bernoulli("y", logit_p=pt.dot(X, b), observed=y)
+    ip, q0 = model.initial_point(), np.zeros(2)
+    _, off = clip_plan(model, model.value_vars, ip, {"y": (0, 1)}, q0)
+    assert set(off.values()) == {"DP histogram (derive_clips=False)"}
+    _, on = clip_plan(model, model.value_vars, ip, {"y": (0, 1)}, q0, derive_clips=True)
+    text = on["warm-start gradient clip"]
+    assert "1 unnamed array(s) of one row per record (float64, 2-d)" in text
+    assert "wrap it in pm.Data('name', ...)" in text
+    for internal in ("Matrix(", "Vector(", "TensorType", "declare their bounds"):
+        assert internal not in text, internal
+
+
+def test_indexing_by_data_is_named_in_the_users_terms():
+    import pytensor.tensor as pt
+
+    from pymc_dp.auto.intervals import IntervalUnsupported, interval_eval
+
+    z, g = pt.dvector("z"), pt.lvector("g")
+    with pytest.raises(IntervalUnsupported) as err:
+        interval_eval(
+            [z[g]],
+            {z: (np.zeros(3), np.ones(3)), g: (np.zeros(2, int), np.full(2, 2))},
+        )
+    assert "indexing by a data array (e.g. a group index, z[g])" in str(err.value)
+    assert "AdvancedSubtensor" not in str(err.value)
