@@ -365,8 +365,8 @@ def _run(
 def _convergence_attrs(idata, *, auto: bool) -> dict:
     """R-hat, bulk ESS and acceptance of the run as attributes; a warning when unconverged."""
     hint = (
-        "a larger epsilon or more records (the chains' noise grows as the budget per record "
-        "shrinks); draws=None lets the planner choose the run length"
+        "a larger epsilon or more records; with draws given, draws=None lets the planner "
+        "choose the run length"
         if auto
         else "more draws, a larger epsilon, or the automatic mode (pymc_dp.sample with "
         "step=None), which configures its step privately"

@@ -695,7 +695,8 @@ def _warn_unusable_length(
         return
     per = max(plan.chains, 1)
     text = (
-        f"{'draws=' if fixed else 'the planned '}{pred.iterations // per} per chain "
+        (f"draws={pred.iterations // per}" if fixed else f"{pred.iterations // per} draws")
+        + " per chain "
         f"({pred.iterations} iterations over {plan.chains} chains) is predicted unusable at "
         f"this budget: acceptance {pred.accept:.3g}, effective sample size {pred.ess:.0f} "
         f"(usable: acceptance >= {MIN_ACCEPT:g}, ESS >= {MIN_ESS:.0f})"
