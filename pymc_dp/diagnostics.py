@@ -172,7 +172,11 @@ def check_convergence(
     max_rhat, min_ess, worst_rhat, worst_ess = float("nan"), float("nan"), "", ""
     problems = []
     still = False  # no scalar moved in any chain
-    if x.size:
+    few = 0 < x.shape[1] < 4 if x.ndim == 3 else False  # too few draws for R-hat and ESS
+    if few:
+        min_ess = 0.0
+        problems.append(f"{x.shape[1]} draws per chain: too few to diagnose (at least 4)")
+    elif x.size:
         moving = np.ptp(x.reshape(-1, x.shape[2]), axis=0) > 0
         moving &= np.all(np.isfinite(x), axis=(0, 1))
         if moving.any():
@@ -197,9 +201,9 @@ def check_convergence(
             acceptance = np.nanmin(np.nanmean(a, axis=1), axis=1)
     if still:
         problems.append("no draw differs from the first in any chain")
-    elif chains > 1 and not max_rhat <= MAX_RHAT:
+    elif chains > 1 and not few and not max_rhat <= MAX_RHAT:
         problems.append(f"R-hat {max_rhat:.3g} > {MAX_RHAT}")
-    if not min_ess >= MIN_ESS:
+    if not few and not min_ess >= MIN_ESS:
         problems.append(f"bulk ESS {min_ess:.0f} < {MIN_ESS:.0f}")
     frozen = np.flatnonzero(~(acceptance >= MIN_ACCEPT))
     if frozen.size:

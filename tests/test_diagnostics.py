@@ -53,6 +53,9 @@ def test_rhat_ess_and_acceptance_flag_what_failed():
     assert "not computed (one chain)" in conv.summary()
     with pytest.warns(ConvergenceWarning, match="NOT CONVERGED .*what would help: more draws"):
         check_convergence(_tree({"a": one}, np.full((1, 500), 0.3)))
+    # fewer than 4 draws: said so, no R-hat or ESS computed
+    conv = check_convergence(_tree({"a": mixed[:, :3]}, np.full((4, 3), 0.3)), warn=False)
+    assert conv.problems == ["3 draws per chain: too few to diagnose (at least 4)"]
 
 
 def test_a_frozen_hand_configured_chain_is_loud_in_the_warning_attrs_and_report():
