@@ -42,7 +42,13 @@ def main(argv=None) -> None:
     p.add_argument("--epsilon", type=float, default=10.0)
     p.add_argument("--delta", type=float, default=1e-6, help="below 1/n = 1/31857")
     p.add_argument("--draws", type=int, default=None, help="default: automatic")
-    p.add_argument("--tune", type=int, default=None, help="default: automatic")
+    p.add_argument(
+        "--tune",
+        type=int,
+        default=None,
+        help="warmup per chain (--manual: default 1000; the automatic mode runs none, see "
+        "docs/auto.md)",
+    )
     p.add_argument("--chains", type=int, default=4)
     p.add_argument(
         "--manual", action="store_true", help="hand-configured DPPenaltyMetropolis instead"

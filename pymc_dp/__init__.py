@@ -1,6 +1,6 @@
 """pymc_dp: differentially private MCMC step methods for PyMC.
 
-Public API: the step methods, `sample` and `privacy_report`.
+Public API: the step methods, `sample`, `privacy_report` and `check_convergence`.
 Docstrings cite papers by key (``[DPHMC]``, ``[Raisa2021]``, ...): the keyed list with DOIs and
 arXiv ids is docs/references.md.
 """
@@ -8,6 +8,7 @@ arXiv ids is docs/references.md.
 from importlib.metadata import PackageNotFoundError, version
 
 from pymc_dp.auto import plan
+from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
 from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
 from pymc_dp.sampling import OneShotWarning, sample
@@ -37,6 +38,7 @@ __all__ = [
     "DPSGLD",
     "DPSGNHT",
     "BudgetExceededError",
+    "ConvergenceWarning",
     "DPFastMH",
     "DPPenaltyMetropolis",
     "DPStep",
@@ -44,6 +46,7 @@ __all__ = [
     "OneShotWarning",
     "PrivacyReport",
     "__version__",
+    "check_convergence",
     "plan",
     "privacy_report",
     "sample",

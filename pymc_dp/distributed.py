@@ -250,14 +250,43 @@ class DaskRecords:
             )
         return chosen
 
+    def _cast_integers(self, key: str, dtype: np.dtype) -> None:
+        """Cast ``arrays[key]`` to the integer ``dtype`` if no value is lost (else refuse)."""
+        a = self._arrays[key]
+        info = np.iinfo(dtype)
+        fits = bool(self._client.compute(((a >= info.min) & (a <= info.max)).all()).result())
+        if not fits:
+            raise ValueError(
+                f"arrays[{key!r}] has dtype {a.dtype}, the model's data {dtype}, and casting "
+                f"the records to {dtype} would change some of them (values outside its range); "
+                "give the model's stand-in the records' dtype"
+            )
+        self._arrays[key] = a.astype(dtype)
+        self._persisted = None  # (re)persisted with the cast array
+
     def store_for(
         self, keys: Sequence[str], templates: Sequence[tuple[np.dtype, tuple[int, ...]]]
     ) -> DaskStore:
         """The store of the arrays ``keys`` (checked against the model's ``templates``:
-        dtype and trailing shape of every data node); persists the arrays on first use."""
+        dtype and trailing shape of every data node); persists the arrays on first use.
+
+        An integer array whose dtype is not the model's integer dtype (PyMC stores an int64
+        ``pm.Data`` array as int32) is cast when the cast is lossless: every value within
+        the model's dtype's range, checked on the workers (one boolean reaches the driver;
+        like every error raised before sampling, the outcome is one bit about the data for
+        the analyst who runs the sampler, never published).
+        """
         _check_client(self._client)
         for k, (dtype, trailing) in zip(keys, templates, strict=True):
             a = self._arrays[k]
+            if (
+                tuple(a.shape[1:]) == tuple(trailing)
+                and np.dtype(a.dtype) != np.dtype(dtype)
+                and np.dtype(a.dtype).kind in "iu"
+                and np.dtype(dtype).kind in "iu"
+            ):
+                self._cast_integers(k, np.dtype(dtype))
+                continue
             if np.dtype(a.dtype) != np.dtype(dtype) or tuple(a.shape[1:]) != tuple(trailing):
                 raise ValueError(
                     f"arrays[{k!r}] has dtype {a.dtype} and rows of shape {tuple(a.shape[1:])}, "

@@ -81,6 +81,11 @@ class PrivacyReport:
         Mean over the run's iterations of the variance of the total noise added to the
         released log-likelihood-ratio sum (from the ``noise_std`` stat; NaN when the step
         does not record it).
+    convergence : str
+        The run's convergence diagnostics in one line (`pymc_dp.diagnostics`; written by
+        `pymc_dp.sample` as the ``dp_convergence`` attribute), or empty when not computed.
+        Printed as the report's first line when the chains did not converge (after the
+        NOT DIFFERENTIALLY PRIVATE lines, if any).
     """
 
     epsilon: float
@@ -104,6 +109,7 @@ class PrivacyReport:
     owner_epsilons: tuple[float, ...] = ()
     noise_variance_factor: int = 1
     total_noise_variance: float = float("nan")
+    convergence: str = ""
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat ``dp_*`` attributes (str, int, float only)."""
@@ -117,6 +123,8 @@ class PrivacyReport:
         return out
 
     def __str__(self) -> str:
+        # first line: NOT DIFFERENTIALLY PRIVATE, else NOT CONVERGED, else the guarantee
+        unconverged = self.convergence.startswith("NOT CONVERGED")
         lines = []
         if not self.private:
             lines += [
@@ -126,13 +134,16 @@ class PrivacyReport:
                 f"at delta = {self.delta:.3g}; that is NOT a guarantee for this result)",
             ]
         else:
+            lines += _wrap_parts(self.convergence, first="") if unconverged else []
             lines.append(f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP")
+        if self.convergence and not (unconverged and self.private):
+            lines += _wrap_parts(self.convergence)
         lines += [
             f"  neighbours: {self.neighbour_relation}",
             f"  {self.chains} chains x {self.iterations // max(self.chains, 1)} iterations "
             f"({self.tuning_iterations} warmup + {self.draws} draws), {self.releases} releases, "
             f"mu = {self.mu:.6g}",
-            f"  {self.mechanism}",
+            *_wrap_parts(self.mechanism),
         ]
         if self.owners:
             lines.append(
@@ -148,8 +159,8 @@ class PrivacyReport:
                 "epsilon above counts every chain and exceeds the calibration target"
             )
         if not self.model_checked:
-            lines.append(
-                "  NOTE: no model was given: that every free variable was sampled by a pymc_dp "
+            lines += _wrap_parts(
+                "NOTE: no model was given: that every free variable was sampled by a pymc_dp "
                 "step and that no stored Deterministic reads the data was not checked "
                 "(pass model=... or call inside the model context)"
             )
@@ -158,6 +169,38 @@ class PrivacyReport:
         if self.raw_data_groups:
             lines.append(f"  WARNING: raw data groups present: {', '.join(self.raw_data_groups)}")
         return "\n".join(lines)
+
+
+#: Width of the printed report's lines.
+REPORT_WIDTH = 100
+
+
+def _wrap_parts(text: str, width: int = REPORT_WIDTH, first: str = "  ") -> list[str]:
+    """``text``'s parts (separated by ``"; "`` outside parentheses), one wrapped block each,
+    indented by ``first`` (continuation lines by four more spaces): the printed report stays
+    a short block of short lines."""
+    import textwrap
+
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and text.startswith("; ", i):
+            parts.append(text[start:i])
+            start = i + 2
+    parts.append(text[start:])
+    return [
+        line
+        for p in parts
+        if p
+        for line in textwrap.wrap(
+            p,
+            width,
+            initial_indent=first,
+            subsequent_indent=first + "    ",
+            break_on_hyphens=False,
+            break_long_words=False,
+        )
+    ]
 
 
 def _groups(idata) -> list[str]:
@@ -509,6 +552,9 @@ def privacy_report(
             both = sd if w is None else np.concatenate([w, sd], axis=1)
             total_var = float(np.mean(both**2))
     report = PrivacyReport(
+        convergence=str(
+            idata.attrs.get("dp_convergence", posterior.attrs.get("dp_convergence", ""))
+        ),
         owners=owners,
         owner_epsilons=tuple([float(epsilon) if not reasons else float("inf")] * owners),
         noise_variance_factor=max(owners, 1),

@@ -17,6 +17,7 @@ import pymc as pm
 import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
+from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
 from pymc_dp.records import (
     ModelNotSupportedError,
     check_model_supported,
@@ -31,7 +32,7 @@ from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 __all__ = ["OneShotWarning", "sample", "check_run_is_private"]
 
 
-class OneShotWarning(UserWarning):
+class OneShotWarning(ConvergenceWarning):
     """The one-shot strategy's result is in doubt (its warm start had not converged)."""
 
 
@@ -122,8 +123,12 @@ def sample(
     Parameters
     ----------
     draws : int, optional
-        Draws per chain, as in `pymc.sample` (default 1000 with a step; chosen by the
-        predicted effective sample size in automatic mode).
+        Draws per chain the result holds, as in `pymc.sample` (default 1000 with a step;
+        chosen by the predicted effective sample size in automatic mode). In automatic mode,
+        a number of draws predicted unusable (each penalty test's noise too large for any
+        proposal to be accepted, or too few iterations for an effective sample size of 100)
+        is warned about (`pymc_dp.auto.configure.RunLengthWarning`, with the predicted
+        acceptance and ESS and the planner's own length) before the chains run.
     epsilon : float
         Target epsilon of the whole run (required unless ``step`` is an instance).
     delta : float
@@ -137,8 +142,14 @@ def sample(
         ``chains`` and ``step_kwargs``: its noise is calibrated so that the whole run meets
         the target. An instance is used as it is (its own calibration).
     tune : int, optional
-        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step;
-        chosen in automatic mode). Warmup iterations are charged.
+        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step).
+        Warmup iterations are charged. In automatic mode the independence proposal is a
+        calibrated private approximation with nothing to adapt: no warmup is run whatever
+        ``tune`` is, its budget goes to the draws, and the result's attributes
+        ``dp_draws_requested``, ``dp_tune_requested`` (-1: not given), ``dp_draws_run``,
+        ``dp_tune_run`` and ``dp_auto_run_length`` say what was asked and done (with
+        ``auto_kwargs={"allow_random_walk": True}`` a chosen random walk adapts its scale
+        over ``tune`` iterations).
     chains : int
         Number of chains, as in `pymc.sample`; the budget covers all of them.
     data_bounds : dict, optional
@@ -178,7 +189,13 @@ def sample(
     Returns
     -------
     arviz.InferenceData (PyMC 5.x) or xarray.DataTree (PyMC 6.x)
-        With ``dp_*`` attributes; read them with `pymc_dp.privacy_report`.
+        With ``dp_*`` attributes; read them with `pymc_dp.privacy_report`. They include the
+        convergence diagnostics of the DP draws (`pymc_dp.diagnostics`): ``dp_max_rhat``,
+        ``dp_min_ess_bulk``, ``dp_acceptance`` (per chain), ``dp_converged`` (1 or 0) and
+        ``dp_convergence`` (one line); when the chains did not converge (R-hat > 1.1, bulk
+        ESS < 100 or a chain accepting under 1 % of proposals) a
+        `pymc_dp.ConvergenceWarning` says so with the numbers and what would help, and the
+        report's first line repeats it.
     """
     model = pm.modelcontext(model)
     if step is None and (inspect.isclass(draws) or isinstance(draws, DPStep | list | tuple)):
@@ -341,12 +358,35 @@ def _run(
         raise
     if not keep_data:
         _drop_groups(idata, RAW_DATA_GROUPS)
-    if presample is not None:
-        attrs = presample.to_attrs()
-        idata.attrs.update(attrs)
-        idata["posterior"].attrs.update(attrs)
+    attrs = {} if presample is None else presample.to_attrs()
+    # loud when the chains did not converge (post-processing of the DP draws); the report's
+    # first line repeats it
+    attrs.update(_convergence_attrs(idata, auto=presample is not None))
+    if attrs.get("dp_oneshot_converged") == 0:
+        # independent draws always mix; the one-shot strategy's own check failed
+        attrs["dp_converged"] = 0
+        attrs["dp_convergence"] = (
+            "NOT CONVERGED (the one-shot approximation's last two Newton steps disagree "
+            f"beyond their noise: chi-square {attrs['dp_oneshot_step_chi2']:.4g}; its "
+            "intervals were widened)"
+        )
+    idata.attrs.update(attrs)
+    idata["posterior"].attrs.update(attrs)
     privacy_report(idata, delta, model=model)
     return idata
+
+
+def _convergence_attrs(idata, *, auto: bool) -> dict:
+    """R-hat, bulk ESS and acceptance of the run as attributes; a warning when unconverged."""
+    hint = (
+        "a larger epsilon or more records; with draws given, draws=None lets the planner "
+        "choose the run length"
+        if auto
+        else "more draws, a larger epsilon, or the automatic mode (pymc_dp.sample with "
+        "step=None), which configures its step privately"
+    )
+    # the warning points at the caller of pymc_dp.sample
+    return check_convergence(idata, hint=hint, stacklevel=6 if auto else 5).to_attrs()
 
 
 def _sample_auto(

@@ -17,6 +17,9 @@ from pymc_dp.auto.intervals import split_candidates
 
 __all__ = ["DerivedBounds", "check_data_bounds", "clip_plan"]
 
+#: Prefix of the label of a data array without a name (internal).
+_UNNAMED = "\x00unnamed:"
+
 
 def check_data_bounds(model: pm.Model, data_bounds) -> dict[str, tuple[float, float]]:
     """Validate ``{name: (low, high)}`` against the model's observed variables and data.
@@ -176,7 +179,8 @@ class DerivedBounds:
                         )
                 self._boxes[row] = (np.full(shape, float(low)), np.full(shape, float(high)))
             else:
-                missing[row.name] = known or [f"an unnamed array of shape {node.type}"]
+                # an unnamed array: its dtype and number of dimensions (the user's terms)
+                missing[row.name] = known or [f"{_UNNAMED}{row.dtype}, {len(shape) + 1}-d"]
         self._missing = missing
         self.reason = ""
         self.gradient_ok = self._check(self._grad, ancestors, "gradient")
@@ -189,10 +193,17 @@ class DerivedBounds:
         read = {v for v in ancestors([out]) if getattr(v, "name", None) in self._missing}
         if read:
             labels = sorted({n for v in read for n in self._missing[v.name]})
-            self.reason = (
-                f"the per-record {what} reads data without declared bounds: "
-                f"{', '.join(map(str, labels))} (declare them in data_bounds, or wrap a numpy "
-                "array in pm.Data('name', ...) to name it)"
+            named = [x for x in labels if not x.startswith(_UNNAMED)]
+            unnamed = [x.removeprefix(_UNNAMED) for x in labels if x.startswith(_UNNAMED)]
+            parts = [f"{', '.join(named)} (declare their bounds in data_bounds)"] if named else []
+            if unnamed:
+                parts.append(
+                    f"{len(unnamed)} unnamed array(s) of one row per record "
+                    f"({'; '.join(unnamed)}): a numpy array written into the model has no "
+                    "name to declare bounds by; wrap it in pm.Data('name', ...)"
+                )
+            self.reason = f"the per-record {what} reads data without declared bounds: " + (
+                "; ".join(parts)
             )
             return False
         try:  # structural: a point of q at 0 is enough to see every operation
@@ -338,10 +349,14 @@ def clip_plan(
         )
     hist = "DP histogram"
     why = f" ({derived.reason})" if derived.reason else ""
-    if not derived.gradient_ok:
+    if not derive_clips:
+        # by default the bounds are checked, not used for the clips: why they could not be
+        # used would be advice that changes nothing
+        grad = hist + " (derive_clips=False)"
+    elif not derived.gradient_ok:
         grad = hist + why
     else:
-        grad = "data_bounds" if derive_clips else hist + " (derive_clips=False)"
+        grad = "data_bounds"
     sources = {"warm-start gradient clip": grad, "control-variate clip": grad}
     if grad == "data_bounds" and derived.hessian_ok and derive_residual:
         sources["penalty-test clip"] = "data_bounds"

@@ -23,6 +23,7 @@ Steps 2-4 depend on the data only through released (noisy) values: post-processi
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ from pymc_dp.auto.oneshot import (
     release_gradient_sum,
 )
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
+from pymc_dp.diagnostics import MIN_ACCEPT, MIN_ESS, ConvergenceWarning
 from pymc_dp.kernels.warmstart import (
     clip_grid,
     histogram_from_counts,
@@ -138,6 +140,11 @@ class AutoPlan:
     draws_cov: np.ndarray | None = None
     #: the one-shot result and its convergence check (DP outputs)
     oneshot: NoiseAwareLaplace | None = None
+    #: the run length the user asked for (``None``: chosen by the planner)
+    draws_requested: int | None = None
+    tune_requested: int | None = None
+    #: what was done with it, in words (data-free)
+    run_length_note: str = ""
 
     def to_attrs(self) -> dict:
         """Data-free attributes the privacy report composes with the sampling phase."""
@@ -162,6 +169,12 @@ class AutoPlan:
         if self.recentred:
             # structure only (variable names): which blocks were sampled in centred coordinates
             out["dp_auto_recentred"] = "; ".join(self.recentred)
+        # public: the run length asked for (-1: not given) and the one run
+        out["dp_draws_requested"] = -1 if self.draws_requested is None else self.draws_requested
+        out["dp_tune_requested"] = -1 if self.tune_requested is None else self.tune_requested
+        out["dp_draws_run"], out["dp_tune_run"] = int(self.draws), int(self.tune)
+        if self.run_length_note:
+            out["dp_auto_run_length"] = self.run_length_note
         return out
 
     def describe(self) -> str:
@@ -630,9 +643,26 @@ def auto_configure(
     # -- phase 4: sampling, with the budget left ----------------------------------------------
     mu_left = mu_total - sum(p.mu for p in plan.phases)
     plan.prediction = pred
+    plan.draws_requested, plan.tune_requested = draws, tune
+    _warn_unusable_length(
+        plan, pred, mu_left, llr_step, fixed=fixed, lo=chains * 50, hi=max_iterations
+    )
     if pred.proposal == "independent":
-        plan.tune = 0 if tune is None else int(tune)
+        # an independence proposal adapts nothing in warmup (`DPPenaltyMetropolis` does not
+        # tune its scale): warmup iterations would only spend budget, so none are run
+        plan.tune = 0
         plan.draws = draws if fixed else max(50, pred.iterations // chains)
+        plan.run_length_note = (
+            f"{plan.draws} draws per chain"
+            + (" (as requested)" if fixed else " (chosen by the predicted effective sample size)")
+            + (
+                f"; tune={tune} requested, no warmup run: the independence proposal is a "
+                "calibrated private approximation with nothing to adapt, so its budget went "
+                "to the draws"
+                if tune
+                else "; no warmup"
+            )
+        )
         # a little wider than the approximation: an independence sampler suffers from a
         # proposal narrower than its target (heavy importance weights in the tails)
         kwargs = {
@@ -648,6 +678,10 @@ def auto_configure(
     else:
         plan.tune = max(100, rw_len // chains // 5) if tune is None else int(tune)
         plan.draws = draws if fixed else max(50, rw_len // chains - plan.tune)
+        plan.run_length_note = (
+            f"{plan.draws} draws per chain after {plan.tune} warmup iterations (random walk: "
+            "its scale adapted from the accept decisions, warmup charged and discarded)"
+        )
         step = 2.38 / math.sqrt(1.0 + (pred.test_noise_std / max(2.38, 1e-12)) ** 2)
         kwargs = {
             "proposal": "gaussian",
@@ -729,6 +763,60 @@ def _one_shot(plan, fns, coords, info, anchor_q, anchor_map, free, draws, rng) -
     # published in the model's coordinates (delta method for the covariance)
     plan.laplace_mean = coords.to_q(result.mean)
     plan.laplace_cov = coords.cov_in_q(result.mean, result.cov)
+    plan.draws_requested, plan.tune_requested = draws, tune
     plan.draws = ONESHOT_DRAWS if draws is None else int(draws)
     plan.tune = 0  # independent draws: nothing to adapt, nothing to discard
+    plan.run_length_note = (
+        f"{plan.draws} independent draws per chain from the one-shot approximation; no warmup "
+        "(nothing to adapt)" + ("" if not tune else f", tune={tune} not run and not charged")
+    )
     return plan
+
+
+class RunLengthWarning(ConvergenceWarning):
+    """The run about to be made is predicted to give unusable chains (from DP outputs)."""
+
+
+def _warn_unusable_length(
+    plan: AutoPlan, pred: Prediction, mu_s: float, llr_step: float, *, fixed: bool, lo: int, hi: int
+) -> None:
+    """Warn, before the chains run, when the run is predicted unusable.
+
+    Unusable: a predicted acceptance rate under `pymc_dp.diagnostics.MIN_ACCEPT` or a
+    predicted effective sample size under `pymc_dp.diagnostics.MIN_ESS` (the thresholds of
+    the check made after the run). With ``draws`` given (``fixed``) the warning also names
+    the length the planner would choose (`best_independent_length` over ``[lo, hi]``
+    iterations at the same sampling budget ``mu_s``). Post-processing of DP outputs (the
+    clip bound and the approximation); the predictions assume the proposal fits the
+    posterior, so they are optimistic.
+    """
+    if pred.proposal != "independent" or (pred.accept >= MIN_ACCEPT and pred.ess >= MIN_ESS):
+        return
+    per = max(plan.chains, 1)
+    text = (
+        (f"draws={pred.iterations // per}" if fixed else f"{pred.iterations // per} draws")
+        + " per chain "
+        f"({pred.iterations} iterations over {plan.chains} chains) is predicted unusable at "
+        f"this budget: acceptance {pred.accept:.3g}, effective sample size {pred.ess:.0f} "
+        f"(usable: acceptance >= {MIN_ACCEPT:g}, ESS >= {MIN_ESS:.0f})"
+    )
+    best = (
+        best_independent_length(mu_s, llr_step, minimum=lo, maximum=max(lo, hi)) if fixed else pred
+    )
+    if fixed and best.ess > 1.5 * pred.ess:
+        why = (
+            "each penalty test's noise, spread over that many iterations, is too large"
+            if pred.iterations > best.iterations
+            else "too few iterations"
+        )
+        text += (
+            f": {why}; the planner would run draws={best.iterations // per} per chain "
+            f"(acceptance {best.accept:.3g}, effective sample size {best.ess:.0f}): leave "
+            "draws=None"
+        )
+    if best.ess < MIN_ESS:
+        text += (
+            f"; no run length reaches an effective sample size of {MIN_ESS:.0f} at this "
+            "budget: give a larger epsilon (or more records)"
+        )
+    warnings.warn(text, RunLengthWarning, stacklevel=5)  # the caller of pymc_dp.sample

@@ -344,7 +344,12 @@ def interval_eval(
                 value_pos = {k for k, v in enumerate(node.inputs) if v.type.ndim > 0}
             for k, iv in enumerate(ins):
                 if k not in value_pos and not _is_point(iv):
-                    raise IntervalUnsupported(f"{name} with an interval index or shape")
+                    raise IntervalUnsupported(
+                        "indexing by a data array (e.g. a group index, z[g]): the entry each "
+                        "record reads is not bounded by a box"
+                        if "Subtensor" in name
+                        else f"a shape read from the data ({name})"
+                    )
             pairs = list(enumerate(zip(ins, node.inputs, strict=True)))
             los = _perform(node, [_cast(i[0], v, k in value_pos) for k, (i, v) in pairs])
             his = _perform(node, [_cast(i[1], v, k in value_pos) for k, (i, v) in pairs])

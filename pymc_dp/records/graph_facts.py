@@ -127,6 +127,13 @@ def _record_data_read(graphs, model: pm.Model, n: int, exclude=frozenset()) -> l
     (``pm.Data`` container or numpy constant) with one row per record (leading length ``n``).
     Only graph structure and static shapes are inspected, never data values. Variables in
     ``exclude`` (the shared stand-ins of parameters another step samples) are skipped.
+
+    With one record (``n = 1``) a one-dimensional constant of length 1 is not counted: it
+    cannot be told by its shape from a parameter's shape or a broadcast scalar (PyMC makes
+    the constants ``[3]``, ``[0]`` and ``[5]`` of ``pm.Normal("b", 0, 5, shape=3)``), and a
+    record's value written into the model as such a constant is a number written into the
+    model, which no shape rule detects at any ``n`` (see docs/privacy.md on aggregates).
+    ``pm.Data`` containers and the observed data are still counted.
     """
     observed = {_observed_data(model, rv) for rv in model.observed_RVs}
     observed_rvs = set(model.observed_RVs)
@@ -140,6 +147,8 @@ def _record_data_read(graphs, model: pm.Model, n: int, exclude=frozenset()) -> l
             or (isinstance(a, SharedVariable) and isinstance(a.type, pt.TensorType))
         ):
             hit = a.ndim >= 1 and _static_leading_length(a) == n
+            if n == 1 and a.ndim == 1 and isinstance(a, pt.TensorConstant):
+                hit = False
         if hit:
             names.append(a.name or f"an unnamed array of {n} rows")
     return sorted(set(names))

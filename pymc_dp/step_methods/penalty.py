@@ -142,7 +142,10 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         ``grad_sum`` must then be the released sum of those ``c_i``.
     scaling : float
         Initial global scale ``s``; adapted during warmup from the acceptance decisions only
-        (post-processing of DP outputs) toward ``target_accept``.
+        (post-processing of DP outputs) toward ``target_accept``. Not adapted with
+        ``proposal="independent"``: an independence proposal is calibrated, and shrinking it
+        toward a target acceptance rate freezes the chain (warmup iterations are then
+        plain iterations, discarded by ``pm.sample`` and charged).
     target_accept : float, optional
         Target acceptance rate of the warmup adaptation (default 0.234 for full-vector
         proposals, 0.44 for one-coordinate proposals).
@@ -375,7 +378,12 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             y_out, ld_out = (y1, log_det1) if accepted else (y, log_det)
             q_out, lp_out = self._free_moves(q_out, y_out, lp_out, ld_out)
         self._remember_prior(q_out, lp_out)
-        if self.tune:
+        if self.tune and self.proposal != "independent":
+            # an independence proposal is calibrated (e.g. a private Laplace approximation):
+            # its scale is not adapted. Driven toward a target acceptance rate from the low
+            # acceptance of a noisy test it shrinks without bound (to ~1e-6 over 300
+            # iterations), and the Hastings ratio of a state far from the proposal's mean in
+            # those units then rejects every proposal: the chain freezes.
             self._adapt_scaling(accepted)
         stats = {
             "accepted": float(accepted),

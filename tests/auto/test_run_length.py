@@ -1,0 +1,115 @@
+"""``draws`` and ``tune`` as a PyMC user means them (issue 27 item 1): warmup never freezes an
+independence proposal, the automatic mode runs the draws asked for and says what it did with
+``tune``, and a run length predicted unusable is warned about before the chains run."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+from conftest import normal_mean_model
+
+import pymc_dp
+from pymc_dp.auto import auto_configure
+from pymc_dp.auto.configure import RunLengthWarning
+from pymc_dp.diagnostics import ConvergenceWarning
+
+SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
+
+
+def _hierarchical(n: int, groups: int = 5, seed: int = 0) -> pm.Model:
+    """Non-centred hierarchical normal model with a group index, sigma unknown."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(groups, size=n)
+    y = 1.0 + rng.normal(0, 1, groups)[g] + rng.normal(0, 1, n)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 5)
+        tau = pm.HalfNormal("tau", 2)
+        z = pm.Normal("z", 0, 1, shape=groups)
+        sigma = pm.HalfNormal("sigma", 2)
+        pm.Normal("y", mu + tau * z[g], sigma, observed=y)
+    return model
+
+
+def test_independence_proposal_keeps_its_scale_through_warmup():
+    """Driven toward 0.44 from a low acceptance, the scale of an independence proposal used
+    to shrink without bound in warmup (to 3e-6 in 300 iterations) and the chain then froze.
+    It is calibrated: warmup leaves it alone, and the chain still moves after warmup."""
+    model, mean, sd = normal_mean_model(n=200, seed=2)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0,
+            noise_multiplier=2.5,  # acceptance well under 0.44 from the noise alone
+            proposal="independent",
+            proposal_mean=mean,
+            proposal_cov=np.diag((1.2 * sd) ** 2),
+        )
+        idata = pm.sample(
+            100, tune=300, chains=2, cores=1, step=step, random_seed=1,
+            initvals={"theta": mean}, discard_tuned_samples=False, **SAMPLE,
+        )  # fmt: skip
+    for group in ("warmup_sample_stats", "sample_stats"):
+        np.testing.assert_array_equal(idata[group]["scaling"].values, 1.0)
+    acc = idata["sample_stats"]["accepted"].mean("draw").values
+    assert np.all(acc > 0.05) and np.all(acc < 0.44), acc
+
+
+@pytest.mark.slow
+def test_tune_does_not_freeze_the_automatic_mode_on_a_hierarchical_model():
+    """The pm.sample habit ``tune=`` on the non-centred hierarchical model: acceptance 0 in
+    every chain before (R-hat 3e7); now no warmup is run (it adapts nothing), the draws are the
+    draws asked for, the attributes say so, and every chain moves."""
+    model = _hierarchical(n=5000)
+    with model:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # 100 draws: ESS < 100
+            idata = pymc_dp.sample(
+                100, tune=100, epsilon=10.0, delta=1e-6, chains=2, random_seed=1, **SAMPLE
+            )
+    post = idata["posterior"]
+    assert post.sizes["draw"] == 100 and post.sizes["chain"] == 2
+    a = idata.attrs
+    assert (a["dp_draws_requested"], a["dp_tune_requested"]) == (100, 100)
+    assert (a["dp_draws_run"], a["dp_tune_run"]) == (100, 0)
+    assert "tune=100 requested, no warmup run" in a["dp_auto_run_length"]
+    acc = idata["sample_stats"]["accepted"].mean("draw").values
+    assert np.all(acc > 0.1), acc
+    np.testing.assert_allclose(np.asarray(a["dp_acceptance"]), acc)
+    for name in ("sigma", "mu", "z"):  # every chain moves: many distinct values
+        x = post[name].values.reshape(2, 100, -1)
+        assert all(np.unique(x[c, :, 0]).size > 10 for c in range(2)), name
+    assert float(a["dp_max_rhat"]) < 1.3
+    report = pymc_dp.privacy_report(idata, model=model, attach=False)
+    assert report.tuning_iterations == 0 and report.draws == 100
+    assert report.epsilon <= 10.0 + 1e-9
+
+
+def test_a_run_length_predicted_unusable_is_warned_before_the_chains():
+    """draws so many that each test's noise leaves almost nothing accepted: warned with the
+    predicted acceptance and ESS and the planner's own length, by auto_configure (before the
+    sampling phase reads the data); the planner's own length is not warned about."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, 3000)
+    y = rng.random(3000) < 1 / (1 + np.exp(-(0.5 + x)))
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 3, shape=2)
+        pm.Bernoulli("y", logit_p=b[0] + b[1] * x, observed=y)
+    kw = dict(epsilon=10.0, delta=1e-5, chains=2, tune=None)
+    with model:
+        with pytest.warns(RunLengthWarning) as rec:
+            plan = auto_configure(model, draws=1_000_000, rng=np.random.default_rng(0), **kw)
+        text = str(rec[0].message)
+        assert text.startswith("draws=1000000 per chain (2000000 iterations over 2 chains)")
+        assert "is too large; the planner would run draws=" in text
+        acc = float(text.split("acceptance ")[1].split(",")[0])
+        assert acc < 0.01 and acc == pytest.approx(plan.prediction.accept, rel=1e-2)
+        assert plan.draws == 1_000_000 and plan.draws_requested == 1_000_000
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RunLengthWarning)
+            chosen = auto_configure(model, draws=None, rng=np.random.default_rng(0), **kw)
+    assert issubclass(RunLengthWarning, ConvergenceWarning)
+    assert chosen.prediction.accept > 0.1 and chosen.prediction.ess >= 100
+    assert chosen.to_attrs()["dp_draws_requested"] == -1
+    assert "chosen by the predicted effective sample size" in chosen.run_length_note
