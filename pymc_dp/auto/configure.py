@@ -560,7 +560,7 @@ def auto_configure(
     anchor_map = coords.transform(anchor_q, np.linalg.inv(basis))
     free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
     if one_shot:
-        return _one_shot(plan, fns, coords, info, anchor_q, anchor_map, free, draws, rng)
+        return _one_shot(plan, fns, coords, info, free, draws, tune, rng)
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
     # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
@@ -722,7 +722,7 @@ def auto_configure(
 ONESHOT_DRAWS = 1000
 
 
-def _one_shot(plan, fns, coords, info, anchor_q, anchor_map, free, draws, rng) -> AutoPlan:
+def _one_shot(plan, fns, coords, info, free, draws, tune, rng) -> AutoPlan:
     """The one-shot strategy's two last releases and its noise-aware Laplace approximation
     (`pymc_dp.auto.oneshot`): the clipped gradient sum at the warm start's last iterate and
     at the end of the Newton step it gives, with all the budget left, half each."""
