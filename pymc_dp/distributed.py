@@ -251,17 +251,13 @@ class DaskRecords:
         return chosen
 
     def _cast_integers(self, key: str, dtype: np.dtype) -> None:
-        """Cast ``arrays[key]`` to the integer ``dtype`` if no value is lost (else refuse)."""
-        a = self._arrays[key]
+        """Cast ``arrays[key]`` to the integer ``dtype``, values outside its range clipped to
+        it: a per-record transform fixed in advance (like declared data bounds), decided
+        without reading the data (a check of the values would tell the driver one bit about
+        them, outside any privacy mechanism)."""
         info = np.iinfo(dtype)
-        fits = bool(self._client.compute(((a >= info.min) & (a <= info.max)).all()).result())
-        if not fits:
-            raise ValueError(
-                f"arrays[{key!r}] has dtype {a.dtype}, the model's data {dtype}, and casting "
-                f"the records to {dtype} would change some of them (values outside its range); "
-                "give the model's stand-in the records' dtype"
-            )
-        self._arrays[key] = a.astype(dtype)
+        a = self._arrays[key]
+        self._arrays[key] = a.clip(max(info.min, np.iinfo(a.dtype).min), info.max).astype(dtype)
         self._persisted = None  # (re)persisted with the cast array
 
     def store_for(
@@ -271,10 +267,8 @@ class DaskRecords:
         dtype and trailing shape of every data node); persists the arrays on first use.
 
         An integer array whose dtype is not the model's integer dtype (PyMC stores an int64
-        ``pm.Data`` array as int32) is cast when the cast is lossless: every value within
-        the model's dtype's range, checked on the workers (one boolean reaches the driver;
-        like every error raised before sampling, the outcome is one bit about the data for
-        the analyst who runs the sampler, never published).
+        ``pm.Data`` array as int32) is cast to it, values outside the model's dtype's range
+        clipped to that range (`_cast_integers`: no data is read to decide).
         """
         _check_client(self._client)
         for k, (dtype, trailing) in zip(keys, templates, strict=True):
