@@ -86,6 +86,10 @@ class PrivacyReport:
         `pymc_dp.sample` as the ``dp_convergence`` attribute), or empty when not computed.
         Printed as the report's first line when the chains did not converge (after the
         NOT DIFFERENTIALLY PRIVATE lines, if any).
+    method : str
+        The automatic mode's strategy (``dp_method``: ``"laplace"``, the one-shot
+        noise-aware private Laplace approximation, or ``"chain"``); empty for a run with a
+        step given by the user. On the guarantee's line.
     """
 
     epsilon: float
@@ -110,6 +114,7 @@ class PrivacyReport:
     noise_variance_factor: int = 1
     total_noise_variance: float = float("nan")
     convergence: str = ""
+    method: str = ""
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat ``dp_*`` attributes (str, int, float only)."""
@@ -135,7 +140,14 @@ class PrivacyReport:
             ]
         else:
             lines += _wrap_parts(self.convergence, first="") if unconverged else []
-            lines.append(f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP")
+            lines.append(
+                f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP"
+                + (
+                    f"; automatic mode: {_METHODS.get(self.method, self.method)}"
+                    if self.method
+                    else ""
+                )
+            )
         if self.convergence and not (unconverged and self.private):
             lines += _wrap_parts(self.convergence)
         lines += [
@@ -170,6 +182,12 @@ class PrivacyReport:
             lines.append(f"  WARNING: raw data groups present: {', '.join(self.raw_data_groups)}")
         return "\n".join(lines)
 
+
+#: The automatic mode's strategies, as the report names them.
+_METHODS = {
+    "laplace": "one-shot noise-aware private Laplace approximation (method='laplace')",
+    "chain": "penalty chain (method='chain')",
+}
 
 #: Width of the printed report's lines.
 REPORT_WIDTH = 100
@@ -529,6 +547,13 @@ def privacy_report(
             f"sampler stats {foreign} come from a step that is not a pymc_dp step (it read "
             "the data without a privacy mechanism)"
         )
+    required = _per_iteration(stats, "dp_presample_required")
+    if required is not None and np.any(required > 0) and not pre_mu > 0:
+        reasons.append(
+            "the draws come from releases made before sampling (the automatic mode's one-shot "
+            "strategy) whose accounting (the dp_presample_* attributes) this result does not "
+            "carry"
+        )
     if model is None:
         import pymc as pm
 
@@ -552,6 +577,7 @@ def privacy_report(
             both = sd if w is None else np.concatenate([w, sd], axis=1)
             total_var = float(np.mean(both**2))
     report = PrivacyReport(
+        method=str(idata.attrs.get("dp_method", posterior.attrs.get("dp_method", ""))),
         convergence=str(
             idata.attrs.get("dp_convergence", posterior.attrs.get("dp_convergence", ""))
         ),

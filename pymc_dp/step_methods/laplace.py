@@ -66,7 +66,12 @@ class DPLaplaceDraws(DPStep):
     """
 
     name = "dp_laplace_draws"
-    stats_dtypes_shapes = {**DPStep.stats_dtypes_shapes}
+    stats_dtypes_shapes = {
+        **DPStep.stats_dtypes_shapes,
+        # data-free: these draws come from releases made before sampling, whose accounting
+        # the result must carry (`pymc_dp.privacy_report` refuses to vouch without it)
+        "dp_presample_required": (np.int64, []),
+    }
 
     def __init__(
         self,
@@ -114,7 +119,8 @@ class DPLaplaceDraws(DPStep):
     def _dp_astep(self, q0):
         y = self.mean + self.chol @ self.rng.normal(size=self.mean.size)
         q = y if self.to_q is None else self.to_q(y)
-        return RaveledVars(np.asarray(q, dtype=q0.data.dtype), q0.point_map_info), {"accepted": 1.0}
+        stats = {"accepted": 1.0, "dp_presample_required": 1}
+        return RaveledVars(np.asarray(q, dtype=q0.data.dtype), q0.point_map_info), stats
 
     def released_mu(self) -> float:
         return 0.0

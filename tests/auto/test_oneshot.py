@@ -194,3 +194,10 @@ def test_sample_one_shot_is_private_honest_and_fast_to_a_closed_form():
         assert post_sd <= s * 1.1 and s < 3 * post_sd
         report = pymc_dp.privacy_report(idata, model=model)
         assert report.private and report.epsilon <= 3.0
+        assert "one-shot noise-aware private Laplace" in str(report).splitlines()[0]
+    # without the pre-sampling phases' accounting the report cannot vouch for the draws
+    for attrs in (idata.attrs, idata["posterior"].attrs):
+        attrs.pop("dp_presample_mu")
+    with pytest.warns(UserWarning, match="NOT differentially private"):
+        stripped = pymc_dp.privacy_report(idata, model=model, attach=False)
+    assert not stripped.private and "before sampling" in stripped.not_private_reasons[0]
