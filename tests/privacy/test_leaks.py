@@ -186,8 +186,8 @@ def test_no_sentinel_published_by_the_automatic_mode(method, caplog):
             epsilon=2.0, delta=1e-5, chains=2, cores=1, random_seed=5,
             auto_kwargs={"max_iterations": 400, "method": method}, **SAMPLE,
         )  # fmt: skip
-    assert idata.attrs["dp_method"] == method
         report = pymc_dp.privacy_report(idata)
+    assert idata.attrs["dp_method"] == method
     assert "warm start" in idata.attrs["dp_phases"]
     published = _strings(idata) + [str(report)]
     published += [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
