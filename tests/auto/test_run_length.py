@@ -96,7 +96,7 @@ def test_a_run_length_predicted_unusable_is_warned_before_the_chains():
     with pm.Model() as model:
         b = pm.Normal("b", 0, 3, shape=2)
         pm.Bernoulli("y", logit_p=b[0] + b[1] * x, observed=y)
-    kw = dict(epsilon=10.0, delta=1e-5, chains=2, tune=None)
+    kw = dict(epsilon=10.0, delta=1e-5, chains=2, tune=None, method="chain")
     with model:
         with pytest.warns(RunLengthWarning) as rec:
             plan = auto_configure(model, draws=1_000_000, rng=np.random.default_rng(0), **kw)
