@@ -1,0 +1,373 @@
+"""The noise each release actually carries, measured at the call site the library uses.
+
+Issue 31: a test of a sensitivity constant, or of a mechanism called with noise ~0, lets a
+halved or mis-scaled noise through. Here every release is measured as *released minus
+exact*: the exact clipped sums come from spies on the callables (or record functions) the
+library reads the data through, the released values from what the library passes on
+(the centre of the outer products, the next iterate, the released precision, the returned
+histogram, the log acceptance ratio). Standardised by ``multiplier x sensitivity`` (the
+sensitivity from its first principles: ``sqrt 2`` for a histogram, ``2 b`` for a sum of
+vectors clipped to norm ``b``, ``sqrt 2 b'^2`` for a sum of their outer products, all
+under replace-one), the noise must be a standard normal sample: the sum of squares is
+checked against its chi-square quantiles (two-sided, 1e-6) and the mean against 5 standard
+errors. Every test is seeded; `dev/mutants.py` plants the mis-scaled noises they catch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import pymc_dp.kernels.warmstart as warmstart
+from pymc_dp.kernels.warmstart import clip_grid, private_laplace
+
+SQRT2 = float(np.sqrt(2.0))
+
+
+def assert_standard_normal(u, label: str) -> None:
+    """``u`` should be an iid N(0, 1) sample: chi-square test of its sum of squares
+    (two-sided at 1e-6, df = its size) and a z-test of its mean (5 standard errors).
+
+    Parameters
+    ----------
+    u : array_like
+        The standardised noise (released minus exact, over its claimed std).
+    label : str
+        Names the release in the failure message.
+    """
+    u = np.ravel(np.asarray(u, dtype=float))
+    n = u.size
+    assert n >= 200, f"{label}: only {n} draws, too few for the test"
+    lo, hi = stats.chi2.ppf([1e-6, 1.0 - 1e-6], n)
+    ss = float(u @ u)
+    assert lo < ss < hi, (
+        f"{label}: sum of squares {ss:.1f} of {n} standardised draws outside "
+        f"[{lo:.1f}, {hi:.1f}]: the noise variance is {ss / n:.3f} times the claimed one"
+    )
+    assert abs(u.mean()) < 5.0 / np.sqrt(n), f"{label}: mean {u.mean():.4f} of {n} draws"
+
+
+# -- a quadratic log-likelihood, exact clipped sums given directly ------------------------------
+# The warm start never sees the data: it calls ``clipped_moments`` and ``grad_counts_above``
+# and adds the noise itself. These fakes return fixed "exact" values (every record of norm
+# ``RECORD_NORM`` times the grid's middle, the gradient sum of a quadratic log-likelihood with
+# curvature ``H``, the outer-product sum ``H``); they also record what the kernel passed.
+D, N = 6, 10_000
+C = 0.7 * np.eye(D) + 0.3  # correlations: every off-diagonal entry far above its noise
+H = N * C
+MU = np.linspace(-0.3, 0.3, D)  # the likelihood's mode (Newton steps stay in the trust region)
+PRIOR_PREC = 0.01  # N(0, 10^2) prior on every coordinate, data-free
+Z_HIST, Z_GRAD, Z_OUTER = 2.0, 1.5, 0.8
+
+
+class _Fakes:
+    """The data callables of `private_laplace`, recording every call."""
+
+    def __init__(self) -> None:
+        self.moments: list[dict] = []
+        self.counts: list[dict] = []
+
+    def clipped_moments(self, q, b, b_outer, m, centre=None):
+        s1 = m @ (H @ (MU - q))  # whitened coordinates: sums of M g_i
+        self.moments.append(
+            {"q": q.copy(), "b": b, "b_outer": b_outer, "m": m.copy(), "centre": centre, "s1": s1}
+        )
+        return s1.copy(), H.copy()
+
+    def grad_counts_above(self, q, grid, m):
+        norm = 1.5 * grid[grid.size // 3]  # every record's gradient norm: one bin of the grid
+        out = np.where(grid < norm, N, 0)
+        self.counts.append({"grid": grid.copy(), "counts": out})
+        return out
+
+
+def _laplace(fakes, seed, *, centred=True, newton_steps=2, z_outer=Z_OUTER, z_hist=Z_HIST):
+    return private_laplace(
+        q0=np.zeros(D), n=N, prior_grad=lambda q: -PRIOR_PREC * q,
+        prior_curvature=lambda q: PRIOR_PREC * np.eye(D),
+        clipped_moments=fakes.clipped_moments, grad_counts_above=fakes.grad_counts_above,
+        grid=clip_grid(1e-3, 1e4, 29), quantile=0.995,
+        grad_noise_multiplier=Z_GRAD, outer_noise_multiplier=z_outer,
+        hist_noise_multiplier=z_hist, newton_steps=newton_steps,
+        rng=np.random.default_rng(seed), centred=centred,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def laplace_runs():
+    """60 seeded runs of the warm start (3 iterations each, centred Newton steps first),
+    with a spy on the noisy-histogram release it calls."""
+    histograms = []
+    real = warmstart.noisy_histogram_quantile
+
+    def spy(hist, grid, quantile, noise_multiplier, rng):
+        bound, noisy = real(hist, grid, quantile, noise_multiplier, rng)
+        histograms.append((np.array(hist, dtype=float), np.array(noisy)))
+        return bound, noisy
+
+    runs = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(warmstart, "noisy_histogram_quantile", spy)
+        for seed in range(60):
+            fakes = _Fakes()
+            info = _laplace(fakes, seed)
+            runs.append((fakes, info))
+    return runs, histograms
+
+
+def test_warm_start_histograms_carry_noise_z_sqrt2(laplace_runs):
+    """Each gradient-norm histogram the warm start releases is the exact one plus
+    N(0, (z sqrt 2)^2) per bin, ``z`` the ``hist_noise_multiplier`` it was given (replace-one
+    moves one record between two bins: L2 sensitivity sqrt 2)."""
+    runs, histograms = laplace_runs
+    assert len(histograms) == 3 * len(runs)  # one per iteration
+    exact_from_counts = [warmstart.histogram_from_counts(N, c["counts"]) for c in runs[0][0].counts]
+    np.testing.assert_array_equal([h for h, _ in histograms[:3]], exact_from_counts)
+    noise = np.concatenate([noisy - hist for hist, noisy in histograms])
+    assert_standard_normal(noise / (Z_HIST * SQRT2), "warm-start gradient-norm histograms")
+
+
+def test_newton_gradient_sums_carry_noise_z_2b(laplace_runs):
+    """Newton branch: the released gradient sum is passed back, as ``n`` times the centre of
+    the outer products; minus the exact clipped sum it is N(0, (z_g 2 b)^2) per coordinate,
+    ``b`` the clip bound the sum was taken at (replace-one changes one clipped vector of
+    norm <= b: sensitivity 2 b)."""
+    runs, _ = laplace_runs
+    u = []
+    for fakes, _ in runs:
+        calls = fakes.moments
+        for first, second in zip(calls, calls[1:], strict=False):
+            if first["centre"] is None and second["centre"] is not None:
+                assert second["b"] == first["b"] and np.array_equal(second["q"], first["q"])
+                noise = N * second["centre"] - first["s1"]
+                u.append(noise / (Z_GRAD * 2.0 * first["b"]))
+    assert len(u) >= 100  # most iterations are Newton steps
+    assert_standard_normal(np.concatenate(u), "warm-start gradient sums (Newton branch)")
+
+
+def test_outer_product_sums_carry_noise_z_sqrt2_b_outer_squared(laplace_runs):
+    """The last iteration's outer-product sum is read back from the released precision
+    ``L (S2 + E) L^T + P`` (``L`` the whitening that iteration used, ``P`` the prior's
+    curvature; every entry of this ``S2`` is far above the thresholds, so nothing is floored
+    or dropped): its upper triangle minus the exact sum is N(0, (z_F sqrt 2 b'^2)^2), ``b'``
+    the outer products' clip bound (Frobenius sensitivity sqrt 2 b'^2)."""
+    runs, _ = laplace_runs
+    u = []
+    iu = np.triu_indices(D)
+    for fakes, info in runs:
+        last = fakes.moments[-1]
+        m = last["m"]
+        s2 = m @ (info.precision - PRIOR_PREC * np.eye(D)) @ m.T
+        noise = (s2 - H)[iu]
+        u.append(noise / (Z_OUTER * SQRT2 * last["b_outer"] ** 2))
+    assert_standard_normal(np.concatenate(u), "warm-start outer-product sums")
+
+
+def test_uncentred_gradient_sums_carry_noise_z_2b():
+    """Uncentred branch (``centred=False``): the released gradient sum sets the first step,
+    ``q1 = q0 + (S2 + P)^-1 (S1 + E + grad log prior(q0))`` (outer-product noise ~0 here so
+    that ``S2 + P`` is known exactly, no damping): ``(S2 + P)(q1 - q0) - grad log prior -
+    S1`` is the noise, N(0, (z_g 2 b)^2) per coordinate."""
+    u = []
+    for seed in range(150):
+        fakes = _Fakes()
+        _laplace(fakes, 1000 + seed, centred=False, newton_steps=1, z_outer=1e-9)
+        first, second = fakes.moments
+        assert first["centre"] is None and second["centre"] is None
+        step = second["q"] - first["q"]
+        released = (H + PRIOR_PREC * np.eye(D)) @ step - (-PRIOR_PREC * first["q"])
+        u.append((released - first["s1"]) / (Z_GRAD * 2.0 * first["b"]))
+    assert_standard_normal(np.concatenate(u), "warm-start gradient sums (uncentred branch)")
+
+
+def test_anchor_bound_lets_an_empty_bin_through_at_most_at_bonferronis_rate():
+    """The control variate's clip bound is a 0.9999 quantile of the last released histogram,
+    whose bins are thresholded at Bonferroni's level over the bins (a 1e-3 chance that noise
+    alone passes anywhere). Every record lies in one bin here; a bound above that bin is noise
+    passing the threshold in an empty bin. Over 2000 seeded runs the count of such runs must
+    be within the binomial 1 - 1e-6 quantile at rate 1e-3 (3 sds would let about 3 % through)."""
+    runs, passed = 2000, 0
+    for seed in range(runs):
+        fakes = _Fakes()
+        info = _laplace(fakes, 5000 + seed, newton_steps=1, z_hist=2.0)
+        grid = fakes.counts[-1]["grid"]
+        top_record = 1.5 * grid[grid.size // 3]
+        edge = grid[np.searchsorted(grid, top_record)]  # the bin holding every record
+        passed += info.anchor_bound > edge
+    limit = stats.binom.ppf(1.0 - 1e-6, runs, 1e-3)
+    assert passed <= limit, f"{passed} of {runs} runs took a bound from an empty bin's noise"
+
+
+# -- an automatic run: every release's noise traced, the epsilon composed independently ------------
+class _Draw(np.ndarray):
+    """A standard normal draw that records the scalar factors it is multiplied by.
+
+    ``draw * z * 2.0 * b`` keeps a `_Draw` whose ``event["scale"]`` is ``z 2 b``: the std of
+    the noise the draw becomes. Any other operation returns a plain array (a proposal's
+    ``chol @ draw`` is not scaled by a scalar: not a release).
+    """
+
+    def __array_finalize__(self, obj) -> None:
+        self.event = getattr(obj, "event", None)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        events = [x.event for x in inputs if isinstance(x, _Draw) and x.event is not None]
+        plain = tuple(x.view(np.ndarray) if isinstance(x, _Draw) else x for x in inputs)
+        if "out" in kwargs:
+            kwargs["out"] = tuple(
+                o.view(np.ndarray) if isinstance(o, _Draw) else o for o in kwargs["out"]
+            )
+        result = getattr(ufunc, method)(*plain, **kwargs)
+        if method == "__call__" and ufunc is np.multiply and len(events) == 1:
+            other = plain[1] if isinstance(inputs[0], _Draw) else plain[0]
+            if np.ndim(other) == 0:
+                events[0]["scale"] *= float(other)
+                events[0]["scaled"] = True
+                out = np.asarray(result).view(_Draw)
+                out.event = events[0]
+                return out
+        return result
+
+
+class _TracingGenerator:
+    """Wraps a numpy Generator: ``normal`` returns `_Draw` s (the same stream) and logs them."""
+
+    def __init__(self, rng: np.random.Generator, log: list) -> None:
+        self._rng, self._log = rng, log
+
+    def normal(self, loc=0.0, scale=1.0, size=None):
+        z = self._rng.normal(0.0, 1.0, size)
+        event = {"shape": np.shape(z), "scale": float(scale), "scaled": scale != 1.0}
+        self._log.append(("draw", event))
+        if np.ndim(loc) or loc != 0.0:
+            return loc + scale * z
+        out = np.asarray(z, dtype=float).view(_Draw)
+        out.event = event
+        return out if scale == 1.0 else out * 1.0  # the event already carries the scale
+
+    def __getattr__(self, name):
+        return getattr(self._rng, name)
+
+
+def _gdp_epsilon(mu: float, delta: float) -> float:
+    """Epsilon of mu-GDP at ``delta`` (Dong, Roth & Su 2022, Corollary 2.13):
+    ``delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)``, solved for eps."""
+    from scipy.optimize import brentq
+
+    def excess(eps: float) -> float:
+        a = stats.norm.cdf(-eps / mu + mu / 2)
+        b = np.exp(eps + stats.norm.logcdf(-eps / mu - mu / 2))
+        return a - b - delta
+
+    return float(brentq(excess, 0.0, 100.0 * mu + 100.0, xtol=1e-14, rtol=1e-14))
+
+
+def _gdp_mu(epsilon: float, delta: float) -> float:
+    """The mu of mu-GDP whose epsilon at ``delta`` is ``epsilon`` (inverse of `_gdp_epsilon`)."""
+    from scipy.optimize import brentq
+
+    return float(brentq(lambda mu: _gdp_epsilon(mu, delta) - epsilon, 1e-3, 50.0, xtol=1e-14))
+
+
+def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
+    """``pymc_dp.sample(step=None)`` on a tiny model. Every normal draw of the pre-sampling
+    mechanisms and of the penalty tests is traced: the scalar factors it is multiplied by
+    are the std of the noise it becomes. Each release's sensitivity comes from the data read
+    just before it (spies on the record functions): a histogram's ``sqrt 2``, a clipped sum's
+    ``2 b``, an outer-product sum's ``sqrt 2 b'^2``, a ratio clipped to ``[-B, B]``: ``2 B``.
+    ``std / sensitivity`` is the noise multiplier actually used; Gaussian mechanisms with
+    multipliers ``z_k`` compose to mu-GDP with ``mu^2 = sum_k z_k^-2`` (Dong, Roth & Su 2022,
+    Corollary 3.3). The report's epsilon must be that composition's, to 1e-6 relative, and
+    each warm-start phase's multiplier the one of its share of the budget, computed here from
+    (epsilon, delta) by the same closed form."""
+    import pymc as pm
+
+    import pymc_dp
+    import pymc_dp.auto as auto
+    import pymc_dp.step_methods.penalty as penalty_step
+    from pymc_dp.records.runtime import RecordFunctions
+
+    log: list = []
+    real_auto = auto.auto_configure
+
+    def traced_auto(*args, rng, **kwargs):
+        return real_auto(*args, rng=_TracingGenerator(rng, log), **kwargs)
+
+    monkeypatch.setattr(auto, "auto_configure", traced_auto)
+    real_penalty = penalty_step.penalty_log_acceptance
+    monkeypatch.setattr(
+        penalty_step,
+        "penalty_log_acceptance",
+        lambda llr, lp, lq, sigma, rng: real_penalty(
+            llr, lp, lq, sigma, _TracingGenerator(rng, log)
+        ),
+    )
+
+    def spy(name, entry):
+        real = getattr(RecordFunctions, name)
+
+        def wrapped(self, *args, **kwargs):
+            log.append(entry(*args, **kwargs))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(RecordFunctions, name, wrapped)
+
+    spy("grad_norm_counts", lambda q, grid, *a, **k: ("counts", None))
+    spy(
+        "clipped_grad_moments",
+        lambda q, bound, transform=None, outer_bound=None, centre=None: (
+            "moments",
+            (bound, bound if outer_bound is None else outer_bound),
+        ),
+    )
+    spy("clipped_residual_ratio_sum", lambda q1, q0, bound, *a, **k: ("ratio", bound))
+
+    epsilon, delta = 3.0, 1e-5
+    x = np.random.default_rng(0).normal(1.5, 1.0, 500)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("x", mu, 1.0, observed=x)
+        idata = pymc_dp.sample(
+            epsilon=epsilon, delta=delta, chains=2, cores=1, random_seed=3, progressbar=False,
+            compute_convergence_checks=False, auto_kwargs={"max_iterations": 400},
+        )  # fmt: skip
+    report = pymc_dp.privacy_report(idata, model=model, attach=False)
+
+    # every scaled draw is a release; its sensitivity from the data read just before it
+    z = {"histogram": [], "gradient sum": [], "outer-product sum": [], "penalty test": []}
+    last = {}
+    for kind, what in log:
+        if kind != "draw":
+            last[kind] = what
+            continue
+        if not what["scaled"]:
+            continue  # a proposal's or a start's draw, not a release
+        shape = what["shape"]
+        if shape == ():  # one ratio sum clipped to [-B, B]
+            z["penalty test"].append(what["scale"] / (2.0 * last["ratio"]))
+        elif shape == (30,):  # the public grid's 29 bounds make 30 bins
+            z["histogram"].append(what["scale"] / SQRT2)
+        elif shape == (1,):
+            z["gradient sum"].append(what["scale"] / (2.0 * last["moments"][0]))
+        else:
+            assert shape == (1, 1), shape
+            z["outer-product sum"].append(what["scale"] / (SQRT2 * last["moments"][1] ** 2))
+    z = {k: np.array(v) for k, v in z.items()}
+    mu_gdp = float(np.sqrt(sum(np.sum(v**-2.0) for v in z.values())))
+    assert report.epsilon == pytest.approx(_gdp_epsilon(mu_gdp, delta), rel=1e-6)
+    assert report.epsilon <= epsilon and _gdp_epsilon(mu_gdp, delta) <= epsilon * (1 + 1e-9)
+
+    # the release counts: 11 warm-start iterations (a histogram, a gradient sum and an
+    # outer-product sum each), the clip selection's histogram, the control variate's
+    # gradient sum, one penalty test per iteration of every chain
+    iterations = idata.posterior.sizes["chain"] * idata.posterior.sizes["draw"]
+    assert (z["histogram"].size, z["outer-product sum"].size) == (12, 11)
+    assert z["gradient sum"].size == 12 and z["penalty test"].size == iterations
+    # the warm start's and the clip selection's multipliers: their shares of the budget
+    # (library mu, the loss's mean, is half the GDP mu squared: shares of mu_gdp^2)
+    mu2 = _gdp_mu(epsilon, delta) ** 2
+    np.testing.assert_allclose(z["histogram"][:11], np.sqrt(11 / (0.03 * mu2)), rtol=1e-9)
+    np.testing.assert_allclose(z["histogram"][11], np.sqrt(1 / (0.03 * mu2)), rtol=1e-9)
+    np.testing.assert_allclose(z["gradient sum"][:11], np.sqrt(11 / (0.1 * mu2)), rtol=1e-9)
+    np.testing.assert_allclose(z["outer-product sum"], np.sqrt(11 / (0.1 * mu2)), rtol=1e-9)
