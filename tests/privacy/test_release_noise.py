@@ -371,3 +371,45 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
     np.testing.assert_allclose(z["histogram"][11], np.sqrt(1 / (0.03 * mu2)), rtol=1e-9)
     np.testing.assert_allclose(z["gradient sum"][:11], np.sqrt(11 / (0.1 * mu2)), rtol=1e-9)
     np.testing.assert_allclose(z["outer-product sum"], np.sqrt(11 / (0.1 * mu2)), rtol=1e-9)
+
+
+# -- the exponential-family statistic ------------------------------------------------------------
+def test_exponential_family_statistic_carries_noise_z_2c(monkeypatch):
+    """DPExpFamilyPenalty releases ``S + N(0, (z 2 C)^2 I)`` each iteration (the statistics
+    clipped to norm ``C``: replace-one sensitivity ``2 C``); the test reads it through its
+    log acceptance ratio, ``d_eta . S~ - n dA + log prior ratio - (z 2 C)^2 ||d_eta||^2 / 2``.
+    A spy at the step's call of `expfam_log_acceptance` takes the exact parts; the rest,
+    over ``z 2 C ||d_eta||`` (``z`` and ``C`` the values given here), must be N(0, 1) over
+    the iterations of a run: a halved noise, or a penalty correction of another size, fails."""
+    import pymc as pm
+
+    import pymc_dp.step_methods.expfam as expfam_step
+    from pymc_dp import DPExpFamilyPenalty
+
+    calls = []
+    real = expfam_step.expfam_log_acceptance
+
+    def spy(stat_sum, d_eta, n_d_a, lp_ratio, lq_ratio, *args, **kwargs):
+        out = real(stat_sum, d_eta, n_d_a, lp_ratio, lq_ratio, *args, **kwargs)
+        calls.append((np.array(stat_sum), np.array(d_eta), n_d_a, lp_ratio, lq_ratio, out))
+        return out
+
+    monkeypatch.setattr(expfam_step, "expfam_log_acceptance", spy)
+    z, c = 0.7, 4.0
+    y = np.random.default_rng(4).normal(1.0, 2.0, 200)
+    with pm.Model():
+        pm.Normal("y", pm.Normal("mu", 0, 5), pm.HalfNormal("s", 2), observed=y)
+        step = DPExpFamilyPenalty(noise_multiplier=z, stat_clip_bound=c)
+        pm.sample(
+            draws=600, tune=0, chains=1, cores=1, step=step, random_seed=2, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    std = z * 2.0 * c
+    u = []
+    for s, d_eta, n_d_a, lp, lq, log_a in calls:
+        norm = float(np.sqrt(d_eta @ d_eta))
+        exact = s @ d_eta - n_d_a + lp + lq - 0.5 * std**2 * norm**2
+        if np.isfinite(log_a) and norm > 0:
+            u.append((log_a - exact) / (std * norm))
+    assert len(u) >= 550
+    assert_standard_normal(u, "exponential-family statistic")
