@@ -6,6 +6,13 @@ skip a clip). For each, the script copies the working tree to a temporary direct
 applies the edit (the original text must occur exactly once), runs the tests named for it,
 and reports the mutant as *killed* (some test failed) or *survived* (all passed).
 
+Rule: every new release (a Gaussian mechanism anywhere in the package, its noise, its
+sensitivity, its accounting) comes with a mutant here that mis-scales or drops it, and with a
+test, in the mutant's ``tests``, that kills it: a test that measures the noise actually added
+at the call site the library uses (released minus exact, standardised by multiplier x
+sensitivity), and the report's epsilon against an independent composition of every release
+(`tests/privacy/test_release_noise.py`). A release no mutant covers is untested.
+
 Run on demand, not in CI (it takes several minutes)::
 
     bash dev/mutants.sh            # or: .venv-python3/bin/python dev/mutants.py [names...]
@@ -34,6 +41,9 @@ class Mutant:
     mutated: str
     tests: tuple[str, ...]
 
+
+NOISE = "tests/privacy/test_release_noise.py"
+AUTO_EPSILON = f"{NOISE}::test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added"
 
 MUTANTS = (
     Mutant(
@@ -117,6 +127,98 @@ MUTANTS = (
         (
             "tests/records/test_build.py::test_clipped_sums_and_chunking",
             "tests/records/test_indexed_routes.py",
+        ),
+    ),
+    # -- issue 31: the releases of the automatic mode and the exponential-family statistic --
+    Mutant(
+        "histogram noise without its sqrt(2) sensitivity",
+        "pymc_dp/kernels/warmstart.py",
+        "noisy = hist + rng.normal(size=hist.shape) * noise_multiplier * HISTOGRAM_SENSITIVITY",
+        "noisy = hist + rng.normal(size=hist.shape) * noise_multiplier",
+        (f"{NOISE}::test_warm_start_histograms_carry_noise_z_sqrt2", AUTO_EPSILON),
+    ),
+    Mutant(
+        "halve the warm start's gradient noise (Newton)",
+        "pymc_dp/kernels/warmstart.py",
+        "s1, _ = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * 2.0 * b",
+        "s1, _ = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * b",
+        (f"{NOISE}::test_newton_gradient_sums_carry_noise_z_2b",),
+    ),
+    Mutant(
+        "halve the warm start's gradient noise (uncentred)",
+        "pymc_dp/kernels/warmstart.py",
+        "s1, s2 = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * 2.0 * b",
+        "s1, s2 = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * b",
+        (f"{NOISE}::test_uncentred_gradient_sums_carry_noise_z_2b",),
+    ),
+    Mutant(
+        "outer-product noise scaled by b' for b'^2",
+        "pymc_dp/kernels/warmstart.py",
+        "outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b_outer * b_outer",
+        "outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b_outer",
+        (f"{NOISE}::test_outer_product_sums_carry_noise_z_sqrt2_b_outer_squared",),
+    ),
+    Mutant(
+        "Bonferroni threshold replaced by 3 sds",
+        "pymc_dp/kernels/warmstart.py",
+        "sds = statistics.NormalDist().inv_cdf(1.0 - 1e-3 / len(noisy_hist))",
+        "sds = 3.0",
+        (f"{NOISE}::test_anchor_bound_lets_an_empty_bin_through_at_most_at_bonferronis_rate",),
+    ),
+    Mutant(
+        "clip selection left out of dp_presample_mu",
+        "pymc_dp/auto/configure.py",
+        'pre = [p for p in self.phases if p.name != "sampling (penalty tests)"]',
+        'pre = [p for p in self.phases if p.name != "sampling (penalty tests)"'
+        ' and not p.name.startswith("clip selection")]',
+        (AUTO_EPSILON,),
+    ),
+    Mutant(
+        "halve the clip selection's noise multiplier",
+        "pymc_dp/auto/configure.py",
+        "noisy_histogram_quantile(hist / llr_pairs, grid, clip_quantile, z_clip, rng)",
+        "noisy_histogram_quantile(hist / llr_pairs, grid, clip_quantile, z_clip / 2, rng)",
+        (AUTO_EPSILON,),
+    ),
+    Mutant(
+        "halve the control variate's noise",
+        "pymc_dp/auto/configure.py",
+        "rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound",
+        "rng.normal(size=d) * z_anchor * info.anchor_bound",
+        (AUTO_EPSILON,),
+    ),
+    Mutant(
+        "halve the exponential-family statistic's noise",
+        "pymc_dp/kernels/expfam.py",
+        "return float(noise_multiplier) * 2.0 * float(stat_clip_bound)",
+        "return float(noise_multiplier) * float(stat_clip_bound)",
+        (f"{NOISE}::test_exponential_family_statistic_carries_noise_z_2c",),
+    ),
+    Mutant(
+        "halve the exponential-family release, not its correction",
+        "pymc_dp/kernels/expfam.py",
+        "noisy = np.asarray(stat_sum, dtype=float) + stat_noise_std * rng.normal(size=shape)",
+        "noisy = np.asarray(stat_sum, dtype=float) + 0.5 * stat_noise_std * rng.normal(size=shape)",
+        (f"{NOISE}::test_exponential_family_statistic_carries_noise_z_2c",),
+    ),
+    Mutant(
+        "drop the independence proposal's Hastings term",
+        "pymc_dp/step_methods/penalty.py",
+        "w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling\n"
+        "        return float(0.5 * (w1 @ w1 - w0 @ w0))",
+        "w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling\n"
+        "        return 0.0",
+        (
+            "tests/step_methods/test_penalty.py"
+            "::test_independence_proposal_passes_its_hastings_term_to_the_test",
         ),
     ),
 )
