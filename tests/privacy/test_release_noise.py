@@ -413,3 +413,120 @@ def test_exponential_family_statistic_carries_noise_z_2c(monkeypatch):
             u.append((log_a - exact) / (std * norm))
     assert len(u) >= 550
     assert_standard_normal(u, "exponential-family statistic")
+
+
+# -- the penalty tests and DP-HMC's gradients ------------------------------------------------------
+def _spy_penalty_tests(monkeypatch, module) -> list:
+    """Record every penalty test ``module`` makes, with the pair of points its ratio sum was
+    taken at: ``(q_new, q_old, clipped sum, log prior ratio, log q ratio, log acceptance)``."""
+    from pymc_dp.records.runtime import RecordFunctions
+
+    pairs, tests = [], []
+    real_sum = RecordFunctions.clipped_loglik_ratio_sum
+    real_test = module.penalty_log_acceptance
+
+    def spy_sum(self, q_new, q_old, bound):
+        out = real_sum(self, q_new, q_old, bound)
+        pairs.append((np.array(q_new), np.array(q_old), out[0]))
+        return out
+
+    def spy_test(llr, log_prior_ratio, log_q_ratio, sigma, rng):
+        out = real_test(llr, log_prior_ratio, log_q_ratio, sigma, rng)
+        assert pairs and pairs[-1][2] == llr  # the test of the sum just taken
+        tests.append((*pairs[-1], log_prior_ratio, log_q_ratio, out))
+        return out
+
+    monkeypatch.setattr(RecordFunctions, "clipped_loglik_ratio_sum", spy_sum)
+    monkeypatch.setattr(module, "penalty_log_acceptance", spy_test)
+    return tests
+
+
+def _penalty_noise(tests, z: float, b: float) -> np.ndarray:
+    """Each test's noise over ``z 2 b ||q' - q||`` (the ratio sum clipped to ``+- b ||q' -
+    q||``: sensitivity ``2 b ||q' - q||``); the exact part, penalty correction included,
+    computed here from the same std."""
+    u = []
+    for q1, q0, llr, lp, lq, log_a in tests:
+        s = z * 2.0 * b * float(np.linalg.norm(q1 - q0))
+        if s > 0 and np.isfinite(log_a):
+            u.append((log_a - (llr + lp + lq - 0.5 * s * s)) / s)
+    return np.array(u)
+
+
+def test_penalty_tests_carry_noise_z_2b_step(monkeypatch):
+    """DPPenaltyMetropolis: each iteration's noisy ratio, read through its log acceptance,
+    minus the exact clipped sum, log prior and proposal ratios and the penalty correction,
+    is N(0, (z 2 b ||q' - q||)^2) (``z`` and ``b`` the values given here)."""
+    import pymc as pm
+    from conftest import normal_mean_model
+
+    import pymc_dp
+    import pymc_dp.step_methods.penalty as penalty_step
+
+    tests = _spy_penalty_tests(monkeypatch, penalty_step)
+    model, *_ = normal_mean_model(n=30, d=2)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=2.0, noise_multiplier=0.6)
+        pm.sample(
+            500, tune=0, chains=1, cores=1, step=step, random_seed=3, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    u = _penalty_noise(tests, 0.6, 2.0)
+    assert u.size >= 450
+    assert_standard_normal(u, "penalty tests (DPPenaltyMetropolis)")
+
+
+def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
+    """DPHMC: each of the ``L + 1`` gradient releases of a trajectory is read back from the
+    leapfrog's positions (``p_{i+1/2} = (q_{i+1} - q_i) / (eta M^-1)``, the half-step
+    momenta) minus the exact gradient at the point (a spy on the gradient the kernel
+    evaluates): N(0, (z_g 2 b_g)^2) per coordinate. The penalty test at the end of the
+    trajectory: N(0, (z_l 2 b_l ||q' - q||)^2), its exact part the kinetic-energy change."""
+    import pymc as pm
+    from conftest import normal_mean_model
+
+    import pymc_dp
+    import pymc_dp.kernels.hmc as hmc
+
+    trajectories = []
+    real_leapfrog = hmc.noisy_leapfrog
+
+    def spy_leapfrog(q, p, step_size, n_steps, grad_fn, inv_mass, noise_std, rng):
+        points, grads = [], []
+
+        def exact(x):
+            g = grad_fn(x)
+            points.append(np.array(x))
+            grads.append(np.array(g))
+            return g
+
+        out = real_leapfrog(q, p, step_size, n_steps, exact, inv_mass, noise_std, rng)
+        trajectories.append((np.array(p), step_size, inv_mass.copy(), points, grads, out.p))
+        return out
+
+    monkeypatch.setattr(hmc, "noisy_leapfrog", spy_leapfrog)
+    tests = _spy_penalty_tests(monkeypatch, hmc)
+    z_g, b_g, z_l, b_l = 0.4, 3.0, 0.7, 2.0
+    model, *_ = normal_mean_model(n=30, d=2)
+    with model:
+        step = pymc_dp.DPHMC(
+            grad_clip_bound=b_g, llr_clip_bound=b_l, grad_noise_multiplier=z_g,
+            llr_noise_multiplier=z_l, n_leapfrog=3, step_size=0.05,
+        )  # fmt: skip
+        pm.sample(
+            250, tune=0, chains=1, cores=1, step=step, random_seed=4, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    u = []
+    for p0, eta, inv_mass, points, grads, p_end in trajectories:
+        # half-step momenta from the positions, then each gradient's noise from the momenta
+        half = [(b - a) / (eta * inv_mass) for a, b in zip(points, points[1:], strict=False)]
+        momenta = [p0, *half, p_end]
+        weights = [0.5 * eta] + [eta] * (len(points) - 2) + [0.5 * eta]
+        for k, g in enumerate(grads):
+            u.append(((momenta[k + 1] - momenta[k]) / weights[k] - g) / (z_g * 2.0 * b_g))
+    assert len(trajectories) == 250 and len(u) == 1000
+    assert_standard_normal(np.concatenate(u), "DPHMC gradient releases")
+    u = _penalty_noise(tests, z_l, b_l)
+    assert u.size >= 225
+    assert_standard_normal(u, "DPHMC penalty tests")
