@@ -43,6 +43,8 @@ class Mutant:
 
 
 NOISE = "tests/privacy/test_release_noise.py"
+DPHMC_NOISE = f"{NOISE}::test_dphmc_gradients_and_penalty_tests_carry_their_noise"
+FASTMH_NOISE = f"{NOISE}::test_fastmh_releases_carry_noise_z_times_their_sensitivity"
 AUTO_EPSILON = f"{NOISE}::test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added"
 
 MUTANTS = (
@@ -103,14 +105,17 @@ MUTANTS = (
         "pymc_dp/kernels/penalty.py",
         "return noise_multiplier * 2.0 * clip_bound * step_norm",
         "return 0.5 * noise_multiplier * 2.0 * clip_bound * step_norm",
-        ("tests/kernels/test_penalty_power.py::test_penalty_noise_std_is_z_times_the_sensitivity",),
+        (
+            "tests/kernels/test_penalty_power.py::test_penalty_noise_std_is_z_times_the_sensitivity",
+            f"{NOISE}::test_penalty_tests_carry_noise_z_2b_step",
+        ),
     ),
     Mutant(
         "halve the gradient noise std",
         "pymc_dp/kernels/hmc.py",
         "return noise_multiplier * 2.0 * clip_bound",
         "return 0.5 * noise_multiplier * 2.0 * clip_bound",
-        ("tests/step_methods/test_hmc.py",),
+        ("tests/step_methods/test_hmc.py", DPHMC_NOISE),
     ),
     Mutant(
         "skip the log-likelihood-ratio clip",
@@ -220,6 +225,48 @@ MUTANTS = (
             "tests/step_methods/test_penalty.py"
             "::test_independence_proposal_passes_its_hastings_term_to_the_test",
         ),
+    ),
+    Mutant(
+        "halve the penalty test's noise in the kernel",
+        "pymc_dp/kernels/penalty.py",
+        "xi = rng.normal(size=shape) * sigma if shape else rng.normal() * sigma",
+        "xi = rng.normal(size=shape) * sigma if shape else 0.5 * rng.normal() * sigma",
+        (f"{NOISE}::test_penalty_tests_carry_noise_z_2b_step",),
+    ),
+    Mutant(
+        "halve DP-HMC's leapfrog gradient noise",
+        "pymc_dp/kernels/hmc.py",
+        "g = g + noise_std * rng.standard_normal(d)",
+        "g = g + 0.5 * noise_std * rng.standard_normal(d)",
+        (DPHMC_NOISE,),
+    ),
+    Mutant(
+        "halve DP-HMC's ratio noise",
+        "pymc_dp/kernels/hmc.py",
+        "sigma_l = penalty_noise_std(llr_noise_multiplier, llr_clip_bound, norm)",
+        "sigma_l = penalty_noise_std(0.5 * llr_noise_multiplier, llr_clip_bound, norm)",
+        (DPHMC_NOISE,),
+    ),
+    Mutant(
+        "halve DPFastMH's minibatch noise",
+        "pymc_dp/kernels/fastmh.py",
+        "sigma = 0.0 if noise_free else s.z_minibatch * sens",
+        "sigma = 0.0 if noise_free else 0.5 * s.z_minibatch * sens",
+        (FASTMH_NOISE,),
+    ),
+    Mutant(
+        "halve DPFastMH's full-batch noise",
+        "pymc_dp/kernels/fastmh.py",
+        "sigma = 0.0 if noise_free else s.z_fullbatch * sens",
+        "sigma = 0.0 if noise_free else 0.5 * s.z_fullbatch * sens",
+        (FASTMH_NOISE,),
+    ),
+    Mutant(
+        "DPBarker's noise not topped up to variance 2",
+        "pymc_dp/kernels/barker.py",
+        "np.sqrt(np.maximum(BARKER_NOISE_VARIANCE - var, 0.0))",
+        "np.sqrt(BARKER_NOISE_VARIANCE)",
+        (f"{NOISE}::test_dpbarker_noise_tops_the_batch_variance_up_to_two",),
     ),
 )
 

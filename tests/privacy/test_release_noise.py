@@ -530,3 +530,98 @@ def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
     u = _penalty_noise(tests, z_l, b_l)
     assert u.size >= 225
     assert_standard_normal(u, "DPHMC penalty tests")
+
+
+@pytest.mark.filterwarnings("ignore:DPFastMH. the expected minibatch")
+def test_fastmh_releases_carry_noise_z_times_their_sensitivity(monkeypatch):
+    """DPFastMH, both branches (Zhang et al. 2023, Lemma 1): a minibatch sum of TunaMH terms,
+    sensitivity ``2 log(1 + C M / lambda)`` (``C = n c``), noise ``z_1`` times it; a full-batch
+    ratio sum clipped to ``+- c M``, sensitivity ``2 c M``, noise ``z_2`` times it. A spy at
+    the step's call of the transition takes the exact sum (from the data callables it
+    passes) and the log acceptance; their difference, less the penalty correction, over
+    that std is N(0, 1) in each branch."""
+    import pymc as pm
+    from conftest import normal_mean_model
+
+    import pymc_dp
+    import pymc_dp.step_methods.fastmh as fastmh_step
+
+    records = []
+    real = fastmh_step.fastmh_transition
+
+    def spy(rng, settings, sampler, **kw):
+        exact = []
+        mini, full = kw["minibatch_terms"], kw["fullbatch_clipped_sum"]
+
+        def mini_spy(*a):
+            out = mini(*a)
+            exact.append(out[0][0])
+            return out
+
+        def full_spy(*a):
+            out = full(*a)
+            exact.append(out[0])
+            return out
+
+        kw.update(minibatch_terms=mini_spy, fullbatch_clipped_sum=full_spy)
+        info = real(rng, settings, sampler, **kw)
+        ell = exact[0] if exact else 0.0  # an empty minibatch sums to 0
+        lp, lq, m = kw["log_prior_ratio"], kw["log_proposal_ratio"], kw["step_norm"]
+        records.append((info.full_batch, ell, lp, lq, m, info.log_accept))
+        return info
+
+    monkeypatch.setattr(fastmh_step, "fastmh_transition", spy)
+    n, c, lam, z1, z2 = 50, 5.0, 3000.0, 20.0, 0.3
+    model, *_ = normal_mean_model(n=n, d=1)
+    with model:
+        step = pymc_dp.DPFastMH(
+            clip_bound=c, max_step=0.5, lam=lam, max_batch=3090, noise_multiplier=(z1, z2),
+            iter_delta=1e-6, proposal_scale=0.3,
+        )  # fmt: skip
+        pm.sample(
+            1000, tune=0, chains=1, cores=1, step=step, random_seed=6, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    u = {True: [], False: []}
+    for full, ell, lp, lq, m, log_a in records:
+        s = z2 * 2.0 * c * m if full else z1 * 2.0 * np.log1p(n * c * m / lam)
+        if s > 0 and np.isfinite(log_a):
+            u[full].append((log_a - (ell + lp + lq - 0.5 * s * s)) / s)
+    assert_standard_normal(u[True], "DPFastMH full-batch releases")
+    assert_standard_normal(u[False], "DPFastMH minibatch releases")
+
+
+def test_dpbarker_noise_tops_the_batch_variance_up_to_two(monkeypatch):
+    """DPBarker (Heikkilä et al. 2019, thesis Theorem 8): the test's Gaussian noise has
+    variance ``2 - sigma_b^2``, ``sigma_b^2`` the minibatch estimate's variance (at most 1
+    after clipping), so that the total is the 2 the privacy theorem assumes. The generator
+    the step passes to its test is traced (`_TracingGenerator`): the first normal draw of
+    each test is that noise, its scale read off the factors it is multiplied by."""
+    import pymc as pm
+    from conftest import normal_mean_model
+
+    import pymc_dp
+    import pymc_dp.step_methods.barker as barker_step
+
+    seen = []
+    real = barker_step.barker_log_test
+
+    def spy(lam, batch_var, log_prior_ratio, rng):
+        log: list = []
+        out = real(lam, batch_var, log_prior_ratio, _TracingGenerator(rng, log))
+        draws = [e for kind, e in log if kind == "draw"]
+        seen.append((float(batch_var), draws[0]["scale"], draws[0]["scaled"]))
+        return out
+
+    monkeypatch.setattr(barker_step, "barker_log_test", spy)
+    model, *_ = normal_mean_model(n=200, d=1)
+    with model:
+        step = pymc_dp.DPBarker(tempering=0.05, batch_size=40)
+        pm.sample(
+            200, tune=0, chains=1, cores=1, step=step, random_seed=7, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    var, scale, scaled = map(np.array, zip(*seen, strict=True))
+    assert len(seen) == 200 and scaled.all() and np.all(var <= 1.0 + 1e-12)
+    assert var.max() > 0.1  # batch variances far from 0: a noise of variance 2 would fail
+    np.testing.assert_allclose(scale**2 + var, 2.0, rtol=1e-12)
