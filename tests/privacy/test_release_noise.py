@@ -10,7 +10,12 @@ sensitivity from its first principles: ``sqrt 2`` for a histogram, ``2 b`` for a
 vectors clipped to norm ``b``, ``sqrt 2 b'^2`` for a sum of their outer products, all
 under replace-one), the noise must be a standard normal sample: the sum of squares is
 checked against its chi-square quantiles (two-sided, 1e-6) and the mean against 5 standard
-errors. Every test is seeded; `dev/mutants.py` plants the mis-scaled noises they catch.
+errors. Where a release is not observable (DPBarker's decision, the last warm-start gradient
+sum, every release of an automatic run) the generator is traced instead (`_TracingGenerator`:
+each normal draw records the scalar factors it is multiplied by, the std of the noise it
+becomes). The automatic run's epsilon is composed here, from first principles, from the
+noise multipliers so measured. Every test is seeded; `dev/mutants.py` plants the mis-scaled
+noises they catch.
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ def assert_standard_normal(u, label: str) -> None:
 
 # -- a quadratic log-likelihood, exact clipped sums given directly ------------------------------
 # The warm start never sees the data: it calls ``clipped_moments`` and ``grad_counts_above``
-# and adds the noise itself. These fakes return fixed "exact" values (every record of norm
-# ``RECORD_NORM`` times the grid's middle, the gradient sum of a quadratic log-likelihood with
-# curvature ``H``, the outer-product sum ``H``); they also record what the kernel passed.
+# and adds the noise itself. These fakes return fixed "exact" values (every record's gradient
+# norm 1.5 times the grid's bound a third of the way up, the gradient sum of a quadratic
+# log-likelihood with curvature ``H``, the outer-product sum ``H``); they also record what the
+# kernel passed.
 D, N = 6, 10_000
 C = 0.7 * np.eye(D) + 0.3  # correlations: every off-diagonal entry far above its noise
 H = N * C
