@@ -45,6 +45,7 @@ class Mutant:
 NOISE = "tests/privacy/test_release_noise.py"
 DPHMC_NOISE = f"{NOISE}::test_dphmc_gradients_and_penalty_tests_carry_their_noise"
 FASTMH_NOISE = f"{NOISE}::test_fastmh_releases_carry_noise_z_times_their_sensitivity"
+SUBSAMPLED_NOISE = f"{NOISE}::test_subsampled_penalty_tests_carry_noise_z_c"
 AUTO_EPSILON = f"{NOISE}::test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added"
 
 MUTANTS = (
@@ -267,6 +268,27 @@ MUTANTS = (
         "np.sqrt(np.maximum(BARKER_NOISE_VARIANCE - var, 0.0))",
         "np.sqrt(BARKER_NOISE_VARIANCE)",
         (f"{NOISE}::test_dpbarker_noise_tops_the_batch_variance_up_to_two",),
+    ),
+    Mutant(
+        "halve DPSGLD's gradient noise",
+        "pymc_dp/kernels/sgmcmc.py",
+        "noise = rng.normal(size=clipped_sum.shape) * noise_std if noise_std > 0 else 0.0",
+        "noise = rng.normal(size=clipped_sum.shape) * 0.5 * noise_std if noise_std > 0 else 0.0",
+        (f"{NOISE}::test_dpsgld_gradient_releases_carry_noise_z_c",),
+    ),
+    Mutant(
+        "halve the subsampled penalty test's noise",
+        "pymc_dp/kernels/subsampled_penalty.py",
+        "xi = rng.normal(size=lam.shape) * sigma",
+        "xi = rng.normal(size=lam.shape) * 0.5 * sigma",
+        (SUBSAMPLED_NOISE,),
+    ),
+    Mutant(
+        "drop the variance term of the subsampled sensitivity",
+        "pymc_dp/kernels/subsampled_penalty.py",
+        "return d_lam + d_sig",
+        "return d_lam",
+        (SUBSAMPLED_NOISE,),
     ),
 )
 

@@ -631,3 +631,88 @@ def test_dpbarker_noise_tops_the_batch_variance_up_to_two(monkeypatch):
     assert len(seen) == 200 and scaled.all() and np.all(var <= 1.0 + 1e-12)
     assert var.max() > 0.1  # batch variances far from 0: a noise of variance 2 would fail
     np.testing.assert_allclose(scale**2 + var, 2.0, rtol=1e-12)
+
+
+def test_dpsgld_gradient_releases_carry_noise_z_c(monkeypatch):
+    """DPSGLD: each Poisson-minibatch gradient sum, clipped to norm ``C``, is released with
+    N(0, (z C)^2) noise (add/remove neighbours: sensitivity ``C``) and divided by the
+    sampling rate ``q``. A spy at the step's call reads the exact clipped sum, the prior
+    gradient and the returned estimate: ``q (g - grad log prior) - sum`` over ``z C`` is
+    N(0, 1) per coordinate."""
+    import pymc as pm
+    from conftest import normal_mean_model
+
+    import pymc_dp.step_methods.sgmcmc as sgmcmc_step
+    from pymc_dp import DPSGLD
+
+    seen = []
+    real = sgmcmc_step.noisy_gradient
+
+    def spy(clipped_sum, prior_grad, sampling_rate, noise_std, rng):
+        out = real(clipped_sum, prior_grad, sampling_rate, noise_std, rng)
+        seen.append((np.array(clipped_sum), np.array(prior_grad), sampling_rate, np.array(out)))
+        return out
+
+    monkeypatch.setattr(sgmcmc_step, "noisy_gradient", spy)
+    z, c, q = 0.8, 2.0, 0.2
+    model, *_ = normal_mean_model(n=100, d=2)
+    with model:
+        step = DPSGLD(clip_bound=c, step_size=1e-3, sampling_rate=q, noise_multiplier=z)
+        pm.sample(
+            300, tune=0, chains=1, cores=1, step=step, random_seed=8, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    assert len(seen) == 300 and all(rate == q for _, _, rate, _ in seen)
+    u = [(rate * (g - prior) - s) / (z * c) for s, prior, rate, g in seen]
+    assert_standard_normal(np.concatenate(u), "DPSGLD gradient releases")
+
+
+def test_subsampled_penalty_tests_carry_noise_z_c(monkeypatch):
+    """DPSubsampledPenalty (thesis Sec. 4.1, Theorem 9): the released ``lambda^ -
+    sigma_b^2 / 2 + xi`` has ``xi ~ N(0, (z c)^2)``, ``c = 2 n L h / b + kappa (n / b)^2
+    L^2 h^2 (|1 - 1/b| + 2 (b - 1) / b)`` (ratios clipped to ``+- L h``, ``h`` the step's
+    length, ``kappa = 1 - b / n``), written out here from the theorem. Spies at the
+    transition (``h``) and at its log acceptance (``lambda^``, ``sigma_b^2``, the prior ratio)
+    give the noise; over ``z c`` it is N(0, 1)."""
+    import pymc as pm
+    from conftest import normal_mean_model
+
+    import pymc_dp.kernels.subsampled_penalty as sp_kernel
+    import pymc_dp.step_methods.subsampled_penalty as sp_step
+    from pymc_dp import DPSubsampledPenalty
+
+    norms, tests = [], []
+    real_transition = sp_step.subsampled_penalty_transition
+    real_test = sp_kernel.subsampled_penalty_log_acceptance
+
+    def spy_transition(rng, **kw):
+        norms.append(kw["step_norm"])
+        return real_transition(rng, **kw)
+
+    def spy_test(lam, batch_var, log_prior_ratio, sigma, rng):
+        out = real_test(lam, batch_var, log_prior_ratio, sigma, rng)
+        tests.append((float(lam), float(batch_var), log_prior_ratio, float(out)))
+        return out
+
+    monkeypatch.setattr(sp_step, "subsampled_penalty_transition", spy_transition)
+    monkeypatch.setattr(sp_kernel, "subsampled_penalty_log_acceptance", spy_test)
+    n, b, clip, z = 200, 50, 20.0, 0.4  # L h ~ 1: the variance term is most of c
+    model, *_ = normal_mean_model(n=n, d=1)
+    with model:
+        step = DPSubsampledPenalty(
+            batch_size=b, clip_bound=clip, noise_multiplier=z, proposal_scale=0.05
+        )
+        pm.sample(
+            400, tune=0, chains=1, cores=1, step=step, random_seed=9, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    assert len(norms) == len(tests) == 400
+    kappa = 1.0 - b / n
+    u = []
+    for h, (lam, var, lp, log_a) in zip(norms, tests, strict=True):
+        lh = clip * h
+        c = 2.0 * n * lh / b + kappa * (n / b) ** 2 * lh**2 * (abs(1 - 1 / b) + 2 * (b - 1) / b)
+        s = z * c
+        if s > 0 and np.isfinite(log_a):
+            u.append((log_a - (lam - 0.5 * var + lp - 0.5 * s * s)) / s)
+    assert_standard_normal(u, "DPSubsampledPenalty tests")
