@@ -292,6 +292,8 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
     import pymc_dp
     import pymc_dp.auto as auto
     import pymc_dp.step_methods.penalty as penalty_step
+    from pymc_dp.auto import BudgetSplit
+    from pymc_dp.auto.configure import NEWTON_STEPS
     from pymc_dp.records.runtime import RecordFunctions
 
     log: list = []
@@ -364,19 +366,22 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
     assert report.epsilon == pytest.approx(_gdp_epsilon(mu_gdp, delta), rel=1e-6)
     assert report.epsilon <= epsilon and _gdp_epsilon(mu_gdp, delta) <= epsilon * (1 + 1e-9)
 
-    # the release counts: 11 warm-start iterations (a histogram, a gradient sum and an
+    # the release counts: the warm start's iterations (a histogram, a gradient sum and an
     # outer-product sum each), the clip selection's histogram, the control variate's
     # gradient sum, one penalty test per iteration of every chain
+    k = NEWTON_STEPS + 1
     iterations = idata.posterior.sizes["chain"] * idata.posterior.sizes["draw"]
-    assert (z["histogram"].size, z["outer-product sum"].size) == (12, 11)
-    assert z["gradient sum"].size == 12 and z["penalty test"].size == iterations
+    assert (z["histogram"].size, z["outer-product sum"].size) == (k + 1, k)
+    assert z["gradient sum"].size == k + 1 and z["penalty test"].size == iterations
     # the warm start's and the clip selection's multipliers: their shares of the budget
-    # (library mu, the loss's mean, is half the GDP mu squared: shares of mu_gdp^2)
-    mu2 = _gdp_mu(epsilon, delta) ** 2
-    np.testing.assert_allclose(z["histogram"][:11], np.sqrt(11 / (0.03 * mu2)), rtol=1e-9)
-    np.testing.assert_allclose(z["histogram"][11], np.sqrt(1 / (0.03 * mu2)), rtol=1e-9)
-    np.testing.assert_allclose(z["gradient sum"][:11], np.sqrt(11 / (0.1 * mu2)), rtol=1e-9)
-    np.testing.assert_allclose(z["outer-product sum"], np.sqrt(11 / (0.1 * mu2)), rtol=1e-9)
+    # (the library's mu, the loss's mean, is half the GDP mu squared: shares of mu_gdp^2)
+    mu2, split = _gdp_mu(epsilon, delta) ** 2, BudgetSplit()
+    hist, clip = split.histograms * mu2, split.clip_selection * mu2
+    sums = split.warm_start / 2 * mu2  # half to the gradient sums, half to the outer products
+    np.testing.assert_allclose(z["histogram"][:k], np.sqrt(k / hist), rtol=1e-9)
+    np.testing.assert_allclose(z["histogram"][k], np.sqrt(1 / clip), rtol=1e-9)
+    np.testing.assert_allclose(z["gradient sum"][:k], np.sqrt(k / sums), rtol=1e-9)
+    np.testing.assert_allclose(z["outer-product sum"], np.sqrt(k / sums), rtol=1e-9)
 
 
 # -- the exponential-family statistic ------------------------------------------------------------
