@@ -6,6 +6,13 @@ skip a clip). For each, the script copies the working tree to a temporary direct
 applies the edit (the original text must occur exactly once), runs the tests named for it,
 and reports the mutant as *killed* (some test failed) or *survived* (all passed).
 
+Rule: every new release (a Gaussian mechanism anywhere in the package, its noise, its
+sensitivity, its accounting) comes with a mutant here that mis-scales or drops it, and with a
+test, in the mutant's ``tests``, that kills it: a test that measures the noise actually added
+at the call site the library uses (released minus exact, standardised by multiplier x
+sensitivity), and the report's epsilon against an independent composition of every release
+(`tests/privacy/test_release_noise.py`). A release no mutant covers is untested.
+
 Run on demand, not in CI (it takes several minutes)::
 
     bash dev/mutants.sh            # or: .venv-python3/bin/python dev/mutants.py [names...]
@@ -34,6 +41,12 @@ class Mutant:
     mutated: str
     tests: tuple[str, ...]
 
+
+NOISE = "tests/privacy/test_release_noise.py"
+DPHMC_NOISE = f"{NOISE}::test_dphmc_gradients_and_penalty_tests_carry_their_noise"
+FASTMH_NOISE = f"{NOISE}::test_fastmh_releases_carry_noise_z_times_their_sensitivity"
+SUBSAMPLED_NOISE = f"{NOISE}::test_subsampled_penalty_tests_carry_noise_z_c"
+AUTO_EPSILON = f"{NOISE}::test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added"
 
 MUTANTS = (
     Mutant(
@@ -93,14 +106,17 @@ MUTANTS = (
         "pymc_dp/kernels/penalty.py",
         "return noise_multiplier * 2.0 * clip_bound * step_norm",
         "return 0.5 * noise_multiplier * 2.0 * clip_bound * step_norm",
-        ("tests/kernels/test_penalty_power.py::test_penalty_noise_std_is_z_times_the_sensitivity",),
+        (
+            "tests/kernels/test_penalty_power.py::test_penalty_noise_std_is_z_times_the_sensitivity",
+            f"{NOISE}::test_penalty_tests_carry_noise_z_2b_step",
+        ),
     ),
     Mutant(
         "halve the gradient noise std",
         "pymc_dp/kernels/hmc.py",
         "return noise_multiplier * 2.0 * clip_bound",
         "return 0.5 * noise_multiplier * 2.0 * clip_bound",
-        ("tests/step_methods/test_hmc.py",),
+        ("tests/step_methods/test_hmc.py", DPHMC_NOISE),
     ),
     Mutant(
         "skip the log-likelihood-ratio clip",
@@ -118,6 +134,161 @@ MUTANTS = (
             "tests/records/test_build.py::test_clipped_sums_and_chunking",
             "tests/records/test_indexed_routes.py",
         ),
+    ),
+    # -- issue 31: the releases of the automatic mode and the exponential-family statistic --
+    Mutant(
+        "histogram noise without its sqrt(2) sensitivity",
+        "pymc_dp/kernels/warmstart.py",
+        "noisy = hist + rng.normal(size=hist.shape) * noise_multiplier * HISTOGRAM_SENSITIVITY",
+        "noisy = hist + rng.normal(size=hist.shape) * noise_multiplier",
+        (f"{NOISE}::test_warm_start_histograms_carry_noise_z_sqrt2", AUTO_EPSILON),
+    ),
+    Mutant(
+        "halve the warm start's gradient noise (Newton)",
+        "pymc_dp/kernels/warmstart.py",
+        "s1, _ = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * 2.0 * b",
+        "s1, _ = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * b",
+        (f"{NOISE}::test_newton_gradient_sums_carry_noise_z_2b",),
+    ),
+    Mutant(
+        "halve the warm start's gradient noise (uncentred)",
+        "pymc_dp/kernels/warmstart.py",
+        "s1, s2 = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * 2.0 * b",
+        "s1, s2 = clipped_moments(q, b, b_outer, m)\n"
+        "            s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * grad_noise_multiplier"
+        " * b",
+        (f"{NOISE}::test_uncentred_gradient_sums_carry_noise_z_2b",),
+    ),
+    Mutant(
+        "outer-product noise scaled by b' for b'^2",
+        "pymc_dp/kernels/warmstart.py",
+        "outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b_outer * b_outer",
+        "outer_std = outer_noise_multiplier * OUTER_SENSITIVITY * b_outer",
+        (f"{NOISE}::test_outer_product_sums_carry_noise_z_sqrt2_b_outer_squared",),
+    ),
+    Mutant(
+        "Bonferroni threshold replaced by 3 sds",
+        "pymc_dp/kernels/warmstart.py",
+        "sds = statistics.NormalDist().inv_cdf(1.0 - 1e-3 / len(noisy_hist))",
+        "sds = 3.0",
+        (f"{NOISE}::test_anchor_bound_lets_an_empty_bin_through_at_most_at_bonferronis_rate",),
+    ),
+    Mutant(
+        "clip selection left out of dp_presample_mu",
+        "pymc_dp/auto/configure.py",
+        'pre = [p for p in self.phases if p.name != "sampling (penalty tests)"]',
+        'pre = [p for p in self.phases if p.name != "sampling (penalty tests)"'
+        ' and not p.name.startswith("clip selection")]',
+        (AUTO_EPSILON,),
+    ),
+    Mutant(
+        "halve the clip selection's noise multiplier",
+        "pymc_dp/auto/configure.py",
+        "noisy_histogram_quantile(hist / llr_pairs, grid, clip_quantile, z_clip, rng)",
+        "noisy_histogram_quantile(hist / llr_pairs, grid, clip_quantile, z_clip / 2, rng)",
+        (AUTO_EPSILON,),
+    ),
+    Mutant(
+        "halve the control variate's noise",
+        "pymc_dp/auto/configure.py",
+        "rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound",
+        "rng.normal(size=d) * z_anchor * info.anchor_bound",
+        (AUTO_EPSILON,),
+    ),
+    Mutant(
+        "halve the exponential-family statistic's noise",
+        "pymc_dp/kernels/expfam.py",
+        "return float(noise_multiplier) * 2.0 * float(stat_clip_bound)",
+        "return float(noise_multiplier) * float(stat_clip_bound)",
+        (f"{NOISE}::test_exponential_family_statistic_carries_noise_z_2c",),
+    ),
+    Mutant(
+        "halve the exponential-family release, not its correction",
+        "pymc_dp/kernels/expfam.py",
+        "noisy = np.asarray(stat_sum, dtype=float) + stat_noise_std * rng.normal(size=shape)",
+        "noisy = np.asarray(stat_sum, dtype=float) + 0.5 * stat_noise_std * rng.normal(size=shape)",
+        (f"{NOISE}::test_exponential_family_statistic_carries_noise_z_2c",),
+    ),
+    Mutant(
+        "drop the independence proposal's Hastings term",
+        "pymc_dp/step_methods/penalty.py",
+        "w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling\n"
+        "        return float(0.5 * (w1 @ w1 - w0 @ w0))",
+        "w1 = np.linalg.solve(self._chol, q1 - self.proposal_mean) / self.scaling\n"
+        "        return 0.0",
+        (
+            "tests/step_methods/test_penalty.py"
+            "::test_independence_proposal_passes_its_hastings_term_to_the_test",
+        ),
+    ),
+    Mutant(
+        "halve the penalty test's noise in the kernel",
+        "pymc_dp/kernels/penalty.py",
+        "xi = rng.normal(size=shape) * sigma if shape else rng.normal() * sigma",
+        "xi = rng.normal(size=shape) * sigma if shape else 0.5 * rng.normal() * sigma",
+        (f"{NOISE}::test_penalty_tests_carry_noise_z_2b_step",),
+    ),
+    Mutant(
+        "halve DP-HMC's leapfrog gradient noise",
+        "pymc_dp/kernels/hmc.py",
+        "g = g + noise_std * rng.standard_normal(d)",
+        "g = g + 0.5 * noise_std * rng.standard_normal(d)",
+        (DPHMC_NOISE,),
+    ),
+    Mutant(
+        "halve DP-HMC's ratio noise",
+        "pymc_dp/kernels/hmc.py",
+        "sigma_l = penalty_noise_std(llr_noise_multiplier, llr_clip_bound, norm)",
+        "sigma_l = penalty_noise_std(0.5 * llr_noise_multiplier, llr_clip_bound, norm)",
+        (DPHMC_NOISE,),
+    ),
+    Mutant(
+        "halve DPFastMH's minibatch noise",
+        "pymc_dp/kernels/fastmh.py",
+        "sigma = 0.0 if noise_free else s.z_minibatch * sens",
+        "sigma = 0.0 if noise_free else 0.5 * s.z_minibatch * sens",
+        (FASTMH_NOISE,),
+    ),
+    Mutant(
+        "halve DPFastMH's full-batch noise",
+        "pymc_dp/kernels/fastmh.py",
+        "sigma = 0.0 if noise_free else s.z_fullbatch * sens",
+        "sigma = 0.0 if noise_free else 0.5 * s.z_fullbatch * sens",
+        (FASTMH_NOISE,),
+    ),
+    Mutant(
+        "DPBarker's noise not topped up to variance 2",
+        "pymc_dp/kernels/barker.py",
+        "np.sqrt(np.maximum(BARKER_NOISE_VARIANCE - var, 0.0))",
+        "np.sqrt(BARKER_NOISE_VARIANCE)",
+        (f"{NOISE}::test_dpbarker_noise_tops_the_batch_variance_up_to_two",),
+    ),
+    Mutant(
+        "halve DPSGLD's gradient noise",
+        "pymc_dp/kernels/sgmcmc.py",
+        "noise = rng.normal(size=clipped_sum.shape) * noise_std if noise_std > 0 else 0.0",
+        "noise = rng.normal(size=clipped_sum.shape) * 0.5 * noise_std if noise_std > 0 else 0.0",
+        (f"{NOISE}::test_dpsgld_gradient_releases_carry_noise_z_c",),
+    ),
+    Mutant(
+        "halve the subsampled penalty test's noise",
+        "pymc_dp/kernels/subsampled_penalty.py",
+        "xi = rng.normal(size=lam.shape) * sigma",
+        "xi = rng.normal(size=lam.shape) * 0.5 * sigma",
+        (SUBSAMPLED_NOISE,),
+    ),
+    Mutant(
+        "drop the variance term of the subsampled sensitivity",
+        "pymc_dp/kernels/subsampled_penalty.py",
+        "return d_lam + d_sig",
+        "return d_lam",
+        (SUBSAMPLED_NOISE,),
     ),
 )
 

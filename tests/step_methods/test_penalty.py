@@ -205,3 +205,46 @@ def test_delta_above_one_over_n_warns():
         pymc_dp.DPPenaltyMetropolis(
             clip_bound=1.0, epsilon=1.0, delta=0.2, draws=10, tune=0, chains=1
         )
+
+
+def test_independence_proposal_passes_its_hastings_term_to_the_test(monkeypatch):
+    """``proposal="independent"``: every penalty test gets ``log q(theta) - log q(theta')``,
+    ``q = N(m, s^2 Sigma)`` the proposal's density, and the exact log prior ratio (closed
+    forms from scipy at the pair the ratio sum was taken at; spies at the step's calls)."""
+    import pymc_dp.step_methods.penalty as penalty_step
+    from pymc_dp.records.runtime import RecordFunctions
+
+    pairs, tests = [], []
+    real_sum = RecordFunctions.clipped_loglik_ratio_sum
+    real_test = penalty_step.penalty_log_acceptance
+
+    def spy_sum(self, q_new, q_old, bound):
+        pairs.append((np.array(q_new), np.array(q_old)))
+        return real_sum(self, q_new, q_old, bound)
+
+    def spy_test(llr, log_prior_ratio, log_q_ratio, sigma, rng):
+        tests.append((log_prior_ratio, log_q_ratio))
+        return real_test(llr, log_prior_ratio, log_q_ratio, sigma, rng)
+
+    monkeypatch.setattr(RecordFunctions, "clipped_loglik_ratio_sum", spy_sum)
+    monkeypatch.setattr(penalty_step, "penalty_log_acceptance", spy_test)
+    model, mean, sd = normal_mean_model(n=50, d=2)
+    m = mean + np.array([0.05, -0.03])
+    cov = np.array([[1.5, 0.4], [0.4, 2.0]]) * sd[0] ** 2
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0, noise_multiplier=0.5, proposal="independent",
+            proposal_mean=m, proposal_cov=cov,
+        )  # fmt: skip
+        idata = pm.sample(40, tune=0, chains=1, cores=1, step=step, random_seed=5, **SAMPLE)
+    (s,) = np.unique(idata.sample_stats["scaling"].values)
+    proposal = stats.multivariate_normal(m, s**2 * cov)
+    prior = stats.norm(0.0, 10.0)
+    assert len(pairs) == len(tests) == 40
+    for (q1, q0), (lp_ratio, lq_ratio) in zip(pairs, tests, strict=True):
+        assert lq_ratio == pytest.approx(
+            proposal.logpdf(q0) - proposal.logpdf(q1), rel=1e-9, abs=1e-12
+        )
+        assert lp_ratio == pytest.approx(
+            np.sum(prior.logpdf(q1) - prior.logpdf(q0)), rel=1e-9, abs=1e-12
+        )
