@@ -202,6 +202,32 @@ MUTANTS = (
         (AUTO_EPSILON,),
     ),
     Mutant(
+        "halve the one-shot gradient release's noise",
+        "pymc_dp/auto/oneshot.py",
+        "rng.normal(size=shape) * noise_multiplier * 2.0 * bound",
+        "rng.normal(size=shape) * noise_multiplier * bound",
+        (
+            "tests/auto/test_oneshot.py::test_release_adds_noise_of_z_times_2b",
+            "tests/test_audit.py::test_audit_scenario[auto: one-shot gradient sum: as shipped]",
+        ),
+    ),
+    Mutant(
+        "one-shot: its two last releases not in the budget",
+        "pymc_dp/auto/configure.py",
+        'plan.phases.append(Phase("one-shot: noisy clipped gradient sums", z, 2))',
+        'plan.phases.append(Phase("one-shot: noisy clipped gradient sums", z, 0))',
+        ("tests/auto/test_oneshot.py::test_one_shot_spends_exactly_the_budget",),
+    ),
+    Mutant(
+        "one-shot: the release noise left out of the covariance",
+        "pymc_dp/auto/oneshot.py",
+        "cov = second.cov_c + noise + doubt.T @ doubt",
+        "cov = second.cov_c + doubt.T @ doubt",
+        (
+            "tests/auto/test_oneshot.py::test_noise_aware_laplace_is_exact_for_a_quadratic_log_likelihood",
+        ),
+    ),
+    Mutant(
         "halve the exponential-family statistic's noise",
         "pymc_dp/kernels/expfam.py",
         "return float(noise_multiplier) * 2.0 * float(stat_clip_bound)",

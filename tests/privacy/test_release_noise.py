@@ -107,8 +107,8 @@ def laplace_runs():
     histograms = []
     real = warmstart.noisy_histogram_quantile
 
-    def spy(hist, grid, quantile, noise_multiplier, rng):
-        bound, noisy = real(hist, grid, quantile, noise_multiplier, rng)
+    def spy(hist, grid, quantile, noise_multiplier, rng, *rest):
+        bound, noisy = real(hist, grid, quantile, noise_multiplier, rng, *rest)
         histograms.append((np.array(hist, dtype=float), np.array(noisy)))
         return bound, noisy
 
@@ -338,7 +338,8 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
         pm.Normal("x", mu, 1.0, observed=x)
         idata = pymc_dp.sample(
             epsilon=epsilon, delta=delta, chains=2, cores=1, random_seed=3, progressbar=False,
-            compute_convergence_checks=False, auto_kwargs={"max_iterations": 400},
+            compute_convergence_checks=False,
+            auto_kwargs={"max_iterations": 400, "method": "chain"},
         )  # fmt: skip
     report = pymc_dp.privacy_report(idata, model=model, attach=False)
 
