@@ -155,19 +155,20 @@ class InMemoryRecords:
         with the store (keyed by the ``prepare`` object, which must be kept alive by the
         caller) and never returned.
         """
-        if prepare is not None:
-            key = id(prepare)
-            if key not in self._prepared:
-                self._prepared[key] = (prepare, [prepare(*c) for c in self.chunks()])
-            preps = self._prepared[key][1]
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            if prepare is not None:
+                key = id(prepare)
+                if key not in self._prepared:
+                    self._prepared[key] = (prepare, [prepare(*c) for c in self.chunks()])
+                preps = self._prepared[key][1]
+                acc = init
+                for p, c in zip(preps, self.chunks(), strict=True):
+                    acc = reduce(acc, fn(*args, p, *c))
+                return acc
             acc = init
-            for p, c in zip(preps, self.chunks(), strict=True):
-                acc = reduce(acc, fn(*args, p, *c))
+            for c in self.chunks():
+                acc = reduce(acc, fn(*args, *c))
             return acc
-        acc = init
-        for c in self.chunks():
-            acc = reduce(acc, fn(*args, *c))
-        return acc
 
     def map_reduce_rows(
         self,
@@ -190,10 +191,11 @@ class InMemoryRecords:
         """
         starts = np.asarray(self.chunk_starts())
         acc = init
-        for j, local, ra in split_rows(idx, tuple(row_args), starts, self.n_records):
-            uniq, inverse = unique_rows(local)
-            rows = [a[uniq + starts[j]] for a in self._arrays]
-            acc = reduce(acc, fn(*args, inverse, ra, *rows))
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            for j, local, ra in split_rows(idx, tuple(row_args), starts, self.n_records):
+                uniq, inverse = unique_rows(local)
+                rows = [a[uniq + starts[j]] for a in self._arrays]
+                acc = reduce(acc, fn(*args, inverse, ra, *rows))
         return acc
 
     def forget(self, prepare) -> None:
