@@ -117,6 +117,9 @@ def test_automatic_mode_prints_the_same_for_neighbouring_datasets(capfd, caplog)
             )  # fmt: skip
         assert "warm start" in idata.attrs["dp_phases"]
         out = capfd.readouterr()
-        logged = "\n".join(r.getMessage() for r in caplog.records)
+        # (PyTensor's compile timings at DEBUG depend on its cache, not on the data)
+        logged = "\n".join(
+            r.getMessage() for r in caplog.records if not r.name.startswith("pytensor")
+        )
         seen.append(_masked("\n".join([out.out, out.err, logged])))
     assert seen[0] == seen[1]
