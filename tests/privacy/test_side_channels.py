@@ -4,9 +4,10 @@ A run on a dataset ``D`` and on a neighbour ``D'`` (one record replaced) must pr
 and log the same text (up to the noisy numbers): a warning that appears for one and not the
 other publishes a bit of the data without noise (epsilon infinite for that bit). Each test
 runs under ``warnings.simplefilter("error")``, so a warning is an exception and fails it.
-Both failed on main at 99d13ac (issue 29, item 2): a record whose gradient is exactly 0
+Each failed on main at 99d13ac (issue 29, item 2): a record whose gradient is exactly 0
 made ``_clip_rows`` divide by zero, a record whose log-likelihood is -inf at both points
-made the control variate's residual warn ``invalid value encountered in subtract``.
+made the control variate's residual warn ``invalid value encountered in subtract``, and an
+error of a per-record computation carried PyTensor's listing of the input values.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import warnings
 
 import numpy as np
 import pymc as pm
+import pytest
 
 import pymc_dp
-from pymc_dp.records import build_record_functions
+from pymc_dp.records import RecordComputationError, build_record_functions
 
 SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
 #: Poisson counts; at the start point (rate 1) no record has a zero gradient ``y - 1``.
@@ -123,3 +125,21 @@ def test_automatic_mode_prints_the_same_for_neighbouring_datasets(capfd, caplog)
         )
         seen.append(_masked("\n".join([out.out, out.err, logged])))
     assert seen[0] == seen[1]
+
+
+def test_a_failure_on_the_records_names_no_record_value():
+    """A record whose group index is out of range: PyTensor's error lists the input values
+    (the records of a small chunk); the error that leaves names only its type, the same for
+    D and D'."""
+    texts = []
+    for bad in (7, 9):
+        g = np.array([0, 1, bad])
+        with pm.Model():
+            a = pm.Normal("a", 0, 1, shape=5)
+            pm.Normal("x", a[g], 1, observed=np.array([0.5, 1.5, 2.5]))
+            with pytest.raises(RecordComputationError, match=r"failed \(IndexError\)") as err:
+                pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=2.0)
+        assert err.value.__cause__ is None and err.value.__context__ is None
+        texts.append(str(err.value))
+    assert texts[0] == texts[1]
+    assert "7" not in texts[0] and "2.5" not in texts[0]
