@@ -224,8 +224,9 @@ def _iteration_checks(stats, warm, n_tune: int) -> tuple[list[str], list[str]]:
     Every pymc_dp step records ``dp_iteration`` (1, 2, ... per chain, warmup included): the
     result must hold every iteration from the first, in order, or its epsilon (which counts
     the iterations present) is less than the run spent. A result without the counter (made
-    before it existed) cannot be checked. Not detected: iterations cut from the end of
-    every chain.
+    before it existed) cannot be checked. Iterations cut from the end of every chain are
+    told apart from a shorter run only by the steps' plan (``dp_plan_iterations``): chains
+    shorter than it leave the result unverified.
     """
     it = _per_mechanism(stats, "dp_iteration")
     if it is None:
@@ -240,6 +241,8 @@ def _iteration_checks(stats, warm, n_tune: int) -> tuple[list[str], list[str]]:
     else:
         start = n_tune + 1
     expected = start + np.arange(it.shape[1])[None, :]
+    plan = _per_mechanism(stats, "dp_plan_iterations")
+    unverified = []
     for k in range(it.shape[2]):
         col = it[:, :, k]
         if not np.any(col > 0):
@@ -250,7 +253,15 @@ def _iteration_checks(stats, warm, n_tune: int) -> tuple[list[str], list[str]]:
                 "the result was thinned, sliced or reordered, and its epsilon would count only "
                 "the iterations left, not what the run spent"
             ], []
-    return [], []
+        planned = 0 if plan is None or plan.shape[2] <= k else int(plan[:, :, k].max())
+        length = start - 1 + it.shape[1]
+        if 0 < length < planned and not unverified:
+            unverified.append(
+                f"its chains hold {length} iterations, fewer than the {planned} per chain the "
+                "steps were calibrated for: iterations cut from the end of the chains cannot be "
+                "told apart from a shorter run (epsilon counts the iterations present)"
+            )
+    return [], unverified
 
 
 def _tuning_steps(idata, posterior) -> int:

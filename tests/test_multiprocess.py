@@ -45,6 +45,7 @@ def test_a_step_with_its_indexed_route_compiled_survives_cloudpickle():
     np.testing.assert_array_equal(back._fns.clipped_grad_sum(q, 1.0)[0], want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mp_ctx", ["spawn", "forkserver"])
 def test_parallel_chains_with_spawn_and_forkserver_on_an_indexed_model(mp_ctx):
     with _indexed_model(), warnings.catch_warnings():

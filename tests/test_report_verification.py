@@ -73,6 +73,14 @@ def test_a_thinned_or_sliced_result_is_not_vouched_for(run, cut):
     assert "not the contiguous iterations" in "; ".join(rep.not_private_reasons)
 
 
+def test_chains_cut_short_of_the_plan_are_unverified(run):
+    model, idata = run
+    rep = _report(idata.isel(draw=slice(None, 15)), model=model)
+    assert not rep.private and not rep.not_private_reasons
+    assert "fewer than the 25 per chain" in "; ".join(rep.unverified_reasons)
+    assert rep.epsilon < _report(idata, model=model).epsilon  # what is left, not vouched for
+
+
 def test_without_the_model_the_report_is_unverified_not_private(run):
     _, idata = run
     rep = _report(idata)  # no model, no model context

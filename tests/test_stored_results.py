@@ -31,10 +31,11 @@ ADDED_SINCE_E434ABE = {"dp_ndim", "dp_plan_chains"}
 #: Declared by every step; none of the stored files holds it (the report reads 0 then).
 ADDED_ISSUE_20 = {"dp_owners"}
 
-#: Added by issue 29: every step's iteration counter (the report detects a thinned or sliced
-#: result) and whether it used a release made before the chains. Old files do not hold them:
+#: Added by issue 29: every step's iteration counter and planned iterations per chain (the
+#: report detects a thinned or sliced result) and whether it used a release made before the
+#: chains. Old files do not hold them:
 #: their report is unverified, its epsilon unchanged.
-ADDED_ISSUE_29 = {"dp_iteration", "dp_needs_presample"}
+ADDED_ISSUE_29 = {"dp_iteration", "dp_needs_presample", "dp_plan_iterations"}
 
 #: The dp_* stats each stored run saved, and the step classes that emit them.
 STORED = {

@@ -122,6 +122,9 @@ class DPStep(ArrayStepShared):
         # checks that a result holds every iteration the step counted, so that a thinned or
         # sliced result is not reported for less than it spent. Data-free.
         "dp_iteration": (np.int64, []),
+        # Iterations per chain the step was calibrated for (0: no plan): a result whose
+        # chains are shorter may have lost iterations from their end. Data-free.
+        "dp_plan_iterations": (np.int64, []),
         # 1 when the step used a release made before the chains (a control variate's noisy
         # gradient sum): the report refuses a result that does not carry its accounting
         # (``dp_presample_mu``). Data-free.
@@ -299,6 +302,7 @@ class DPStep(ArrayStepShared):
             "dp_plan_chains": 0 if self.plan is None else self.plan.chains,
             "dp_owners": getattr(self, "_owners", 0),
             "dp_iteration": self._iteration,
+            "dp_plan_iterations": self.max_iterations or 0,
             "dp_needs_presample": int(self._needs_presample),
         }
 
