@@ -214,8 +214,8 @@ MUTANTS = (
     Mutant(
         "one-shot: its two last releases not in the budget",
         "pymc_dp/auto/configure.py",
-        'plan.phases.append(Phase("one-shot: noisy clipped gradient sums", z, 2))',
-        'plan.phases.append(Phase("one-shot: noisy clipped gradient sums", z, 0))',
+        "plan.phases.append(Phase(ONESHOT_PHASE, z, 2))",
+        "plan.phases.append(Phase(ONESHOT_PHASE, z, 0))",
         ("tests/auto/test_oneshot.py::test_one_shot_spends_exactly_the_budget",),
     ),
     Mutant(

@@ -21,14 +21,17 @@ worker returns only partition sums (the clipped gradient sum, the clipped log-li
 sum); the driver adds the noise. With the same seed, draws equal those of a single-process
 run with ``chunk_size`` equal to the partition size.
 
-**Data-sharing** (``owners=...``; Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2): each
-data owner (a group of partitions) adds its own Gaussian noise to its own clipped
+**Data-sharing** (``owners=...``; Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2): each data
+owner (a group of partitions) adds its own Gaussian noise to its own clipped
 log-likelihood-ratio sum on the cluster, so each owner is protected against the curator and
 against the other owners with the (epsilon, delta) of the central scheme at the same noise
-multiplier (neighbours: replace one record of that owner). The price: with ``K`` owners the
-log acceptance ratio carries ``K`` times the noise variance of the central scheme, which
-lowers the acceptance rate. Supported by `pymc_dp.DPPenaltyMetropolis` and `pymc_dp.DPHMC`
-(every owner noises its own gradient sums too).
+multiplier (neighbours: replace one record of that owner), as far as they see only what the run
+releases: a curator who uses the Dask client (which holds futures to every owner's raw
+partitions and to the exact per-partition sums) or controls the cluster can read the records
+(docs/scaling-out.md, "Which curator this protects against"). The price: with ``K`` owners the
+log acceptance ratio carries ``K`` times the noise variance of the central scheme, which lowers
+the acceptance rate. Supported by `pymc_dp.DPPenaltyMetropolis` and `pymc_dp.DPHMC` (every
+owner noises its own gradient sums too).
 
 Every step takes ``records=``: the full-data steps as above, the minibatch steps (DPSGLD,
 DPSGNHT, DPFastMH, DPBarker, DPSubsampledPenalty) draw their minibatch indices on the driver
@@ -162,8 +165,10 @@ class DaskRecords:
     owners : None, "partition" or sequence of int, optional
         Data-sharing mode (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2): the owner of
         every partition (``"partition"``: each partition its own owner). Each owner adds its
-        own Gaussian noise to its own contribution. None (default): the central scheme, the
-        driver adds the noise.
+        own Gaussian noise to its own contribution, on the cluster: it protects the owners
+        against a curator who sees only what the run releases, not against one who uses this
+        client (which holds futures to every owner's partitions) or controls the cluster
+        (docs/scaling-out.md). None (default): the central scheme, the driver adds the noise.
     owner_seeds : sequence of int, optional
         For reproducible tests only: seeds of the owners' noise. Whoever knows them can
         remove the noise; by default every owner draws fresh OS entropy on its worker.

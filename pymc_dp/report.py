@@ -90,6 +90,15 @@ class PrivacyReport:
         The automatic mode's strategy (``dp_method``: ``"laplace"``, the one-shot
         noise-aware private Laplace approximation, or ``"chain"``); empty for a run with a
         step given by the user. On the guarantee's line.
+    private : bool
+        True only when the report could verify, from the result (and the model), that it
+        holds nothing but the mechanisms' outputs and that ``epsilon`` counts every
+        iteration they ran: False when it is not private (``not_private_reasons``; then
+        ``epsilon`` is infinite, except for raw-data groups alone, which can be removed:
+        ``epsilon`` is then that of the result without them) and when it could not be
+        verified (``unverified_reasons``, e.g. no model given; ``epsilon`` is then what the
+        mechanisms spent, not vouched for).
+    not_private_reasons, unverified_reasons : tuple of str
     """
 
     epsilon: float
@@ -115,6 +124,7 @@ class PrivacyReport:
     total_noise_variance: float = float("nan")
     convergence: str = ""
     method: str = ""
+    unverified_reasons: tuple[str, ...] = ()
 
     def to_attrs(self) -> dict[str, Any]:
         """Flat ``dp_*`` attributes (str, int, float only)."""
@@ -123,7 +133,8 @@ class PrivacyReport:
             if isinstance(v, bool):
                 v = int(v)
             elif isinstance(v, tuple):
-                v = ("; " if k == "not_private_reasons" else ",").join(str(x) for x in v)
+                sep = "; " if k in ("not_private_reasons", "unverified_reasons") else ","
+                v = sep.join(str(x) for x in v)
             out[f"dp_{k}"] = v
         return out
 
@@ -131,13 +142,19 @@ class PrivacyReport:
         # first line: NOT DIFFERENTIALLY PRIVATE, else NOT CONVERGED, else the guarantee
         unconverged = self.convergence.startswith("NOT CONVERGED")
         lines = []
-        if not self.private:
+        if self.not_private_reasons:
             lines += [
                 "NOT DIFFERENTIALLY PRIVATE: this result holds values computed from the data "
                 "outside the privacy mechanism: " + "; ".join(self.not_private_reasons),
                 f"  (the pymc_dp mechanisms alone spent epsilon = {self.mechanism_epsilon:.4g} "
                 f"at delta = {self.delta:.3g}; that is NOT a guarantee for this result)",
             ]
+        elif self.unverified_reasons:
+            lines.append(
+                f"UNVERIFIED: the mechanisms spent (epsilon, delta) = ({self.epsilon:.4g}, "
+                f"{self.delta:.3g}); this report does not vouch for the result: "
+                + "; ".join(self.unverified_reasons)
+            )
         else:
             lines += _wrap_parts(self.convergence, first="") if unconverged else []
             lines.append(
@@ -255,6 +272,57 @@ def _presample(idata, posterior) -> tuple[float, int, str]:
                 raise ValueError("dp_presample_mu must be a finite number >= 0")
             return mu, int(src.get("dp_presample_releases", 0)), str(src.get("dp_phases", ""))
     return 0.0, 0, ""
+
+
+def _has_presample(idata, posterior) -> bool:
+    """Whether the result carries the account of the releases made before the chains."""
+    return any("dp_presample_mu" in src for src in (getattr(idata, "attrs", {}), posterior.attrs))
+
+
+def _iteration_checks(stats, warm, n_tune: int) -> tuple[list[str], list[str]]:
+    """``(not_private, unverified)`` reasons from the steps' iteration counter.
+
+    Every pymc_dp step records ``dp_iteration`` (1, 2, ... per chain, warmup included): the
+    result must hold every iteration from the first, in order, or its epsilon (which counts
+    the iterations present) is less than the run spent. A result without the counter (made
+    before it existed) cannot be checked. Iterations cut from the end of every chain are
+    told apart from a shorter run only by the steps' plan (``dp_plan_iterations``): chains
+    shorter than it leave the result unverified.
+    """
+    it = _per_mechanism(stats, "dp_iteration")
+    if it is None:
+        return [], [
+            "the result has no iteration counter (dp_iteration): that it holds every "
+            "iteration the steps ran (not thinned or sliced) was not checked"
+        ]
+    start = 1
+    w = _per_mechanism(warm, "dp_iteration") if warm is not None else None
+    if w is not None:
+        it = np.concatenate([w, it], axis=1)
+    else:
+        start = n_tune + 1
+    expected = start + np.arange(it.shape[1])[None, :]
+    plan = _per_mechanism(stats, "dp_plan_iterations")
+    unverified = []
+    for k in range(it.shape[2]):
+        col = it[:, :, k]
+        if not np.any(col > 0):
+            continue  # not a pymc_dp step's column
+        if not np.array_equal(col, np.broadcast_to(expected, col.shape)):
+            return [
+                "its draws are not the contiguous iterations the steps counted (dp_iteration): "
+                "the result was thinned, sliced or reordered, and its epsilon would count only "
+                "the iterations left, not what the run spent"
+            ], []
+        planned = 0 if plan is None or plan.shape[2] <= k else int(plan[:, :, k].max())
+        length = start - 1 + it.shape[1]
+        if 0 < length < planned and not unverified:
+            unverified.append(
+                f"its chains hold {length} iterations, fewer than the {planned} per chain the "
+                "steps were calibrated for: iterations cut from the end of the chains cannot be "
+                "told apart from a shorter run (epsilon counts the iterations present)"
+            )
+    return [], unverified
 
 
 def _tuning_steps(idata, posterior) -> int:
@@ -421,7 +489,12 @@ def privacy_report(
         if any). With it the report also checks that pymc_dp steps sampled every free
         variable and that no stored Deterministic reads the data; a result that fails a
         check is reported as NOT private (``report.private`` is False, ``epsilon`` is
-        infinite, and ``str(report)`` says why in its first line).
+        infinite, and ``str(report)`` says why in its first line). Without it the result is
+        unverified: ``report.private`` is False, ``epsilon`` what the mechanisms spent.
+        Whatever the model, the report also checks from the result that its draws are the
+        contiguous iterations the steps counted (``dp_iteration``: not thinned or sliced),
+        that a step that used a pre-sampling release has its account
+        (``dp_needs_presample``, ``dp_presample_mu``) and that no raw-data group is left.
 
     Returns
     -------
@@ -538,7 +611,14 @@ def privacy_report(
         for name in stats.data_vars
     )
     raw = tuple(g for g in RAW_DATA_GROUPS if g in _groups(idata))
-    reasons = []
+    reasons, unverified = _iteration_checks(stats, warm if mu_warm is not None else None, n_tune)
+    needs = _per_iteration(stats, "dp_needs_presample")
+    if needs is not None and np.any(needs > 0) and not _has_presample(idata, posterior):
+        reasons.append(
+            "a step used a release made before the chains (a control variate's noisy gradient "
+            "sum, or the one-shot strategy's releases its draws come from) whose account (the "
+            "dp_presample_mu attribute) is not in the result"
+        )
     if nonprivate:
         reasons.append("non-private diagnostics (stats ending in _NONPRIVATE) were emitted")
     foreign = sorted(set(stats.data_vars) - _known_stat_names())
@@ -546,13 +626,6 @@ def privacy_report(
         reasons.append(
             f"sampler stats {foreign} come from a step that is not a pymc_dp step (it read "
             "the data without a privacy mechanism)"
-        )
-    required = _per_iteration(stats, "dp_presample_required")
-    if required is not None and np.any(required > 0) and not pre_mu > 0:
-        reasons.append(
-            "the draws come from releases made before sampling (the automatic mode's one-shot "
-            "strategy) whose accounting (the dp_presample_* attributes) this result does not "
-            "carry"
         )
     if model is None:
         import pymc as pm
@@ -563,6 +636,14 @@ def privacy_report(
             model = None
     if model is not None:
         reasons += _model_reasons(idata, stats, model, posterior)
+    else:
+        unverified.append(
+            "no model was given: that every free variable was sampled by a pymc_dp step and "
+            "that no stored Deterministic reads the data was not checked"
+        )
+    # the raw records in the result: NOT private as it is, but removable, so the epsilon of
+    # the mechanisms (that of the result without those groups) is still reported
+    removable = [f"raw data groups {list(raw)} are in the result"] if raw else []
     planned = _per_iteration(stats, "dp_plan_chains")
     plan_exceeded = bool(
         planned is not None and np.any(planned > 0) and chains > int(planned[planned > 0].min())
@@ -596,8 +677,9 @@ def privacy_report(
         draws=int(draws),
         nonprivate_diagnostics=bool(nonprivate),
         raw_data_groups=raw,
-        private=not reasons,
-        not_private_reasons=tuple(reasons),
+        private=not reasons and not removable and not unverified,
+        not_private_reasons=tuple(reasons + removable),
+        unverified_reasons=tuple(unverified) if not (reasons or removable) else (),
         mechanism_epsilon=epsilon,
         model_checked=model is not None,
         plan_exceeded=plan_exceeded,

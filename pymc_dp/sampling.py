@@ -8,6 +8,7 @@ sampled, the run is refused if it would publish data outside the privacy mechani
 from __future__ import annotations
 
 import inspect
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +24,6 @@ from pymc_dp.records import (
     check_model_supported,
     deterministics_reading_data,
 )
-from pymc_dp.records.dask_store import RecordsLostError
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
 from pymc_dp.step_methods.laplace import DPLaplaceDraws
@@ -181,8 +181,7 @@ def sample(
         phase of the automatic mode (without data owners). The chains then run one after
         the other in this process (``cores=1``), the cluster does the parallel work. If a
         partition is lost and cannot be recomputed, the run stops with
-        `pymc_dp.distributed.RecordsLostError`, whose ``releases``, ``epsilon`` and
-        ``delta`` account for every release that reached the driver.
+        `pymc_dp.distributed.RecordsLostError`.
     **sample_kwargs
         Passed to `pymc.sample` (``cores``, ``progressbar``, ...).
 
@@ -196,6 +195,17 @@ def sample(
         ESS < 100 or a chain accepting under 1 % of proposals) a
         `pymc_dp.ConvergenceWarning` says so with the numbers and what would help, and the
         report's first line repeats it.
+
+    Raises
+    ------
+    Exception
+        An error that stops the run after a release (records lost, the budget exceeded, an
+        exception in a worker, in a callback or in `pymc.sample`), whatever its type,
+        carries the spend so far: its ``releases``, ``epsilon`` and ``delta`` attributes
+        (and a note) account for every release made, the automatic mode's pre-sampling
+        phases included. Chains run in worker processes (``cores > 1``) are not counted
+        from the driver: ``epsilon`` is then the run's target, an upper bound
+        (``epsilon_is_bound``).
     """
     model = pm.modelcontext(model)
     if step is None and (inspect.isclass(draws) or isinstance(draws, DPStep | list | tuple)):
@@ -353,8 +363,19 @@ def _run(
             random_seed=random_seed,
             **sample_kwargs,
         )
-    except RecordsLostError as err:
-        _account_partial_run(err, steps, delta)
+    except BaseException as err:  # every error after a release carries the spend so far
+        spent = None if presample is None else presample.spent_before_sampling()
+        target = presample.epsilon if presample is not None else None
+        if target is None and len(steps) == 1:
+            target = getattr(steps[0], "epsilon", None)
+        _account_partial_run(
+            err,
+            steps,
+            delta,
+            presample=spent,
+            parallel=_parallel(sample_kwargs, chains),
+            target=target,
+        )
         raise
     if not keep_data:
         _drop_groups(idata, RAW_DATA_GROUPS)
@@ -408,6 +429,7 @@ def _sample_auto(
 ):
     """``step=None``: the private auto-configuration, then the configured penalty run."""
     from pymc_dp.auto import auto_configure
+    from pymc_dp.auto.configure import PresampleSpend
 
     epsilon, delta = _require_target(epsilon, delta, "the automatic configuration")
     if step_kwargs:
@@ -418,17 +440,23 @@ def _sample_auto(
     _check_outputs_are_private(model, var_names, idata_kwargs)
     # one seed for the pre-sampling mechanisms, another for pm.sample (both from random_seed)
     seeds = np.random.SeedSequence(random_seed).spawn(2)
-    plan = auto_configure(
-        model,
-        epsilon=epsilon,
-        delta=delta,
-        chains=chains,
-        draws=draws,
-        tune=tune,
-        rng=np.random.default_rng(seeds[0]),
-        records=records,
-        **(auto_kwargs or {}),
-    )
+    spend = PresampleSpend()
+    try:
+        plan = auto_configure(
+            model,
+            epsilon=epsilon,
+            delta=delta,
+            chains=chains,
+            draws=draws,
+            tune=tune,
+            rng=np.random.default_rng(seeds[0]),
+            records=records,
+            spend=spend,
+            **(auto_kwargs or {}),
+        )
+    except BaseException as err:  # stopped part-way: charged for the releases made
+        _account_partial_run(err, [], delta, presample=spend)
+        raise
     if plan.method == "laplace":
         # the one-shot strategy released everything before sampling: independent draws from
         # its noise-aware Gaussian read no data (one process is enough)
@@ -498,23 +526,73 @@ def _check_cores(sample_kwargs: dict) -> None:
         )
 
 
-def _account_partial_run(err: RecordsLostError, steps: list, delta: float | None) -> None:
-    """Attach to ``err`` the releases that reached the driver and their privacy spend."""
-    mu = sum(s.released_mu() for s in steps)
+def _parallel(sample_kwargs: dict, chains: int) -> bool:
+    """Whether ``pm.sample`` runs the chains in worker processes (as PyMC decides)."""
+    cores = sample_kwargs.get("cores")
+    if cores is None:
+        cores = min(4, os.cpu_count() or 1)
+    return chains > 1 and int(cores) > 1
+
+
+def _account_partial_run(
+    err: BaseException,
+    steps: list,
+    delta: float | None,
+    *,
+    presample=None,
+    parallel: bool = False,
+    target: float | None = None,
+) -> None:
+    """Attach to ``err`` the releases made before the run stopped and their privacy spend.
+
+    Every error that stops a run after a release (records lost, the budget exceeded, an
+    exception in a worker or in ``pm.sample``) gets ``releases``, ``epsilon`` and ``delta``
+    attributes and a note: the pre-sampling phases (``presample``, a
+    `pymc_dp.auto.configure.PresampleSpend`) and every step's releases that reached the
+    driver. Chains run in worker processes (``parallel``) are not seen from here: their
+    spend is bounded by the run's calibration, so ``epsilon`` is the run's ``target`` (an
+    upper bound; ``epsilon_is_bound`` is True), or None when it is not known. An error
+    raised before any release gets ``releases = 0`` and no note.
+    """
+    pre_mu = 0.0 if presample is None else presample.mu
+    pre_releases = 0 if presample is None else presample.releases
+    mu = pre_mu + sum(s.released_mu() for s in steps)
     events = [ev for s in steps for ev in s.released_events()]
+    releases = pre_releases + int(sum(sum(s._fns.released.values()) for s in steps))
     if mu > 0:  # the Gaussian releases, as one Gaussian mechanism of the composed mu
         events.append(GaussianEvent(float(np.sqrt(0.5 / mu))))
-    err.releases = int(sum(sum(s._fns.released.values()) for s in steps))
     if delta is None:
         targets = [s.target_delta for s in steps if s.target_delta is not None]
         delta = min(targets) if targets else None
-    if delta is not None:
-        err.delta = float(delta)
-        err.epsilon = compose_epsilon(events, delta) if events else 0.0
-    err.add_note(
-        f"{err.releases} released sums reached the driver before the run stopped"
-        + (f": (epsilon, delta) = ({err.epsilon:.4g}, {err.delta:.3g})" if delta else "")
-    )
+    epsilon = None
+    bound = False
+    if parallel and steps:
+        if target is not None:
+            epsilon, bound = float(target), True
+    elif delta is not None:
+        epsilon = compose_epsilon(events, delta) if events else 0.0
+    try:
+        err.releases = releases
+        err.epsilon = epsilon
+        err.delta = None if delta is None else float(delta)
+        err.epsilon_is_bound = bound
+    except AttributeError:  # an exception type that takes no attributes: the note only
+        pass
+    if parallel and steps:
+        spent = ": the spend is unknown (at most the steps' calibration)"
+        if epsilon is not None and delta is not None:
+            spent = f": (epsilon, delta) spent is at most the target ({epsilon:.4g}, {delta:.3g})"
+        note = (
+            f"the run stopped after {pre_releases} pre-sampling releases; its chains ran in "
+            "worker processes, whose releases this process does not count" + spent
+        )
+    elif releases == 0:
+        return
+    else:
+        note = f"{releases} released sums reached the driver before the run stopped" + (
+            f": (epsilon, delta) = ({epsilon:.4g}, {delta:.3g})" if epsilon is not None else ""
+        )
+    err.add_note(note)
 
 
 def _drop_groups(idata, names) -> None:

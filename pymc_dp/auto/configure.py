@@ -57,6 +57,7 @@ __all__ = [
     "BudgetSplit",
     "NEWTON_STEPS",
     "Phase",
+    "PresampleSpend",
     "auto_configure",
     "choose_anchor_share",
     "presample_phases",
@@ -106,6 +107,51 @@ class Phase:
         return GaussianEvent(self.noise_multiplier, self.releases).mu
 
 
+#: Names of the pre-sampling phases (`presample_phases`, the control variate).
+GRAD_PHASE = "warm start: noisy clipped gradient sums"
+OUTER_PHASE = "warm start: noisy clipped outer-product sums"
+HIST_PHASE = "warm start: noisy gradient-norm histograms"
+CLIP_PHASE = "clip selection: noisy ratio-residual histogram"
+ANCHOR_PHASE = "control variate: noisy clipped gradient sum"
+SAMPLING_PHASE = "sampling (penalty tests)"
+
+
+@dataclass
+class PresampleSpend:
+    """The pre-sampling releases made so far: what a run that stops before (or during) its
+    chains has spent before them (data-free counts).
+
+    ``phases`` are the planned phases (`Phase`); ``made`` counts, by phase name, the releases
+    whose exact sum reached the driver, each counted as soon as it did (a phase is never
+    charged more than it planned). `auto_configure` fills it in as it goes, so that an error
+    part-way through can be charged for what was spent (`pymc_dp.sample`).
+    """
+
+    phases: list[Phase] = field(default_factory=list)
+    made: dict[str, int] = field(default_factory=dict)
+
+    def release(self, name: str) -> None:
+        """Count one release of the phase ``name``."""
+        self.made[name] = self.made.get(name, 0) + 1
+
+    def _counts(self) -> list[tuple[Phase, int]]:
+        return [
+            (p, min(self.made.get(p.name, 0), p.releases))
+            for p in self.phases
+            if p.name != SAMPLING_PHASE
+        ]
+
+    @property
+    def releases(self) -> int:
+        """Releases made so far."""
+        return int(sum(k for _, k in self._counts()))
+
+    @property
+    def mu(self) -> float:
+        """Privacy-loss parameter of the releases made so far (Gaussian ``mu``s add)."""
+        return float(sum(GaussianEvent(p.noise_multiplier, k).mu for p, k in self._counts() if k))
+
+
 @dataclass
 class AutoPlan:
     """What the automatic configuration chose (every field data-free or a DP output)."""
@@ -146,9 +192,14 @@ class AutoPlan:
     #: what was done with it, in words (data-free)
     run_length_note: str = ""
 
+    def spent_before_sampling(self) -> PresampleSpend:
+        """Every pre-sampling release, made in full (the plan is complete)."""
+        pre = [p for p in self.phases if p.name != SAMPLING_PHASE]
+        return PresampleSpend(pre, {p.name: p.releases for p in pre})
+
     def to_attrs(self) -> dict:
         """Data-free attributes the privacy report composes with the sampling phase."""
-        pre = [p for p in self.phases if p.name != "sampling (penalty tests)"]
+        pre = [p for p in self.phases if p.name != SAMPLING_PHASE]
         out = {
             "dp_presample_mu": float(sum(p.mu for p in pre)),
             "dp_presample_releases": int(sum(p.releases for p in pre)),
@@ -232,19 +283,13 @@ def presample_phases(
         return math.sqrt(releases / (2.0 * share * mu_total))
 
     phases = [
-        Phase("warm start: noisy clipped gradient sums", z(iters, split.warm_start / 2), iters),
-        Phase(
-            "warm start: noisy clipped outer-product sums", z(iters, split.warm_start / 2), iters
-        ),
+        Phase(GRAD_PHASE, z(iters, split.warm_start / 2), iters),
+        Phase(OUTER_PHASE, z(iters, split.warm_start / 2), iters),
     ]
     if gradient_histograms:
-        phases.append(
-            Phase("warm start: noisy gradient-norm histograms", z(iters, split.histograms), iters)
-        )
+        phases.append(Phase(HIST_PHASE, z(iters, split.histograms), iters))
     if residual_histogram:
-        phases.append(
-            Phase("clip selection: noisy ratio-residual histogram", z(1, split.clip_selection), 1)
-        )
+        phases.append(Phase(CLIP_PHASE, z(1, split.clip_selection), 1))
     return phases
 
 
@@ -324,8 +369,9 @@ class _Coordinates:
     chains and the records' functions in ``q``. Data-free.
     """
 
-    def __init__(self, fns, rp) -> None:
+    def __init__(self, fns, rp, spend: PresampleSpend | None = None) -> None:
         self.fns, self.rp = fns, rp
+        self.spend = PresampleSpend() if spend is None else spend
 
     def to_q(self, y: np.ndarray) -> np.ndarray:
         return y if self.rp is None else self.rp.inverse(y)
@@ -359,13 +405,19 @@ class _Coordinates:
 
     def moments(self, y: np.ndarray, b: float, b_outer: float, m=None, centre=None):
         q = self.to_q(y)
-        return self.fns.clipped_grad_moments(
+        out = self.fns.clipped_grad_moments(
             q, b, self.transform(q, m), outer_bound=b_outer, centre=centre
         )
+        if centre is None:  # an iteration's first read: its gradient and outer-product sums
+            self.spend.release(GRAD_PHASE)  # (a centred second read completes the latter)
+            self.spend.release(OUTER_PHASE)
+        return out
 
     def counts(self, y: np.ndarray, grid: np.ndarray, m=None) -> np.ndarray:
         q = self.to_q(y)
-        return self.fns.grad_norm_counts(q, grid, self.transform(q, m))
+        out = self.fns.grad_norm_counts(q, grid, self.transform(q, m))
+        self.spend.release(HIST_PHASE)
+        return out
 
     def cov_in_q(self, y: np.ndarray, cov: np.ndarray) -> np.ndarray:
         """``cov`` of ``y`` mapped to ``q`` to first order (delta method)."""
@@ -405,6 +457,7 @@ def auto_configure(
     derive_clips: bool = False,
     derive_residual_clip: bool = False,
     method: str = "auto",
+    spend: PresampleSpend | None = None,
 ) -> AutoPlan:
     """Choose and privately fit everything a DP penalty run needs.
 
@@ -473,6 +526,10 @@ def auto_configure(
         default: that bound holds for the worst record at the worst point of the box and was
         measured at 5.8 against the DP quantile's 0.03-0.06 (the Affairs logistic
         regression: acceptance 0), so a DP histogram chooses it.
+    spend : PresampleSpend, optional
+        Filled in as the releases are made (the planned phases, the releases made so far):
+        what an error part-way through has spent (`pymc_dp.sample` attaches it to the
+        error).
 
     Returns
     -------
@@ -509,7 +566,9 @@ def auto_configure(
     mu_total = gaussian_mu_for_epsilon(epsilon, delta)
     split = split or BudgetSplit()
     plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method=method)
-    coords = _Coordinates(fns, Recentring(model, blocks, vars, ip) if blocks else None)
+    spend = PresampleSpend() if spend is None else spend
+    spend.phases = plan.phases  # the same list: the phases as they are planned
+    coords = _Coordinates(fns, Recentring(model, blocks, vars, ip) if blocks else None, spend)
     plan.recentred = [b.describe() for b in blocks]
     plan.clip_sources = sources
     grad_derived = sources.get("warm-start gradient clip") == "data_bounds"
@@ -560,7 +619,7 @@ def auto_configure(
     anchor_map = coords.transform(anchor_q, np.linalg.inv(basis))
     free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
     if one_shot:
-        return _one_shot(plan, fns, coords, info, free, draws, tune, rng)
+        return _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend)
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
     # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
@@ -592,6 +651,7 @@ def auto_configure(
                 fns, qa, qb, grid, anchor_q, info.anchor_bound, anchor_map, direction, dist[-1]
             )
             hist += histogram_from_counts(n, counts)
+            spend.release(CLIP_PHASE)  # the pairs' counts form one release
     if res_derived:  # public: the declared bounds over a box around released values
         sd = PROPOSAL_INFLATION * np.sqrt(np.diag(cov))
         lo = np.minimum(info.mean - RESIDUAL_BOX_SDS * sd, info.anchor)
@@ -623,8 +683,9 @@ def auto_configure(
         mu_left, cov, info.anchor_bound, ess_of, ~free, basis, max_anchor_share
     )
     z_anchor = math.sqrt(1.0 / (2.0 * mu_anchor))
-    plan.phases.append(Phase("control variate: noisy clipped gradient sum", z_anchor, 1))
+    plan.phases.append(Phase(ANCHOR_PHASE, z_anchor, 1))
     g_exact, _ = fns.clipped_grad_moments(anchor_q, info.anchor_bound, anchor_map)
+    spend.release(ANCHOR_PHASE)
     anchor_grad = np.asarray(g_exact) + rng.normal(size=d) * z_anchor * 2.0 * info.anchor_bound
     # coordinates the likelihood does not read have an exact sum of 0: their noise is dropped
     # (post-processing), so it tilts nothing there
@@ -696,7 +757,7 @@ def auto_configure(
     pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
     while compose_epsilon([*pre, GaussianEvent(z_s, iterations)], delta) > epsilon * (1 - 1e-9):
         z_s *= 1.0 + 1e-9
-    plan.phases.append(Phase("sampling (penalty tests)", z_s, iterations))
+    plan.phases.append(Phase(SAMPLING_PHASE, z_s, iterations))
     kwargs.update(
         {
             "clip_bound": clip,
@@ -722,14 +783,18 @@ def auto_configure(
 ONESHOT_DRAWS = 1000
 
 
-def _one_shot(plan, fns, coords, info, free, draws, tune, rng) -> AutoPlan:
+#: The one-shot strategy's phase (its two last releases).
+ONESHOT_PHASE = "one-shot: noisy clipped gradient sums"
+
+
+def _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend) -> AutoPlan:
     """The one-shot strategy's two last releases and its noise-aware Laplace approximation
     (`pymc_dp.auto.oneshot`): the clipped gradient sum at the warm start's last iterate and
     at the end of the Newton step it gives, with all the budget left, half each."""
     mu_left = plan.mu_total - sum(p.mu for p in plan.phases)
     pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
     z = last_release_noise_multiplier(pre, mu_left / 2.0, plan.epsilon, plan.delta, releases=2)
-    plan.phases.append(Phase("one-shot: noisy clipped gradient sums", z, 2))
+    plan.phases.append(Phase(ONESHOT_PHASE, z, 2))
     b = info.anchor_bound
     m = np.linalg.inv(info.basis)
     steps = []
@@ -737,6 +802,7 @@ def _one_shot(plan, fns, coords, info, free, draws, tune, rng) -> AutoPlan:
     for _ in range(2):
         q = coords.to_q(y)
         released = release_gradient_sum(fns, q, b, coords.transform(q, m), z, rng)
+        spend.release(ONESHOT_PHASE)
         # coordinates the likelihood does not read have an exact sum of 0 (post-processing)
         released = np.where(free, 0.0, np.nan_to_num(released))
         p_hess = np.nan_to_num(coords.prior_curvature(y))

@@ -473,26 +473,40 @@ class Multiplicity:
     Attributes
     ----------
     pmf : numpy.ndarray
-        ``P(k)`` for ``k = 1, ..., len(pmf)``.
+        ``P(k)`` for ``k = k0, ..., k0 + len(pmf) - 1``, with ``P(1 <= k < k0)`` added to the
+        first entry (charged as ``k0`` copies: every delta here grows with ``k``, so this
+        never undershoots).
     tail : float
-        ``P(k > len(pmf))`` (``len(pmf)`` is 12 standard deviations plus 40 above the mean, so
-        the tail is below 1e-30); charged in full as delta.
+        ``P(k >= k0 + len(pmf))`` (the last ``k`` is 12 standard deviations plus 40 above the
+        mean, so the tail is below 1e-30); charged in full as delta.
+    k0 : int
+        The first number of copies of ``pmf``: 1, or 12 standard deviations plus 40 below
+        a large mean, so that the law takes memory proportional to its standard deviation,
+        not to its mean.
     """
 
     pmf: np.ndarray
     tail: float
+    k0: int = 1
 
     @property
     def eta(self) -> float:
         """``P(k >= 1)``: the probability that the record is drawn at all."""
         return float(np.sum(self.pmf) + self.tail)
 
+    @property
+    def copies(self) -> np.ndarray:
+        """The numbers of copies ``k`` of the entries of ``pmf`` (float)."""
+        return np.arange(self.k0, self.k0 + self.pmf.size, dtype=float)
+
     @classmethod
     def poisson(cls, mean: float) -> Multiplicity:
         """``k ~ Poisson(mean)``: an untruncated Poisson batch (``branching="independent"``)."""
-        kmax = int(mean + 12.0 * math.sqrt(mean) + 40.0)
-        k = np.arange(1, kmax + 1)
-        return cls(stats.poisson.pmf(k, mean), float(stats.poisson.sf(kmax, mean)))
+        sd = math.sqrt(mean)
+        return cls._window(
+            mean, sd, lambda k: stats.poisson.pmf(k, mean), lambda k: stats.poisson.cdf(k, mean),
+            lambda k: stats.poisson.sf(k, mean), None,
+        )  # fmt: skip
 
     @classmethod
     def binomial(cls, trials: int, p: float) -> Multiplicity:
@@ -500,10 +514,36 @@ class Multiplicity:
         if trials <= 0:
             return cls(np.zeros(1), 0.0)
         m = trials * p
-        kmax = int(min(trials, m + 12.0 * math.sqrt(m * (1.0 - p)) + 40.0))
-        k = np.arange(1, kmax + 1)
-        tail = float(stats.binom.sf(kmax, trials, p)) if kmax < trials else 0.0
-        return cls(stats.binom.pmf(k, trials, p), tail)
+        return cls._window(
+            m, math.sqrt(m * (1.0 - p)), lambda k: stats.binom.pmf(k, trials, p),
+            lambda k: stats.binom.cdf(k, trials, p), lambda k: stats.binom.sf(k, trials, p),
+            trials,
+        )  # fmt: skip
+
+    @classmethod
+    def _window(cls, mean, sd, pmf, cdf, sf, last) -> Multiplicity:
+        """The law on ``mean -+ (12 sd + 40)``, the mass below folded into its first entry."""
+        kmax = int(mean + 12.0 * sd + 40.0)
+        if last is not None:
+            kmax = int(min(last, kmax))
+        k0 = max(1, int(mean - 12.0 * sd - 40.0))
+        if kmax - k0 + 1 > MAX_MULTIPLICITY_ENTRIES:
+            raise ValueError(
+                f"DPFastMH: the number of copies of one record in a minibatch has mean "
+                f"{mean:.4g} and sd {sd:.4g}, too wide a law to account for "
+                f"({kmax - k0 + 1:.3g} entries); choose a smaller clip_bound, lam or max_step"
+            )
+        k = np.arange(k0, kmax + 1)
+        w = np.asarray(pmf(k), dtype=float)
+        if k0 > 1:  # P(1 <= k < k0), charged as k0 copies
+            w[0] += float(cdf(k0 - 1) - pmf(0))
+        tail = float(sf(kmax)) if last is None or kmax < last else 0.0
+        return cls(w, tail, k0)
+
+
+#: Largest number of entries of a `Multiplicity` law (memory ~ 8 bytes each): checked
+#: before it is allocated (at calibration, before any data is read).
+MAX_MULTIPLICITY_ENTRIES = 5_000_000
 
 
 def minibatch_delta(law: Multiplicity, mu: float, epsilon: float) -> float:
@@ -525,7 +565,7 @@ def minibatch_delta(law: Multiplicity, mu: float, epsilon: float) -> float:
     if eta <= 0.0:
         return 0.0
     eps0 = math.log1p(math.expm1(epsilon) / eta)
-    k = np.arange(1, law.pmf.size + 1, dtype=float)
+    k = law.copies
     total = law.tail + float(np.sum(law.pmf * _gaussian_delta_many(k * k * mu, eps0)))
     return min(total, 1.0)
 
@@ -593,7 +633,7 @@ def noise_free_delta(law: Multiplicity | None, shift: float) -> float:
     """
     if law is None:
         return -math.expm1(-shift)
-    k = np.arange(1, law.pmf.size + 1)
+    k = law.copies
     return min(float(np.sum(law.pmf * -np.expm1(-k * shift))) + law.tail, 1.0)
 
 

@@ -47,7 +47,7 @@ before any data value is read.
 from __future__ import annotations
 
 from pymc_dp.records.build import build_record_functions
-from pymc_dp.records.errors import ModelNotSupportedError
+from pymc_dp.records.errors import ModelNotSupportedError, RecordComputationError
 from pymc_dp.records.graph_facts import (
     count_records,
     deterministics_reading_data,
@@ -62,6 +62,7 @@ __all__ = [
     "InMemoryRecords",
     "ModelNotSupportedError",
     "RecordFunctions",
+    "RecordComputationError",
     "RecordGraphs",
     "RecordSource",
     "build_record_functions",

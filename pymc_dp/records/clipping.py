@@ -25,6 +25,7 @@ from pytensor.graph.traversal import ancestors
 from pytensor.tensor.elemwise import Elemwise
 
 from pymc_dp.records.backend import compile_function
+from pymc_dp.records.errors import mark_data_free
 
 __all__ = [
     "ClipRoute",
@@ -113,7 +114,11 @@ class LazyFunction:
     def __call__(self, *args):
         if self._f is None:
             inputs, outputs, ck, kw = self._args
-            self._f = compile_function(inputs, outputs, ck, **kw)
+            try:
+                self._f = compile_function(inputs, outputs, ck, **kw)
+            except Exception as err:  # compiling reads no data: its error may be shown
+                mark_data_free(err)
+                raise
         return self._f(*args)
 
 

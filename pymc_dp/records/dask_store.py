@@ -99,10 +99,12 @@ def _aligned(chunk) -> list:
 
 def _guarded(fn, *args):
     """Run ``fn`` on a worker; a failure is re-raised as `RemoteTaskError` naming only its
-    type (Dask logs and returns a task's exception, whose text could hold record values)."""
+    type (Dask logs and returns a task's exception, whose text could hold record values).
+    Floating-point warnings are off: whether one is printed depends on the records."""
     kind = None
     try:
-        return fn(*args)
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            return fn(*args)
     except Exception as err:  # noqa: BLE001 - only the type leaves the worker
         kind = type(err).__name__
     raise RemoteTaskError(f"a pymc_dp task failed on a worker ({kind})")

@@ -4,6 +4,10 @@
 adds the chunk results. The steps depend only on the methods listed in
 `RecordSource` (a Protocol), not on how the functions were built or where the records
 live. The methods that read the data must only be called from inside a privacy mechanism.
+
+Per-record numerics run with floating-point warnings off (``np.errstate``): a warning
+printed for some records and not for others (a zero gradient, a log-likelihood of -inf at
+both points) would publish a bit of the data without noise.
 """
 
 from __future__ import annotations
@@ -98,12 +102,19 @@ class RecordSource(Protocol):
 
 
 def _clip_rows(g, bound: float) -> np.ndarray:
-    """Rows of ``g`` clipped to L2 norm ``bound``; a row that is not finite becomes 0."""
+    """Rows of ``g`` clipped to L2 norm ``bound``; a row that is not finite becomes 0.
+
+    Silent whatever the rows (a zero row, an overflowing or non-finite one): a
+    floating-point warning printed for some records and not others would publish a bit of
+    the data.
+    """
     g = np.asarray(g, dtype=float)
-    sq = np.einsum("ij,ij->i", g, g)
-    ok = np.isfinite(sq)
-    w = np.where(ok & (sq > bound * bound), bound / np.sqrt(np.where(ok, sq, 1.0)), 1.0)
-    return np.where(ok[:, None], g * w[:, None], 0.0)
+    with np.errstate(all="ignore"):
+        sq = np.einsum("ij,ij->i", g, g)
+        ok = np.isfinite(sq)
+        big = ok & (sq > bound * bound)
+        w = np.where(big, bound / np.sqrt(np.where(big, sq, 1.0)), 1.0)
+        return np.where(ok[:, None], g * w[:, None], 0.0)
 
 
 @dataclass
@@ -191,8 +202,9 @@ class _RatioRowsChunk:
     counts: bool
 
     def __call__(self, q_new, q_old, params, inverse, row_args, *rows) -> tuple[tuple, tuple]:
-        r = np.asarray(self.f(q_new, *rows)) - np.asarray(self.f(q_old, *rows))
-        sums, counts = self.terms(r[inverse], *row_args, *params)
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            r = np.asarray(self.f(q_new, *rows)) - np.asarray(self.f(q_old, *rows))
+            sums, counts = self.terms(r[inverse], *row_args, *params)
         return tuple(sums), tuple(counts) if self.counts else tuple(0 for _ in counts)
 
 
@@ -244,11 +256,12 @@ class _NormCountsChunk:
     f: Any
 
     def __call__(self, q, grid, m, *chunk) -> np.ndarray:
-        g = _mapped(self.f(q, *chunk), m)
-        sq = np.einsum("ij,ij->i", g, g)
-        ok = np.isfinite(sq)
-        norm = np.where(ok, np.sqrt(np.where(ok, sq, 0.0)), np.inf)
-        return (norm[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            g = _mapped(self.f(q, *chunk), m)
+            sq = np.einsum("ij,ij->i", g, g)
+            ok = np.isfinite(sq)
+            norm = np.where(ok, np.sqrt(np.where(ok, sq, 0.0)), np.inf)
+            return (norm[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,12 +287,13 @@ class _ResidualChunk:
     counts: bool
 
     def __call__(self, q_new, q_old, bound, dq, c, *chunk) -> tuple[float, int]:
-        r = np.asarray(self.f(q_new, *chunk)) - np.asarray(self.f(q_old, *chunk))
-        res = r - c @ dq
-        ok = np.isfinite(res)
-        clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
-        k = int(np.count_nonzero(~ok | (np.abs(res) > bound))) if self.counts else 0
-        return float(clipped.sum()), k
+        with np.errstate(all="ignore"):  # -inf - -inf: a non-finite residual, counted as 0
+            r = np.asarray(self.f(q_new, *chunk)) - np.asarray(self.f(q_old, *chunk))
+            res = r - c @ dq
+            ok = np.isfinite(res)
+            clipped = np.clip(np.where(ok, res, 0.0), -bound, bound)
+            k = int(np.count_nonzero(~ok | (np.abs(res) > bound))) if self.counts else 0
+            return float(clipped.sum()), k
 
 
 def _add_moments(acc: tuple, part: tuple) -> tuple:
@@ -403,11 +417,13 @@ class RecordFunctions:
     # -- data reads (only call these from inside a privacy mechanism) ----------------------
     def loglik(self, q: np.ndarray) -> np.ndarray:
         """Per-record (tempered) log-likelihoods ``T * l_i(q)``, shape ``(n,)``."""
-        return np.concatenate([self._c.ll_chunk(q, *c) for c in self._chunks()])
+        with np.errstate(all="ignore"):
+            return np.concatenate([self._c.ll_chunk(q, *c) for c in self._chunks()])
 
     def loglik_ratio(self, q_new: np.ndarray, q_old: np.ndarray) -> np.ndarray:
         """Per-record log-likelihood differences ``T * (l_i(q_new) - l_i(q_old))``."""
-        return self.loglik(q_new) - self.loglik(q_old)
+        with np.errstate(all="ignore"):
+            return self.loglik(q_new) - self.loglik(q_old)
 
     def loglik_ratio_subset(
         self, q_new: np.ndarray, q_old: np.ndarray, idx: np.ndarray
@@ -419,9 +435,10 @@ class RecordFunctions:
         records only (the steps use `ratio_subset_terms`, which returns sums).
         """
         rows = self._records.take(idx)
-        return np.asarray(self._c.ll_chunk(q_new, *rows)) - np.asarray(
-            self._c.ll_chunk(q_old, *rows)
-        )
+        with np.errstate(all="ignore"):
+            return np.asarray(self._c.ll_chunk(q_new, *rows)) - np.asarray(
+                self._c.ll_chunk(q_old, *rows)
+            )
 
     def ratio_subset_terms(
         self,
@@ -532,7 +549,8 @@ class RecordFunctions:
     def per_record_grad(self, q: np.ndarray) -> np.ndarray:
         """Per-record gradients ``T * grad l_i(q)``, shape ``(n, d)``."""
         self._ensure_grad()
-        return np.concatenate([self._c.grad_chunk(q, *c) for c in self._chunks()], axis=0)
+        with np.errstate(all="ignore"):
+            return np.concatenate([self._c.grad_chunk(q, *c) for c in self._chunks()], axis=0)
 
     def clipped_grad_sum(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
         """``sum_i clip_b(grad l_i(q))`` with each record's gradient clipped to L2 norm ``b``.

@@ -18,7 +18,30 @@ from typing import Any
 import numpy as np
 from pytensor.compile.sharedvalue import SharedVariable
 
+from pymc_dp.records.errors import DATA_FREE, ModelNotSupportedError, RecordComputationError
+
 __all__ = ["InMemoryRecords", "node_shape", "node_value", "split_rows", "unique_rows"]
+
+
+def _private_call(fn, *args):
+    """``fn(*args)`` on records, with nothing data-dependent in what comes out but its result.
+
+    A failure is re-raised as `RecordComputationError` naming only its type (its text, e.g.
+    PyTensor's listing of input values, could hold record values; the original is not
+    chained); pymc_dp's own refusals (`ModelNotSupportedError`) and errors of data-free work
+    (compilation, `pymc_dp.records.errors.mark_data_free`) carry no data and pass.
+    """
+    kind = None
+    try:
+        return fn(*args)
+    except Exception as err:  # noqa: BLE001 - only the type leaves
+        if isinstance(err, ModelNotSupportedError) or getattr(err, DATA_FREE, False):
+            raise
+        kind = type(err).__name__
+    raise RecordComputationError(
+        f"a computation on the records failed ({kind}); its message is not shown because it "
+        "could contain record values. Reproduce the failure on stand-in data"
+    )
 
 
 def node_shape(node) -> tuple[int, ...]:
@@ -155,19 +178,21 @@ class InMemoryRecords:
         with the store (keyed by the ``prepare`` object, which must be kept alive by the
         caller) and never returned.
         """
-        if prepare is not None:
-            key = id(prepare)
-            if key not in self._prepared:
-                self._prepared[key] = (prepare, [prepare(*c) for c in self.chunks()])
-            preps = self._prepared[key][1]
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            if prepare is not None:
+                key = id(prepare)
+                if key not in self._prepared:
+                    preps = [_private_call(prepare, *c) for c in self.chunks()]
+                    self._prepared[key] = (prepare, preps)
+                preps = self._prepared[key][1]
+                acc = init
+                for p, c in zip(preps, self.chunks(), strict=True):
+                    acc = reduce(acc, _private_call(fn, *args, p, *c))
+                return acc
             acc = init
-            for p, c in zip(preps, self.chunks(), strict=True):
-                acc = reduce(acc, fn(*args, p, *c))
+            for c in self.chunks():
+                acc = reduce(acc, _private_call(fn, *args, *c))
             return acc
-        acc = init
-        for c in self.chunks():
-            acc = reduce(acc, fn(*args, *c))
-        return acc
 
     def map_reduce_rows(
         self,
@@ -190,10 +215,11 @@ class InMemoryRecords:
         """
         starts = np.asarray(self.chunk_starts())
         acc = init
-        for j, local, ra in split_rows(idx, tuple(row_args), starts, self.n_records):
-            uniq, inverse = unique_rows(local)
-            rows = [a[uniq + starts[j]] for a in self._arrays]
-            acc = reduce(acc, fn(*args, inverse, ra, *rows))
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            for j, local, ra in split_rows(idx, tuple(row_args), starts, self.n_records):
+                uniq, inverse = unique_rows(local)
+                rows = [a[uniq + starts[j]] for a in self._arrays]
+                acc = reduce(acc, _private_call(fn, *args, inverse, ra, *rows))
         return acc
 
     def forget(self, prepare) -> None:

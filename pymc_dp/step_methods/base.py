@@ -118,7 +118,21 @@ class DPStep(ArrayStepShared):
         # each added their own noise to every release of the iteration (0: the central
         # scheme, one noise added by the driver). Data-free.
         "dp_owners": (np.int64, []),
+        # The iteration of the chain this draw is (1, 2, ... counting warmup): the report
+        # checks that a result holds every iteration the step counted, so that a thinned or
+        # sliced result is not reported for less than it spent. Data-free.
+        "dp_iteration": (np.int64, []),
+        # Iterations per chain the step was calibrated for (0: no plan): a result whose
+        # chains are shorter may have lost iterations from their end. Data-free.
+        "dp_plan_iterations": (np.int64, []),
+        # 1 when the step used a release made before the chains (a control variate's noisy
+        # gradient sum): the report refuses a result that does not carry its accounting
+        # (``dp_presample_mu``). Data-free.
+        "dp_needs_presample": (np.int64, []),
     }
+
+    #: Whether the step uses a release made before the chains (set by the step).
+    _needs_presample = False
 
     #: Whether the step works with records on a cluster (it releases sums only).
     remote_records = False
@@ -287,6 +301,9 @@ class DPStep(ArrayStepShared):
             "dp_ndim": self._fns.ndim,
             "dp_plan_chains": 0 if self.plan is None else self.plan.chains,
             "dp_owners": getattr(self, "_owners", 0),
+            "dp_iteration": self._iteration,
+            "dp_plan_iterations": self.max_iterations or 0,
+            "dp_needs_presample": int(self._needs_presample),
         }
 
     def released_mu(self) -> float:

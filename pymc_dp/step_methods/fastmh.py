@@ -312,6 +312,9 @@ class DPFastMH(ScaleAdaptation, DPStep):
             # B >= n takes the full-batch branch. Data-free; the accounting uses this K.
             self.max_batch = min(self.max_batch, n)
         expected = min(self.max_batch, rate + 6.0 * math.sqrt(rate))
+        if branching == "independent" and stats.poisson.cdf(self.max_batch - 1, rate) > 1e-12:
+            # the minibatch is a fresh Poisson(rate) draw, not bounded by K
+            expected = rate + 6.0 * math.sqrt(rate)
         if expected > _MAX_BATCH_INDICES:
             raise ValueError(
                 f"DPFastMH: the minibatch would draw about {expected:.3g} record indices per "

@@ -66,12 +66,10 @@ class DPLaplaceDraws(DPStep):
     """
 
     name = "dp_laplace_draws"
-    stats_dtypes_shapes = {
-        **DPStep.stats_dtypes_shapes,
-        # data-free: these draws come from releases made before sampling, whose accounting
-        # the result must carry (`pymc_dp.privacy_report` refuses to vouch without it)
-        "dp_presample_required": (np.int64, []),
-    }
+    stats_dtypes_shapes = {**DPStep.stats_dtypes_shapes}
+    # these draws come from releases made before sampling, whose accounting the result must
+    # carry (stat ``dp_needs_presample``: `pymc_dp.privacy_report` refuses without it)
+    _needs_presample = True
 
     def __init__(
         self,
@@ -119,8 +117,7 @@ class DPLaplaceDraws(DPStep):
     def _dp_astep(self, q0):
         y = self.mean + self.chol @ self.rng.normal(size=self.mean.size)
         q = y if self.to_q is None else self.to_q(y)
-        stats = {"accepted": 1.0, "dp_presample_required": 1}
-        return RaveledVars(np.asarray(q, dtype=q0.data.dtype), q0.point_map_info), stats
+        return RaveledVars(np.asarray(q, dtype=q0.data.dtype), q0.point_map_info), {"accepted": 1.0}
 
     def released_mu(self) -> float:
         return 0.0

@@ -96,7 +96,11 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         same sensitivity ``2 b ||dtheta||`` as the ratios but are second order in the step,
         so a far smaller ``clip_bound`` leaves them unclipped ([Bardenet2017],
         Sec. 6, Taylor proxies). The chain then targets the posterior tilted by the noise of
-        ``grad_sum`` (exactly ``exp(xi . theta)`` with ``xi`` that noise).
+        ``grad_sum`` (exactly ``exp(xi . theta)`` with ``xi`` that noise). The step records
+        that it used such a release (stat ``dp_needs_presample``): `pymc_dp.privacy_report`
+        refuses to vouch for a result that does not carry that release's account (the
+        ``dp_presample_mu`` attribute `pymc_dp.sample` writes in automatic mode; set it
+        yourself, with ``dp_presample_releases``, for a release of your own).
     local_moves : float
         With ``proposal="independent"``: the probability that an iteration proposes a
         random-walk move ``theta + (2.38 / sqrt(d)) S xi`` (``S S^T`` = ``proposal_cov``)
@@ -269,6 +273,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             proposal, proposal_cov, proposal_mean, self.proposal_scale, self._fns.ndim
         )
         self.control_variate = _check_control_variate(control_variate, self._fns.ndim)
+        # its gradient sum is a release made before the chains: the report needs its account
+        self._needs_presample = self.control_variate is not None
         self.reparametrization = reparametrization
         self.local_scaling = 2.38 / np.sqrt(self._fns.ndim)
         self._cv_map, self._cv_dir = _control_variate_maps(

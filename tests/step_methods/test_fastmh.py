@@ -581,6 +581,9 @@ _PUBLIC_STATS = {
     "dp_iter_delta",
     "dp_ndim",  # the step's dimension (data-free)
     "dp_plan_chains",  # the calibrated number of chains (data-free)
+    "dp_iteration",  # the chain's iteration counter (data-free)
+    "dp_plan_iterations",  # the calibrated iterations per chain (data-free)
+    "dp_needs_presample",  # whether a pre-sampling release was used (data-free)
     "dp_owners",  # data owners of the data-sharing scheme (0 here; data-free)
 }
 
