@@ -220,8 +220,8 @@ def noise_aware_laplace(
     and the covariance is widened along the second step by its length over ``1 - r`` (the
     rest of a series of steps contracting by ``r``, the ratio of the second step's length
     to the first's; ten times the step when they do not contract) and along the first step
-    by its length (how far from the mode the warm start had left the anchor): honestly wide
-    rather than confidently wrong.
+    by its length (how far from the mode the warm start had left the anchor), and by as much
+    on every coordinate alone: honestly wide rather than confidently wrong.
     """
     n1, n2 = first.noise_cov, second.noise_cov
     diff = second.mean - first.mean
@@ -242,6 +242,9 @@ def noise_aware_laplace(
         doubt[0] = diff / (1.0 - r) if r < 0.9 else 10.0 * diff
         doubt[1] = first.step
     noise = 0.5 * (noise + noise.T)
-    cov = second.cov_c + noise + doubt.T @ doubt
+    # the doubt along the steps, and as much on every coordinate alone: the error of an
+    # unconverged warm start need not lie along the steps (measured: a linear regression's
+    # log sigma off while the steps moved the coefficients)
+    cov = second.cov_c + noise + doubt.T @ doubt + np.diag(np.sum(doubt * doubt, axis=0))
     err = float(np.max(np.sqrt(np.diag(noise) / np.diag(second.cov_c))))
     return NoiseAwareLaplace(mean, 0.5 * (cov + cov.T), noise, err, chi2, bool(chi2 <= limit), r)
