@@ -43,8 +43,10 @@ bins), the warm start's gradient and outer-product sums (record 0 at -100 / +100
 dimension its outer product is the same in D and D', so the audit sees half the claimed
 loss: the noise divided by 3 is caught, halved it is not), the same with the outer products
 centred on the first release (the warm start's Newton steps: a new centre in every trial,
-the clip bound and noise that follow from it; record 0 now moves both releases), and the
-penalty test with the control variate.
+the clip bound and noise that follow from it; record 0 now moves both releases), the
+penalty test with the control variate, and the one-shot strategy's gradient release, through
+the library's own call (`pymc_dp.auto.oneshot.release_gradient_sum`; record 0 at -100 /
++100).
 
 A lower bound below the claim does not prove the claim: the audit only sees the events it
 tests, with finite trials. It catches gross errors (missing clipping, noise on the wrong
