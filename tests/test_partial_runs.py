@@ -19,7 +19,10 @@ from pymc_dp.distributed import RecordsLostError
 from pymc_dp.records.runtime import RecordFunctions
 
 SAMPLE = dict(progressbar=False, compute_convergence_checks=False)
-AUTO = dict(epsilon=2.0, delta=1e-5, chains=1, cores=1, auto_kwargs={"max_iterations": 200})
+AUTO = dict(
+    epsilon=2.0, delta=1e-5, chains=1, cores=1,
+    auto_kwargs={"max_iterations": 200, "method": "chain"},
+)  # fmt: skip
 
 
 def _model():

@@ -619,7 +619,7 @@ def auto_configure(
     anchor_map = coords.transform(anchor_q, np.linalg.inv(basis))
     free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
     if one_shot:
-        return _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend)
+        return _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations)
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
     # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
@@ -787,7 +787,7 @@ ONESHOT_DRAWS = 1000
 ONESHOT_PHASE = "one-shot: noisy clipped gradient sums"
 
 
-def _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend) -> AutoPlan:
+def _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations) -> AutoPlan:
     """The one-shot strategy's two last releases and its noise-aware Laplace approximation
     (`pymc_dp.auto.oneshot`): the clipped gradient sum at the warm start's last iterate and
     at the end of the Newton step it gives, with all the budget left, half each."""
@@ -830,7 +830,9 @@ def _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend) -> AutoPla
     plan.laplace_mean = coords.to_q(result.mean)
     plan.laplace_cov = coords.cov_in_q(result.mean, result.cov)
     plan.draws_requested, plan.tune_requested = draws, tune
-    plan.draws = ONESHOT_DRAWS if draws is None else int(draws)
+    # (the compute bound ``max_iterations`` caps the draws the user did not fix)
+    default = max(1, min(ONESHOT_DRAWS, max_iterations // plan.chains))
+    plan.draws = default if draws is None else int(draws)
     plan.tune = 0  # independent draws: nothing to adapt, nothing to discard
     plan.run_length_note = (
         f"{plan.draws} independent draws per chain from the one-shot approximation; no warmup "
