@@ -67,19 +67,12 @@ def logistic3(n: int, rng: np.random.Generator) -> pm.Model:
 
 def linear3(n: int, rng: np.random.Generator) -> pm.Model:
     """The one-shot peers' linear regression with unknown sigma (y clipped to [-10, 10])."""
-    x = rng.uniform(-1, 1, (n, 3))
-    y = np.clip(x @ np.array([1.0, -2.0, 0.5]) + 0.3 + rng.normal(0, 0.7, n), -10, 10)
-    with pm.Model() as m:
-        a = pm.Normal("a", 0, 5)
-        b = pm.Normal("b", 0, 5, shape=3)
-        s = pm.HalfNormal("sigma", 2)
-        pm.Normal("y", a + pm.math.dot(x, b), s, observed=y)
-    return m
+    return linear(n, rng, clip=10.0)
 
 
-def linear(n: int, rng: np.random.Generator) -> pm.Model:
+def linear(n: int, rng: np.random.Generator, clip: float = 5.0) -> pm.Model:
     x = rng.uniform(-1, 1, (n, 3))
-    y = np.clip(x @ np.array([1.0, -2.0, 0.5]) + 0.3 + rng.normal(0, 0.7, n), -5, 5)
+    y = np.clip(x @ np.array([1.0, -2.0, 0.5]) + 0.3 + rng.normal(0, 0.7, n), -clip, clip)
     with pm.Model() as m:
         a = pm.Normal("a", 0, 5)
         b = pm.Normal("b", 0, 5, shape=3)
