@@ -122,13 +122,18 @@ def test_a_compound_run_with_a_non_dp_step_outside_the_model_is_not_vouched_for(
     assert not rep.private and "-DP" not in str(rep).splitlines()[0]
 
 
-def test_a_control_variate_without_its_account_is_refused():
+@pytest.mark.parametrize("method", ["chain", "laplace"])
+def test_a_control_variate_without_its_account_is_refused(method):
+    """The chain's control variate and the one-shot strategy's draws both come from
+    releases made before the chains: without their account the report refuses."""
     model = _model()
-    with model:
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", pymc_dp.ConvergenceWarning)
         idata = pymc_dp.sample(
             epsilon=2.0, delta=1e-5, chains=1, cores=1, random_seed=3,
-            auto_kwargs={"max_iterations": 200}, **SAMPLE,
+            auto_kwargs={"max_iterations": 200, "method": method}, **SAMPLE,
         )  # fmt: skip
+    assert idata.attrs["dp_method"] == method
     assert _report(idata, model=model).private
     for attrs in (idata.attrs, idata["posterior"].attrs):
         for k in [k for k in attrs if k.startswith("dp_")]:
