@@ -182,9 +182,9 @@ MUTANTS = (
     Mutant(
         "clip selection left out of dp_presample_mu",
         "pymc_dp/auto/configure.py",
-        'pre = [p for p in self.phases if p.name != "sampling (penalty tests)"]',
-        'pre = [p for p in self.phases if p.name != "sampling (penalty tests)"'
-        ' and not p.name.startswith("clip selection")]',
+        "pre = [p for p in self.phases if p.name != SAMPLING_PHASE]\n        out = {",
+        "pre = [p for p in self.phases if p.name != SAMPLING_PHASE"
+        ' and not p.name.startswith("clip selection")]\n        out = {',
         (AUTO_EPSILON,),
     ),
     Mutant(
