@@ -36,7 +36,6 @@ from pymc_dp.auto.oneshot import (
     NoiseAwareLaplace,
     bonferroni_sds,
     choose_method,
-    last_release_noise_multiplier,
     newton_step,
     noise_aware_laplace,
     release_gradient_sum,
@@ -345,6 +344,20 @@ def choose_anchor_share(
         if best is None or err < best[2]:
             best = (mu_a, pred, err)
     return best
+
+
+def _last_noise_multiplier(plan: AutoPlan, mu_left: float, releases: int) -> float:
+    """``z`` of the last phase's ``releases`` Gaussian releases sharing ``mu_left``, never
+    above the target: nudged up until its composition with ``plan.phases`` fits, with a
+    margin of 1e-9 relative for the report's own floating-point sums (it adds the phases'
+    and the chains' mu in another order)."""
+    z = math.sqrt(releases / (2.0 * mu_left))
+    pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
+    while compose_epsilon([*pre, GaussianEvent(z, releases)], plan.delta) > plan.epsilon * (
+        1 - 1e-9
+    ):
+        z *= 1.0 + 1e-9
+    return z
 
 
 def _counts_above_residual(fns, q1, q0, grid, anchor, grad_bound, transform, direction, norm):
@@ -750,13 +763,7 @@ def auto_configure(
             "scaling": step / math.sqrt(d),
         }
     iterations = chains * (plan.draws + plan.tune)
-    z_s = math.sqrt(iterations / (2.0 * mu_left))
-    # never above the target: nudge the sampling noise up until the composition fits, with
-    # a margin of 1e-9 relative for the report's own floating-point sums (it adds the
-    # phases' and the chains' mu in another order)
-    pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
-    while compose_epsilon([*pre, GaussianEvent(z_s, iterations)], delta) > epsilon * (1 - 1e-9):
-        z_s *= 1.0 + 1e-9
+    z_s = _last_noise_multiplier(plan, mu_left, iterations)
     plan.phases.append(Phase(SAMPLING_PHASE, z_s, iterations))
     kwargs.update(
         {
@@ -792,8 +799,9 @@ def _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend, max_iterat
     (`pymc_dp.auto.oneshot`): the clipped gradient sum at the warm start's last iterate and
     at the end of the Newton step it gives, with all the budget left, half each."""
     mu_left = plan.mu_total - sum(p.mu for p in plan.phases)
-    pre = [GaussianEvent(p.noise_multiplier, p.releases) for p in plan.phases]
-    z = last_release_noise_multiplier(pre, mu_left / 2.0, plan.epsilon, plan.delta, releases=2)
+    if not mu_left > 0:
+        raise ValueError("no budget is left for the one-shot strategy's last releases")
+    z = _last_noise_multiplier(plan, mu_left, 2)
     plan.phases.append(Phase(ONESHOT_PHASE, z, 2))
     b = info.anchor_bound
     m = np.linalg.inv(info.basis)

@@ -36,14 +36,11 @@ References
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.stats
-
-from pymc_dp.accounting import GaussianEvent, compose_epsilon
 
 __all__ = [
     "METHODS",
@@ -122,20 +119,6 @@ class NoiseAwareLaplace:
     converged: bool = True
     #: the ratio of the second step's length to the first's (``P`` metric)
     contraction: float = float("nan")
-
-
-def last_release_noise_multiplier(
-    pre: list[GaussianEvent], mu_each: float, epsilon: float, delta: float, releases: int = 1
-) -> float:
-    """``z`` of ``releases`` Gaussian releases with privacy-loss parameter ``mu_each`` each
-    (``1/(2 z^2)``), nudged up until the composition with ``pre`` is within ``epsilon`` (the
-    report adds the phases in another order: a margin of 1e-9 relative)."""
-    if not mu_each > 0:
-        raise ValueError("no budget is left for the one-shot strategy's last releases")
-    z = math.sqrt(1.0 / (2.0 * mu_each))
-    while compose_epsilon([*pre, GaussianEvent(z, releases)], delta) > epsilon * (1 - 1e-9):
-        z *= 1.0 + 1e-9
-    return z
 
 
 def release_gradient_sum(
