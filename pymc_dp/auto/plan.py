@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pymc as pm
+import scipy.stats
 from scipy import optimize
 
 from pymc_dp._validation import check_positive, check_target
@@ -20,7 +21,7 @@ from pymc_dp.auto.bounds import check_data_bounds, clip_plan
 from pymc_dp.auto.configure import ONESHOT_SPLIT, BudgetSplit, Phase, presample_phases
 from pymc_dp.auto.oneshot import ONESHOT_NEWTON_STEPS, choose_method
 
-__all__ = ["Plan", "plan", "predicted_mean_error"]
+__all__ = ["Plan", "plan", "predicted_mean_error", "worst_of"]
 
 #: Assumed per-record Fisher information along one parameter, in units of the squared clip
 #: bound of the per-record gradient, times ``d``: ``I_j = FISHER_SHARE b^2 / d``. Measured on
@@ -46,6 +47,13 @@ def predicted_mean_error(n: int, d: int, anchor_noise_multiplier: float) -> floa
     return 2.0 * anchor_noise_multiplier / math.sqrt(n * FISHER_SHARE / d)
 
 
+def worst_of(d: int) -> float:
+    """The median of the largest of ``d`` independent ``|N(0, 1)|``: what a per-coordinate
+    error of one posterior sd gives on the worst of ``d`` posterior means, median over runs
+    (the statistic of benchmarks/bench_auto.py: ``max_j |DP mean - NUTS mean| / NUTS sd``)."""
+    return float(scipy.stats.norm.ppf(0.5 * (1.0 + 0.5 ** (1.0 / max(int(d), 1)))))
+
+
 @dataclass
 class Plan:
     """The configuration `plan` predicts, with its phases and warnings."""
@@ -64,6 +72,9 @@ class Plan:
     clip_sources: dict = field(default_factory=dict)
     #: the strategy the automatic mode will choose (`pymc_dp.auto.oneshot.choose_method`)
     method: str = "chain"
+    #: each candidate strategy's predicted error (same statistic as ``predicted_error``);
+    #: a strategy that is not a candidate for this model maps to the reason in words
+    candidates: dict = field(default_factory=dict)
 
     def __str__(self) -> str:
         lines = [
@@ -93,10 +104,15 @@ class Plan:
             basis = f"{NOMINAL_ANCHOR_SHARE:.0%} of mu for the control variate"
         lines.insert(1, f"  strategy: {self.method} ({_METHOD_TEXT[self.method]})")
         lines.append(
-            f"  predicted error of each posterior mean: about {self.predicted_error:.2g} "
-            f"posterior sds (assumes per-record Fisher information {FISHER_SHARE} b^2 / d and "
-            f"{basis})"
+            f"  predicted error of the worst of the {self.d} posterior means (median over "
+            f"runs): about {self.predicted_error:.2g} posterior sds (assumes per-record Fisher "
+            f"information {FISHER_SHARE} b^2 / d and {basis})"
         )
+        if self.candidates:
+            lines.append("  candidate strategies (predicted error, the same statistic):")
+            for name, err in self.candidates.items():
+                what = f"{err:.2g}" if isinstance(err, float) else f"not a candidate: {err}"
+                lines.append(f"    {name}: {what}" + ("  <- chosen" if name == self.method else ""))
         if self.data_bounds:
             lines.append(f"  declared data bounds: {self.data_bounds}")
             for k, v in self.clip_sources.items():
@@ -129,11 +145,19 @@ def _oneshot_z(mu_total: float) -> float:
 def _epsilon_needed(n: int, d: int, delta: float, z_of) -> float:
     def err(log_eps: float) -> float:
         mu = gaussian_mu_for_epsilon(math.exp(log_eps), delta)
-        return predicted_mean_error(n, d, z_of(mu)) - USABLE_ERROR
+        return predicted_mean_error(n, d, z_of(mu)) * worst_of(d) - USABLE_ERROR
 
     if err(math.log(1e4)) > 0:
         return float("inf")
     return math.exp(optimize.brentq(err, math.log(1e-4), math.log(1e4), xtol=1e-6))
+
+
+def _largest_usable_d(n: int, d: int, z: float) -> int:
+    """The most parameters with a usable predicted error at this ``n`` and noise (0: none)."""
+    k = d
+    while k >= 1 and predicted_mean_error(n, k, z) * worst_of(k) > USABLE_ERROR:
+        k -= 1
+    return k
 
 
 def plan(
@@ -201,13 +225,20 @@ def plan(
         **({"newton_steps": ONESHOT_NEWTON_STEPS} if one_shot else {}),
     )
     z_of = _oneshot_z if one_shot else _nominal_anchor_z
-    err = predicted_mean_error(n, d, z_of(mu))
+    err = predicted_mean_error(n, d, z_of(mu)) * worst_of(d)
     out = Plan(n, d, epsilon, delta, int(chains), mu, phases, err, bounds, clip_sources=sources)
     out.method = method
+    chain_err = predicted_mean_error(n, d, _nominal_anchor_z(mu)) * worst_of(d)
+    out.candidates = {
+        "laplace": err
+        if one_shot
+        else "a hierarchical or shifted block: the posterior is far from Gaussian",
+        "chain": chain_err,
+    }
     if err > USABLE_ERROR:
         eps_needed = _epsilon_needed(n, d, delta, z_of)
         n_needed = int(math.ceil(n * (err / USABLE_ERROR) ** 2))
-        d_max = int(d * (USABLE_ERROR / err) ** 2)
+        d_max = _largest_usable_d(n, d, z_of(mu))
         out.warnings.append(
             f"at n = {n} and epsilon = {epsilon:g} expect posterior means about {err:.2g} "
             f"posterior sds off: not a usable posterior. Reaching {USABLE_ERROR} sd needs "

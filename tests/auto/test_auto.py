@@ -81,6 +81,24 @@ def test_a_noise_spike_in_an_empty_bin_passes_3_sds_but_not_the_bonferroni_thres
     assert histogram_quantile(noisy, grid, 0.9999, 1000, 1.0, threshold_sds=4.0) == grid[2]
 
 
+def test_the_bound_extends_past_adjacent_bins_that_hold_records_below_the_threshold():
+    """With ``extend_sds`` the bound moves up past the bins next to it that hold at least
+    that many noise sds (records the high threshold hid), one bin at a time, and stops at
+    the first bin below: a far bin passing the lower bar does not move it."""
+    grid = clip_grid(0.1, 10.0, 9)
+    noisy = np.zeros(10)
+    noisy[2] = 1000.0
+    noisy[3] = 3.0  # 3 sds: hidden by a 4-sd threshold, kept at 2
+    noisy[4] = 2.5
+    noisy[5] = 1.0  # below 2 sds: the extension stops here
+    noisy[7] = 3.5  # far from the kept bins: no effect on the extension
+    assert histogram_quantile(noisy, grid, 0.9999, 1000, 1.0, threshold_sds=4.0) == grid[2]
+    extended = histogram_quantile(noisy, grid, 0.9999, 1000, 1.0, 4.0, extend_sds=2.0)
+    assert extended == grid[4]
+    noisy[3] = 1.9  # the bin next to the bound below the bar: nothing moves
+    assert histogram_quantile(noisy, grid, 0.9999, 1000, 1.0, 4.0, extend_sds=2.0) == grid[2]
+
+
 def test_outer_product_sensitivity_bound():
     """||c c^T - c' c'^T||_F <= sqrt(2) b^2 for ||c||, ||c'|| <= b, attained at c orthogonal c'."""
     rng = np.random.default_rng(2)
@@ -382,6 +400,24 @@ def test_plan_reads_no_data_and_warns_with_numbers(monkeypatch, capsys):
     with model:
         ok = plan(epsilon=eps_needed * 1.01, delta=1e-5, verbose=False)
     assert ok.predicted_error <= 0.5 and not ok.warnings
+
+
+def test_plan_predicts_the_benchmarks_statistic_and_lists_the_candidates():
+    """The prediction is of the worst of d posterior means, median over runs (what
+    benchmarks/bench_auto.py measures): worst_of(d) against a Monte Carlo median of the
+    largest of d |N(0, 1)| (sd of a sample median over 20 000 runs: about 0.01)."""
+    from pymc_dp.auto.plan import worst_of
+
+    rng = np.random.default_rng(3)
+    for d in (1, 3, 23):
+        mc = np.median(np.abs(rng.normal(size=(20_000, d))).max(axis=1))
+        assert abs(worst_of(d) - mc) < 0.04, (d, worst_of(d), mc)
+    model, _ = _normal_model(n=200)
+    with model:
+        p = plan(epsilon=3.0, delta=1e-5, verbose=False)
+    assert p.method == "laplace" and set(p.candidates) == {"laplace", "chain"}
+    assert p.candidates["laplace"] == p.predicted_error < p.candidates["chain"]
+    assert "laplace: " in str(p) and "<- chosen" in str(p)
 
 
 def test_auto_configure_spends_exactly_the_budget():

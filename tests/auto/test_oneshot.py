@@ -133,6 +133,29 @@ def test_unconverged_steps_are_flagged_and_widened_to_cover_the_mode():
     assert np.all(z < 2), z
 
 
+def test_steps_that_do_not_contract_are_widened_by_the_warm_start_path():
+    """A curvature 200 times the true one (far from the mode of a Poisson regression the
+    clipped gradients' curvature was measured so far above the Hessian) makes the steps a
+    two-hundredth of the way: they do not contract (r about 1) and the series bounds
+    nothing. The warm start's path from its public start (the mode between them, as when a
+    run overshoots) widens the result: the mode within 2 of its sds in every coordinate.
+    Without the path the result is confidently wrong (the same steps, no path: z > 2)."""
+    rng, fisher, m, prior_prec, prec, exact_mean = _quadratic(seed=5)
+    basis = np.linalg.cholesky(200 * prec)
+    anchor = exact_mean + np.array([40.0, -25.0, 30.0])
+    start = exact_mean - 0.5 * (anchor - exact_mean)
+    path = np.linspace(start, anchor, 6)
+    first = _step(anchor, rng.normal(size=3) * 0.01, fisher, m, prior_prec, 200 * prec, basis)
+    second = _step(first.mean, rng.normal(size=3) * 0.01, fisher, m, prior_prec, 200 * prec, basis)
+    data = np.ones(3, dtype=bool)
+    res = noise_aware_laplace(first, second, data, path=path)
+    assert not res.converged and res.contraction > 0.9
+    z = np.abs(res.mean - exact_mean) / np.sqrt(np.diag(res.cov))
+    assert np.all(z < 2), z
+    bare = noise_aware_laplace(first, second, data)
+    assert np.max(np.abs(bare.mean - exact_mean) / np.sqrt(np.diag(bare.cov))) > 2
+
+
 # -- the choice ----------------------------------------------------------------------------------
 def test_method_choice_is_structural_and_overridable():
     x = np.zeros(10)
