@@ -202,8 +202,8 @@ def noise_aware_laplace(
     are the mode plus their own release's noise, independent: their difference is
     ``N(0, N1 + N2)`` and their inverse-variance combination carries the noise of one
     release with both budgets. Where the difference is beyond that noise (its chi-square
-    past the 0.99 quantile) the warm start had not converged: the mean is the second end,
-    and the covariance is widened along the second step by its length over ``1 - r`` (the
+    past the 0.99 quantile) the warm start had not converged: the mean is the second end
+    moved by Aitken's extrapolation of the steps (below), and the covariance is widened along the second step by its length over ``1 - r`` (the
     rest of a series of steps contracting by ``r``, the ratio of the second step's length
     to the first's; ten times the step when they do not contract) and along the first step
     by its length (how far from the mode the warm start had left the anchor), and by as much
@@ -213,8 +213,8 @@ def noise_aware_laplace(
     outputs). Where the steps do not contract (``r >= 0.9``), the series gives no bound on
     the distance left to the mode: far from it the clipped gradients' curvature can be far
     above the Hessian's, the steps tiny and the released curvature large (measured: a
-    Poisson regression at epsilon 1, 2 725 records, ran to 25 posterior sds off with
-    intervals a thousandth of NUTS's). The result is then widened by each iterate's distance
+    Poisson regression at epsilon 1, 2 725 records, came out 343 NUTS sds off on one
+    coefficient, 14 of its own sds). The result is then widened by each iterate's distance
     from the mean as well: the warm start has only located the mode to within where it has
     been. Where they contract, by the spread of the last four iterates (the Polyak window of
     `pymc_dp.kernels.warmstart.private_laplace`): its noise.
@@ -232,7 +232,16 @@ def noise_aware_laplace(
         mean = first.mean + n1 @ joint @ diff
         noise = n1 - n1 @ joint @ n1
     else:
-        mean, noise = second.mean, n2
+        # Aitken's extrapolation of the series of steps along the last one: where the Newton
+        # map is linear with a scalar rate ``a`` (a curvature ``P`` off the Hessian by a
+        # constant factor: ``a = 1 - H / P``, negative where ``P`` understates it and the
+        # steps overshoot), its fixed point is ``m2 + a / (1 - a) (m2 - m1)``; ``a`` is the
+        # signed ratio of the steps in the ``P`` metric, kept in [-3, 0.75] (at most three
+        # times the last step; measured on a linear regression's real data, gpa2 at epsilon
+        # 10: 3-485 NUTS sds off before, 2.2-80 after). The widening below covers the rest.
+        a = float(diff @ p @ first.step) / max(float(first.step @ p @ first.step), 1e-300)
+        a = min(max(a, -3.0), 0.75)
+        mean, noise = second.mean + a / (1.0 - a) * diff, n2
         # the rest of the series of steps, and the first step itself: how far from the
         # mode the warm start had left the anchor (its ratio r is itself a noisy estimate)
         doubt[0] = diff / (1.0 - r) if r < 0.9 else 10.0 * diff
