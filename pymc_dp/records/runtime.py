@@ -123,13 +123,15 @@ def _clip_rows(g, bound: float) -> np.ndarray:
 #: size, so that their temporaries stay bounded whatever the chunk size (``None``: all
 #: ``n`` records in one chunk).
 ROW_BLOCK_BYTES = 1 << 21
+#: Fewest rows of a block (the per-call overhead of a compiled function).
+MIN_BLOCK_ROWS = 256
 
 
 def _row_blocks(chunk: tuple, d: int):
     """The rows of a chunk (its arrays sliced, not copied) in blocks of about
     `ROW_BLOCK_BYTES` of ``rows x d`` float64."""
     n = len(chunk[0]) if chunk else 0
-    size = max(256, ROW_BLOCK_BYTES // (8 * max(int(d), 1)))
+    size = max(MIN_BLOCK_ROWS, ROW_BLOCK_BYTES // (8 * max(int(d), 1)))
     if n <= size:
         yield chunk
         return
