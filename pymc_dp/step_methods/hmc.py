@@ -290,7 +290,7 @@ class DPHMC(DPStep):
             records=records,
         )
         self._chain_tune: int | None = plan.tune if plan is not None else None
-        self._grad_memo = GradSumMemo(self._fns)
+        self._grad_memo = GradSumMemo(self._fns, self._other_values if self.shared else None)
         self._reset_chain_state()
 
     # -- per-chain state -------------------------------------------------------------------------
@@ -314,6 +314,11 @@ class DPHMC(DPStep):
         self._mass = DiagonalMassAdaptation(1.0 / self._initial_mass, self._chain_tune)
         self._inv_mass = self._mass.inv_mass.copy()
         self._mass_diag = 1.0 / self._inv_mass
+
+    def _other_values(self) -> list:
+        """Current values of the free variables this step does not sample (set by PyMC
+        before every iteration; another step may change them between iterations)."""
+        return [v.get_value(borrow=True) for v in self.shared.values()]
 
     # -- one iteration -------------------------------------------------------------------------
     def _dp_astep(self, q0):

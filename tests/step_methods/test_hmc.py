@@ -467,7 +467,7 @@ def test_kept_gradient_sum_is_not_used_when_the_state_changed_from_outside():
     fns = step._fns
     computed = []
     grad = fns.clipped_grad_sum
-    (other,) = fns._graphs.shared.values()  # the value of s, which the step does not sample
+    (other,) = step.shared.values()  # the value of s, which the step does not sample
 
     def spy(q, b):
         computed.append((q.copy(), float(other.get_value())))
