@@ -37,6 +37,13 @@ Usage::
     python benchmarks/bench_memory.py --quick          # n = 10^5, all in one process
     python benchmarks/bench_memory.py --chunk-size 10000
     python benchmarks/bench_memory.py --model banana   # DPHMC's generic route (n x d grads)
+    python benchmarks/bench_memory.py --auto --n 300000  # automatic mode vs NUTS, 50 groups
+
+With ``--auto``: the automatic mode (``pymc_dp.sample`` with a target epsilon and no step;
+2 chains, ``max_iterations`` 400) against ``pm.sample`` with NUTS (1 chain, 100 tuning
+iterations and 100 draws) on a 50-group hierarchical normal model (``d = 53``: each record's
+gradient has 4 non-zero coordinates), each in a fresh process; printed: the process's peak
+RSS (``ru_maxrss``), the RSS once the model is built, and the seconds of the run.
 """
 
 from __future__ import annotations
@@ -49,6 +56,9 @@ import subprocess
 import sys
 import tracemalloc
 import warnings
+
+import numpy as np
+import pymc as pm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -148,6 +158,75 @@ def measure(
     }
 
 
+AUTO_CONFIGS = ["pymc_dp.sample auto", "pm.sample NUTS"]
+
+
+def hier50(n: int) -> pm.Model:
+    """``y_i ~ N(mu + tau z[g_i], sigma)``, 50 groups (non-centred), ``d = 53``."""
+    rng = np.random.default_rng(0)
+    groups = 50
+    g = rng.integers(groups, size=n)
+    y = np.clip(rng.normal(1, 0.5, groups)[g] + rng.normal(0, 1, n), -6, 8)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0, 5)
+        tau = pm.HalfNormal("tau", 2)
+        z = pm.Normal("z", 0, 1, shape=groups)
+        sigma = pm.HalfNormal("sigma", 2)
+        pm.Normal("y", mu + tau * z[g], sigma, observed=y)
+    return model
+
+
+def measure_auto(which: int, n: int) -> dict:
+    """Peak RSS of the automatic mode (0) or of NUTS (1) on `hier50` in this process."""
+    import time
+
+    import pymc_dp
+
+    model = hier50(n)
+    rss_model = _status_kb("VmRSS") / 1024
+    t = time.perf_counter()
+    with warnings.catch_warnings(), model:
+        warnings.simplefilter("ignore")
+        if which == 0:
+            pymc_dp.sample(
+                epsilon=1.0, delta=0.1 / n, chains=2, random_seed=1, progressbar=False,
+                compute_convergence_checks=False, auto_kwargs={"max_iterations": 400},
+            )  # fmt: skip
+        else:
+            pm.sample(
+                100, tune=100, chains=1, cores=1, random_seed=1, progressbar=False,
+                compute_convergence_checks=False,
+            )  # fmt: skip
+    return {
+        "label": AUTO_CONFIGS[which],
+        "n": n,
+        "rss_model_mb": rss_model,
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "seconds": time.perf_counter() - t,
+    }
+
+
+def main_auto(n: int) -> None:
+    """The automatic mode against NUTS, each in a fresh process (``--auto``)."""
+    print_header("bench_memory --auto: peak memory of the automatic mode vs pm.sample (NUTS)")
+    print(f"hierarchical normal, 50 groups (d = 53), n = {n:,d}; each run in a fresh process")
+    header = f"{'run':<22} | {'max RSS MB':>10} {'RSS after data MB':>17} | {'seconds':>8}"
+    print(header)
+    print("-" * len(header), flush=True)
+    rows = []
+    for i in range(len(AUTO_CONFIGS)):
+        cmd = [sys.executable, os.path.abspath(__file__), "--auto-child", str(i), "--n", str(n)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        r = json.loads(out.strip().splitlines()[-1])
+        rows.append(r)
+        print(
+            f"{r['label']:<22} | {r['max_rss_mb']:>10.0f} {r['rss_model_mb']:>17.0f} | "
+            f"{r['seconds']:>8.1f}",
+            flush=True,
+        )
+    print(f"\nauto / NUTS peak RSS: {rows[0]['max_rss_mb'] / rows[1]['max_rss_mb']:.2f}")
+
+
 def _iters(kind: str, quick: bool) -> int:
     if kind == "DPFastMH":
         return 50 if quick else 200
@@ -166,10 +245,18 @@ def main(argv: list[str] | None = None) -> None:
         choices=list(MODELS),
         help="logistic (d = 10, GLM route of DPHMC) or banana (d = 2, generic route)",
     )
+    ap.add_argument("--auto", action="store_true", help="automatic mode vs NUTS, 50 groups")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--auto-child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     limit_blas(args.blas_threads)
     n = args.n or (100_000 if args.quick else 1_000_000)
+    if args.auto_child is not None:
+        print(json.dumps(measure_auto(args.auto_child, n)))
+        return
+    if args.auto:
+        main_auto(n)
+        return
     chunk = args.chunk_size or max(n // 16, 1)
 
     if args.child is not None:  # one configuration, in a fresh process

@@ -14,7 +14,10 @@ Models (``n = 10^5`` records by default):
 For each model, side by side in one process (interleaved blocks, medians, one BLAS thread):
 
 1. ``DPHMC`` / ``pm.HamiltonianMC`` per iteration: the same ``L = 10`` leapfrog steps and step
-   size (settings of ``bench_vs_pymc.py``);
+   size (settings of ``bench_vs_pymc.py``); DPHMC keeps the clipped sum at the current point
+   from the last trajectory (``L`` sums computed per iteration); with ``--l-plus-1`` a row
+   for the same step computing all ``L + 1`` (``reuse_gradient_sums = False``) is timed in
+   the same interleaved blocks;
 2. ``DPPenaltyMetropolis`` / ``pm.Metropolis`` per proposal (``pm.Metropolis`` updates a vector
    variable one coordinate at a time: one of its iterations is ``d`` proposals);
 3. each package per-record function (the clipped gradient sum of DP-HMC, the clipped
@@ -30,6 +33,7 @@ scaling in ``n`` and memory bounded by ``chunk_size``. Usage::
     python benchmarks/bench_models.py               # n = 100 000
     python benchmarks/bench_models.py --quick       # n = 5 000, short blocks
     python benchmarks/bench_models.py --models hier50 banana --mode NUMBA
+    python benchmarks/bench_models.py --models hier50 logistic --steps DPHMC --l-plus-1
     python benchmarks/bench_models.py --scaling --models hier50 slopes banana
     python benchmarks/bench_models.py --floor       # against PyMC's gradient and Numba loops
 
@@ -310,7 +314,9 @@ def time_functions(fs: dict, blocks: int, block_seconds: float) -> dict:
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
-def run_model(name: str, n: int, blocks: int, block_s: float, compile_kwargs, kinds) -> list[str]:
+def run_model(
+    name: str, n: int, blocks: int, block_s: float, compile_kwargs, kinds, l_plus_1: bool = False
+) -> list[str]:
     rng = np.random.default_rng(0)
     model, data = MODELS[name](n, rng)
     sl, q0 = slices(model)
@@ -356,14 +362,31 @@ def run_model(name: str, n: int, blocks: int, block_s: float, compile_kwargs, ki
         dp = make_dp(kind, model, compile_kwargs)
         pymc_step = make_pymc_step(kind, model, "logistic")
         runners = {"dp": Runner(dp, model), "pymc": Runner(pymc_step, model)}
+        if kind == "DPHMC" and l_plus_1:
+            # the same step computing all L + 1 clipped sums (no kept sum), interleaved
+            dp_all = make_dp(kind, model, compile_kwargs)
+            dp_all.reuse_gradient_sums = False
+            runners["dp_all"] = Runner(dp_all, model)
         tt = time_interleaved(runners, block_s, blocks)
         props = pymc_proposals_per_iteration(pymc_step)
         ratio = tt["dp"] / (tt["pymc"] / props)
         what = "DPHMC/pm.HMC per iter" if kind == "DPHMC" else "Penalty/pm.Metropolis per prop"
+        if "dp_all" in tt:
+            rows.append(
+                f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {'DPHMC L+1 sums/pm.HMC':<28} "
+                f"{tt['dp_all'] * 1e3:>9.4f} {tt['pymc'] * 1e3:>9.4f} "
+                f"{tt['dp_all'] / tt['pymc']:>7.2f} | route {dp._fns.gradient_route}; "
+                "every sum computed"
+            )
         rows.append(
             f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {tt['dp'] * 1e3:>9.4f} "
             f"{tt['pymc'] / props * 1e3:>9.4f} {ratio:>7.2f} | "
-            + (f"route {dp._fns.gradient_route}" if kind == "DPHMC" else f"PyMC prop/it {props}")
+            + (
+                f"route {dp._fns.gradient_route}"
+                + ("; sum at the current point kept" if dp.reuse_gradient_sums else "")
+                if kind == "DPHMC"
+                else f"PyMC prop/it {props}"
+            )
         )
     return rows
 
@@ -637,6 +660,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=["DPHMC", "DPPenaltyMetropolis"],
     )
     ap.add_argument("--mode", default=None, help="compile_kwargs mode of the DP side")
+    ap.add_argument(
+        "--l-plus-1",
+        action="store_true",
+        help="also time DPHMC computing all L + 1 clipped sums per iteration (the sum at the "
+        "current point not kept), interleaved with the two others",
+    )
     ap.add_argument("--scaling", action="store_true", help="functions vs n, with chunking")
     ap.add_argument(
         "--floor",
@@ -683,7 +712,7 @@ def main(argv: list[str] | None = None) -> None:
     print("ratio = pkg / ref (ref: PyMC's step, per PyMC proposal for Metropolis; or numpy)\n")
     print(HEADER, flush=True)
     for name in args.models:
-        for row in run_model(name, n, blocks, block_s, ck, args.steps):
+        for row in run_model(name, n, blocks, block_s, ck, args.steps, args.l_plus_1):
             print(row, flush=True)
 
 

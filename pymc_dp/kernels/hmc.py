@@ -128,9 +128,11 @@ def noisy_leapfrog(
     $$
 
     with a fresh $\xi \sim N(0, \sigma_g^2 I)$ at each of the ``n_steps + 1``
-    gradient evaluations. The first gradient of a trajectory is always computed here, never
-    taken from a previous trajectory (paper, remark after Theorem 3.5: reusing it would make
-    the next iteration depend on this iteration's noise).
+    gradient evaluations. The first noisy gradient of a trajectory is always drawn here,
+    never taken from a previous trajectory (paper, remark after Theorem 3.5: reusing it
+    would make the next iteration depend on this iteration's noise); ``grad_fn`` itself may
+    return a noise-free value it kept (a deterministic function of the point, e.g.
+    `pymc_dp.records.GradSumMemo`), to which the fresh noise is added as to any other.
 
     Parameters
     ----------

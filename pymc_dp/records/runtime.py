@@ -21,7 +21,7 @@ from pymc_dp.records.graphs import RecordGraphs
 from pymc_dp.records.routes import compile_gradients
 from pymc_dp.records.store import InMemoryRecords
 
-__all__ = ["RecordFunctions", "RecordSource"]
+__all__ = ["GradSumMemo", "RecordFunctions", "RecordSource"]
 
 
 @runtime_checkable
@@ -115,6 +115,71 @@ def _clip_rows(g, bound: float) -> np.ndarray:
         big = ok & (sq > bound * bound)
         w = np.where(big, bound / np.sqrt(np.where(big, sq, 1.0)), 1.0)
         return np.where(ok[:, None], g * w[:, None], 0.0)
+
+
+#: Bytes of per-record gradients (``rows x d`` float64) one block of a chunk may form: the
+#: functions that need dense per-record gradients (the moments and norm counts of the warm
+#: start, the control variate's anchor gradients) evaluate a chunk in row blocks of this
+#: size, so that their temporaries stay bounded whatever the chunk size (``None``: all
+#: ``n`` records in one chunk).
+ROW_BLOCK_BYTES = 1 << 21
+#: Fewest rows of a block (the per-call overhead of a compiled function).
+MIN_BLOCK_ROWS = 256
+
+
+def _row_blocks(chunk: tuple, d: int):
+    """The rows of a chunk (its arrays sliced, not copied) in blocks of about
+    `ROW_BLOCK_BYTES` of ``rows x d`` float64."""
+    n = len(chunk[0]) if chunk else 0
+    size = max(MIN_BLOCK_ROWS, ROW_BLOCK_BYTES // (8 * max(int(d), 1)))
+    if n <= size:
+        yield chunk
+        return
+    for start in range(0, n, size):
+        yield tuple(a[start : start + size] for a in chunk)
+
+
+class _Coefficients:
+    """The control variate's rows ``c_i = w_i M g_i`` of one chunk, kept as the per-record
+    gradients ``g_i`` (block by block, each block dense or, when at most half of its entries
+    are non-zero, in compressed sparse rows: a record of a group-indexed model touches a few
+    of the ``d`` coordinates, while ``M g_i`` is dense), their clip weights ``w_i`` and the
+    public ``M``. Only ``c @ v = w * (g @ (M^T v))`` is needed; memory is that of the sparse
+    ``g_i`` and ``n`` weights, never a dense ``n x d`` array for a sparse gradient."""
+
+    def __init__(self, transform: np.ndarray | None) -> None:
+        self.transform = transform
+        self.blocks: list = []
+        self.weights: list[np.ndarray] = []
+
+    def add(self, g: np.ndarray, bound: float) -> None:
+        """Append a block of per-record gradients ``g`` (rows), clipped after ``M``."""
+        from scipy import sparse
+
+        g = np.asarray(g, dtype=float)
+        with np.errstate(all="ignore"):
+            mg = _mapped(g, self.transform)
+            sq = np.einsum("ij,ij->i", mg, mg)
+            ok = np.isfinite(sq)
+            big = ok & (sq > bound * bound)
+            w = np.where(big, bound / np.sqrt(np.where(big, sq, 1.0)), 1.0)
+            w = np.where(ok, w, 0.0)
+            g = np.where(ok[:, None], g, 0.0)  # a non-finite row contributes 0
+        del mg
+        if g.size and np.count_nonzero(g) <= g.size // 2:
+            g = sparse.csr_matrix(g)
+        self.blocks.append(g)
+        self.weights.append(w)
+
+    def __matmul__(self, v: np.ndarray) -> np.ndarray:
+        v = np.asarray(v, dtype=float)
+        if self.transform is not None:
+            v = self.transform.T @ v
+        parts = [
+            w * np.asarray(b @ v, dtype=float).ravel()
+            for b, w in zip(self.blocks, self.weights, strict=True)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0)
 
 
 @dataclass
@@ -238,14 +303,18 @@ class _GradMomentsChunk:
     f: Any
 
     def __call__(self, q, bound, m, outer_bound, centre, *chunk) -> tuple[np.ndarray, np.ndarray]:
-        g = _clip_rows(_mapped(self.f(q, *chunk), m), bound)
-        if centre is not None:
-            e = _clip_rows(g - centre[None, :], bound if outer_bound is None else outer_bound)
-        elif outer_bound is None or outer_bound >= bound:
-            e = g
-        else:
-            e = _clip_rows(g, outer_bound)
-        return g.sum(axis=0), e.T @ e
+        total, outer = None, None
+        for rows in _row_blocks(chunk, np.size(q) if m is None else len(m)):
+            g = _clip_rows(_mapped(self.f(q, *rows), m), bound)
+            if centre is not None:
+                e = _clip_rows(g - centre[None, :], bound if outer_bound is None else outer_bound)
+            elif outer_bound is None or outer_bound >= bound:
+                e = g
+            else:
+                e = _clip_rows(g, outer_bound)
+            s1, s2 = g.sum(axis=0), e.T @ e
+            total, outer = (s1, s2) if total is None else (total + s1, outer + s2)
+        return total, outer
 
 
 @dataclass(frozen=True)
@@ -256,27 +325,36 @@ class _NormCountsChunk:
     f: Any
 
     def __call__(self, q, grid, m, *chunk) -> np.ndarray:
+        counts = np.zeros(np.size(grid), dtype=np.int64)
         with np.errstate(all="ignore"):  # no data-dependent floating-point warning
-            g = _mapped(self.f(q, *chunk), m)
-            sq = np.einsum("ij,ij->i", g, g)
-            ok = np.isfinite(sq)
-            norm = np.where(ok, np.sqrt(np.where(ok, sq, 0.0)), np.inf)
-            return (norm[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
+            for rows in _row_blocks(chunk, np.size(q) if m is None else len(m)):
+                g = _mapped(self.f(q, *rows), m)
+                sq = np.einsum("ij,ij->i", g, g)
+                ok = np.isfinite(sq)
+                norm = np.where(ok, np.sqrt(np.where(ok, sq, 0.0)), np.inf)
+                counts += (norm[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
+        return counts
 
 
 @dataclass(frozen=True, eq=False)
 class _AnchorGrads:
     """Per-record clipped anchor gradients ``c_i = clip(M grad l_i(anchor))`` of one chunk
     (data-only arrays kept where the chunk lives, never returned): the control variate's
-    coefficients."""
+    coefficients. Computed in row blocks (`ROW_BLOCK_BYTES`) and kept as the per-record
+    gradients (sparse where they are) and clip weights (`_Coefficients`): no dense ``n x d``
+    array for sparse per-record gradients, kept or temporary."""
 
     f: Any
     anchor: np.ndarray
     grad_bound: float
     transform: np.ndarray | None = None
 
-    def __call__(self, *chunk) -> np.ndarray:
-        return _clip_rows(_mapped(self.f(self.anchor, *chunk), self.transform), self.grad_bound)
+    def __call__(self, *chunk) -> _Coefficients:
+        d = self.anchor.size if self.transform is None else len(self.transform)
+        c = _Coefficients(self.transform)
+        for rows in _row_blocks(chunk, d):
+            c.add(self.f(self.anchor, *rows), self.grad_bound)
+        return c
 
 
 @dataclass(frozen=True)
@@ -730,3 +808,103 @@ class RecordFunctions:
                 "point; choose initvals inside the support of every record's likelihood "
                 "(or check the data against the model)"
             )
+
+
+class GradSumMemo:
+    r"""The noise-free clipped gradient sums at the two ends of the last trajectory, for reuse.
+
+    A drop-in for `RecordFunctions.clipped_grad_sum` (``memo(q, bound) -> (sum, count)``)
+    used by DP-HMC (`pymc_dp.step_methods.DPHMC`). Each DP-HMC iteration evaluates the
+    clipped sum ``g(q) = sum_i clip_b(grad l_i(q))`` at its start ``q`` and at its end
+    ``q'`` (DP-HMC paper, Algorithm 1 [DPHMC]); the next iteration starts at ``q'``
+    (accepted) or ``q`` (rejected), where ``g`` is already known. ``g`` is a deterministic
+    function of the point, of the other variables' values, of the bound and of the records,
+    so computing it again gives the same value: the memo returns the kept value instead and
+    the caller adds *fresh* noise to it, as to any other sum. The release is the same
+    Gaussian mechanism with the same output distribution, and it is counted as one release
+    (``released["grad"]``) like a computed one, so the accounting is unchanged: ``L + 1``
+    gradient releases per iteration, ``L`` of them computed. Only the noise-free sum is
+    reused, never a noisy one (reusing a noisy gradient would make the next iteration depend
+    on this one's noise; paper, remark after Theorem 3.5).
+
+    A kept value is used only when everything it depends on is exactly the same: the point
+    (same dtype, shape and bits), the bound, the values of the free variables the step does
+    not sample (another step of a ``CompoundStep`` may have changed them), the store and
+    its chunking (the order of the additions), and whether clipped counts are kept.
+    Anything else (a new chain, an initial point, a state set from outside) is computed.
+    Kept values are noise-free sums of the data: they never leave this object except into
+    a release that adds noise.
+
+    Parameters
+    ----------
+    fns : RecordFunctions
+        The functions whose ``clipped_grad_sum`` is memoised.
+    others : callable, optional
+        ``others()`` returns the current values of the free variables the step does not
+        sample (parameters, never data), part of what a kept sum must match; ``None``: the
+        step samples every free variable.
+    """
+
+    def __init__(self, fns: RecordFunctions, others: Any = None) -> None:
+        self._fns = fns
+        self._others = others
+        self._kept: list[tuple[tuple, tuple[np.ndarray, int]]] = []
+        self._seen: list[tuple[tuple, tuple[np.ndarray, int]]] = []
+        #: Sums returned from the memo (for tests and benchmarks; data-free).
+        self.reused = 0
+
+    def _context(self, q: np.ndarray, bound: float) -> tuple:
+        """Everything the sum depends on besides the records, as exact bits."""
+        fns = self._fns
+        shared = tuple(_bits(v) for v in self._others()) if self._others is not None else ()
+        store = fns.records
+        return (
+            _bits(q),
+            float(bound).hex(),
+            shared,
+            id(store),
+            getattr(store, "chunk_size", None),
+            bool(fns.counts),
+        )
+
+    def __call__(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
+        """``(sum_i clip_b(grad l_i(q)), n_clipped)``: kept when the context is identical,
+        computed otherwise; counted as one release either way (the caller adds the noise).
+        Only the first sum of a trajectory (at its start) is looked up."""
+        key = self._context(q, bound)
+        if not self._seen:
+            for entry in self._kept:
+                if entry[0] == key:
+                    self._fns.released["grad"] += 1
+                    self.reused += 1
+                    self._seen.append(entry)
+                    g, k = entry[1]
+                    return g.copy(), k
+        g, k = self._fns.clipped_grad_sum(q, bound)
+        entry = (key, (np.array(g, dtype=float, copy=True), int(k)))
+        self._seen.append(entry)
+        return np.array(entry[1][0], copy=True), entry[1][1]
+
+    def begin_trajectory(self) -> None:
+        """Start collecting the sums of a trajectory (drops a partial one)."""
+        self._seen = []
+
+    def end_trajectory(self) -> None:
+        """Keep the first and the last sum of the trajectory (its start and its end point)."""
+        seen = self._seen
+        self._kept = [seen[0], seen[-1]] if seen else []
+        self._seen = []
+
+    def clear(self) -> None:
+        """Forget every kept sum (a new chain)."""
+        self._kept, self._seen = [], []
+
+    def __getstate__(self) -> dict:
+        # a pickled step carries no noise-free sum: the copy computes its first one again
+        return {**self.__dict__, "_kept": [], "_seen": []}
+
+
+def _bits(a) -> tuple:
+    """``(dtype, shape, bytes)`` of an array: equal only for the very same bits."""
+    a = np.ascontiguousarray(a)
+    return a.dtype.str, a.shape, a.tobytes()

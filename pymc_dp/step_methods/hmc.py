@@ -36,6 +36,7 @@ from pymc_dp.kernels.hmc import (
     gradient_noise_std,
 )
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
+from pymc_dp.records import GradSumMemo
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
@@ -73,7 +74,10 @@ class DPHMC(DPStep):
     affect exactness) and is ergodic (Theorem 3.4).
 
     **Privacy** (Theorem 3.5): the gradient is released ``L + 1`` times per iteration (the
-    first gradient of an iteration is recomputed, never reused), the ratio once; each is a
+    first release of an iteration draws fresh noise, never reuses a noisy gradient; its
+    noise-free clipped sum, computed at the start or end of the last trajectory, is kept
+    and reused when the point is exactly the same, `pymc_dp.records.GradSumMemo`, so
+    ``L`` sums are computed), the ratio once; each is a
     Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
     parameter $\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)$ and ``k`` iterations over all
     chains (warmup included) compose to $k\mu$ by the tight Gaussian bound (Sommer et
@@ -166,6 +170,10 @@ class DPHMC(DPStep):
     """
 
     name = "dphmc"
+    #: Reuse the noise-free clipped gradient sum at the current point, computed at the start
+    #: or the end of the last trajectory (`pymc_dp.records.GradSumMemo`): ``L`` computed
+    #: sums per iteration instead of ``L + 1``, the same releases. False computes all.
+    reuse_gradient_sums = True
     remote_records = True
     data_sharing = True
     stats_dtypes_shapes = {
@@ -282,6 +290,7 @@ class DPHMC(DPStep):
             records=records,
         )
         self._chain_tune: int | None = plan.tune if plan is not None else None
+        self._grad_memo = GradSumMemo(self._fns, self._other_values if self.shared else None)
         self._reset_chain_state()
 
     # -- per-chain state -------------------------------------------------------------------------
@@ -294,6 +303,7 @@ class DPHMC(DPStep):
         # Called by the base at the start of every chain, after the chain's rng is set; the
         # Halton scrambling is drawn from that rng, so draws do not depend on `cores`.
         self._halton = HaltonSequence(self.rng)
+        self._grad_memo.clear()
         # A worker process of pm.sample never sets `tune` itself (it only calls stop_tuning).
         self.tune = True
         self.reset_tuning()
@@ -304,6 +314,11 @@ class DPHMC(DPStep):
         self._mass = DiagonalMassAdaptation(1.0 / self._initial_mass, self._chain_tune)
         self._inv_mass = self._mass.inv_mass.copy()
         self._mass_diag = 1.0 / self._inv_mass
+
+    def _other_values(self) -> list:
+        """Current values of the free variables this step does not sample (set by PyMC
+        before every iteration; another step may change them between iterations)."""
+        return [v.get_value(borrow=True) for v in self.shared.values()]
 
     # -- one iteration -------------------------------------------------------------------------
     def _dp_astep(self, q0):
@@ -318,6 +333,13 @@ class DPHMC(DPStep):
         tune = bool(self.tune)
         eta = self._dual.current(tune) if self.adapt_step_size else self._initial_step_size
         h = eta * self._halton.next()
+        # The noise-free clipped sum at q is the one at the start or the end of the last
+        # trajectory: kept (`GradSumMemo`, exact match of everything it depends on), with
+        # fresh noise added by the kernel like any other release; the central scheme only
+        # (with data owners the noise is added where the records live).
+        memo = self._grad_memo if self.reuse_gradient_sums and not self._owners else None
+        if memo is not None:
+            memo.begin_trajectory()
         # -- L + 1 gradient releases and one log-likelihood-ratio release (the kernel) ---------
         q_next, info = dphmc_transition(
             self.rng,
@@ -330,13 +352,15 @@ class DPHMC(DPStep):
             grad_noise_std=self.grad_noise_std,
             llr_clip_bound=self.llr_clip_bound,
             llr_noise_multiplier=self.llr_noise_multiplier,
-            clipped_grad_sum=fns.clipped_grad_sum,
+            clipped_grad_sum=fns.clipped_grad_sum if memo is None else memo,
             prior_logp_and_grad=fns.prior_logp_and_grad,
             clipped_loglik_ratio_sum=fns.clipped_loglik_ratio_sum,
             owners=self._owners,
             shared_grad_sum=fns.shared_clipped_grad_sum if self._owners else None,
             shared_llr_sum=fns.shared_clipped_loglik_ratio_sum if self._owners else None,
         )
+        if memo is not None:
+            memo.end_trajectory()
         # -- everything below is post-processing of the released values --------------------------
         if tune:
             self._adapt(q_next, info.accepted, info.accept_prob)

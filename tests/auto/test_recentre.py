@@ -8,6 +8,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import pytest
 from pymc.blocking import DictToArrayBijection
+from scipy import sparse
 
 import pymc_dp
 from pymc_dp.auto.configure import _Coordinates, tilt_sd
@@ -241,7 +242,18 @@ def test_prior_gradient_and_curvature_in_the_centred_coordinates():
     assert np.linalg.eigvalsh(used).min() > 0
 
 
-def test_record_functions_with_a_transform_and_direction_match_a_per_record_loop():
+@pytest.mark.parametrize("block_rows", [None, 9], ids=["one-block", "row-blocks"])
+def test_record_functions_with_a_transform_and_direction_match_a_per_record_loop(
+    block_rows, monkeypatch
+):
+    """The warm start's moments and counts and the control variate's residuals against a
+    per-record loop; also evaluated in row blocks inside each chunk (9 rows: a partial last
+    block), the control variate's per-record gradients kept sparse (4 of 8 coordinates)."""
+    import pymc_dp.records.runtime as runtime
+
+    if block_rows is not None:
+        monkeypatch.setattr(runtime, "MIN_BLOCK_ROWS", 1)
+        monkeypatch.setattr(runtime, "ROW_BLOCK_BYTES", 8 * 8 * block_rows)
     model = _hier(n=300)
     ip = model.initial_point()
     fns, _ = build_record_functions(model, model.value_vars, ip, chunk_size=70)
@@ -280,6 +292,18 @@ def test_record_functions_with_a_transform_and_direction_match_a_per_record_loop
     # unclipped, it plus the control variate is the exact ratio sum, whatever the direction
     total, _ = fns.clipped_residual_ratio_sum(q1, q0, 1e9, q, b, m, direction)
     assert total + c.sum(axis=0) @ direction == pytest.approx(r.sum(), rel=1e-10)
+    # the kept coefficients: the sparse per-record gradients and n weights, not n x d floats
+    (kept,) = fns._anchor_grads.values()
+    coefficients = fns.records._prepared[id(kept)][1]
+    blocks = [b for c_ in coefficients for b in c_.blocks]
+    # 4 chunks of 70 records (8 blocks of 9 rows or fewer) and one of 20 (3 blocks)
+    assert len(blocks) == (4 * 8 + 3 if block_rows == 9 else 5)
+    assert all(sparse.issparse(b) and b.nnz <= 4 * b.shape[0] for b in blocks)
+    # no transform: the residuals with the clipped gradients themselves
+    c0 = g * np.minimum(1.0, b / np.linalg.norm(g, axis=1))[:, None]
+    res0 = r - c0 @ (q1 - q0)
+    total, _ = fns.clipped_residual_ratio_sum(q1, q0, bound, q, b)
+    assert total == pytest.approx(np.clip(res0, -bound, bound).sum(), rel=1e-10)
 
 
 def test_tilt_of_a_whitened_release_by_simulation():

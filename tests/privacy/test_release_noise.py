@@ -529,7 +529,7 @@ def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
             250, tune=0, chains=1, cores=1, step=step, random_seed=4, progressbar=False,
             compute_convergence_checks=False,
         )  # fmt: skip
-    u = []
+    u, first, released_first = [], [], []
     for p0, eta, inv_mass, points, grads, p_end in trajectories:
         # half-step momenta from the positions, then each gradient's noise from the momenta
         half = [(b - a) / (eta * inv_mass) for a, b in zip(points, points[1:], strict=False)]
@@ -537,8 +537,21 @@ def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
         weights = [0.5 * eta] + [eta] * (len(points) - 2) + [0.5 * eta]
         for k, g in enumerate(grads):
             u.append(((momenta[k + 1] - momenta[k]) / weights[k] - g) / (z_g * 2.0 * b_g))
+        first.append(u[-len(grads)])
+        released_first.append((points[0], (momenta[1] - momenta[0]) / weights[0]))
     assert len(trajectories) == 250 and len(u) == 1000
     assert_standard_normal(np.concatenate(u), "DPHMC gradient releases")
+    # the first release of every trajectory after the first is the kept noise-free sum at the
+    # current state (computed in the previous trajectory) plus fresh noise: the same std
+    assert step._grad_memo.reused == 249
+    assert_standard_normal(np.concatenate(first[1:]), "DPHMC releases of a kept sum")
+    # two releases at the same point (a rejected trajectory, then the next one) differ
+    same = [
+        (a[1], b[1])
+        for a, b in zip(released_first, released_first[1:], strict=False)
+        if np.array_equal(a[0], b[0])
+    ]
+    assert len(same) >= 10 and all(np.all(a != b) for a, b in same)
     u = _penalty_noise(tests, z_l, b_l)
     assert u.size >= 225
     assert_standard_normal(u, "DPHMC penalty tests")

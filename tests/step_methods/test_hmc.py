@@ -398,6 +398,9 @@ def test_calibrated_run_stays_within_target_and_guards_the_budget():
 
 
 def test_each_iteration_releases_l_plus_1_fresh_gradients_and_one_ratio():
+    """``L + 1`` gradient releases and one ratio release per iteration, as accounted
+    (``dp_releases = L + 2``); ``L + 1`` sums computed in the first iteration, ``L`` in the
+    next ones (the sum at the current state is the one kept from the last trajectory)."""
     model, *_ = normal_mean_model(n=20, d=2)
     with model:
         step = pymc_dp.DPHMC(
@@ -414,14 +417,140 @@ def test_each_iteration_releases_l_plus_1_fresh_gradients_and_one_ratio():
     fns.clipped_grad_sum = lambda q, b: calls.append(("grad", q.copy())) or grad(q, b)
     fns.clipped_loglik_ratio_sum = lambda a, b, c: calls.append(("llr", b.copy())) or llr(a, b, c)
     point = model.initial_point()
-    for _ in range(4):
+    accepted = []
+    for i in range(6):
         start = np.concatenate([np.ravel(point[v.name]) for v in step.vars])
         calls.clear()
-        point, _ = step.step(point)
-        assert [c[0] for c in calls] == ["grad"] * 7 + ["llr"]
-        # the first gradient is evaluated (recomputed) at the current state, every iteration
-        np.testing.assert_array_equal(calls[0][1], start)
+        before = dict(fns.released)
+        point, stats_ = step.step(point)
+        accepted.append(stats_[0]["accepted"])
+        released = {k: fns.released[k] - before[k] for k in before}
+        assert released == {"grad": 7, "llr": 1}
+        assert sum(released.values()) == stats_[0]["dp_releases"] == 6 + 2
+        assert [c[0] for c in calls] == ["grad"] * (7 if i == 0 else 6) + ["llr"]
+        if i == 0:  # nothing kept yet: the first sum is computed at the current state
+            np.testing.assert_array_equal(calls[0][1], start)
+        else:  # kept from the last trajectory: no sum computed at the current state
+            assert not any(np.array_equal(q, start) for kind, q in calls if kind == "grad")
         np.testing.assert_array_equal(calls[-1][1], start)
+    assert step._grad_memo.reused == 5
+    assert 0 < sum(accepted) < 6  # both ends of a trajectory were reused
+
+
+def _two_variable_step(reuse: bool = True):
+    rng = np.random.default_rng(5)
+    x = rng.normal(0.3, 1.2, size=(25, 2))
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 3.0)
+        s = pm.HalfNormal("s", 2.0)
+        pm.Normal("x", a, s, observed=x)
+        step = pymc_dp.DPHMC(
+            [a],
+            llr_clip_bound=5.0,
+            grad_clip_bound=5.0,
+            llr_noise_multiplier=1.0,
+            grad_noise_multiplier=1.0,
+            n_leapfrog=3,
+            step_size=0.05,
+        )
+    step.reuse_gradient_sums = reuse
+    return model, step
+
+
+@pytest.mark.filterwarnings("ignore:DPHMC samples")
+def test_kept_gradient_sum_is_not_used_when_the_state_changed_from_outside():
+    """The kept sum is used only at exactly the same point, with the same values of the
+    variables the step does not sample (another step of a CompoundStep may change them):
+    a state set between iterations is computed again, and the value returned is always the
+    one computed at the point."""
+    model, step = _two_variable_step()
+    fns = step._fns
+    computed = []
+    grad = fns.clipped_grad_sum
+    (other,) = step.shared.values()  # the value of s, which the step does not sample
+
+    def spy(q, b):
+        computed.append((q.copy(), float(other.get_value())))
+        return grad(q, b)
+
+    fns.clipped_grad_sum = spy
+    point = model.initial_point()
+    point, _ = step.step(point)
+    assert len(computed) == 4  # L + 1: nothing kept yet
+    # the same state: the sum at the current point is reused
+    computed.clear()
+    point, _ = step.step(point)
+    assert len(computed) == 3 and step._grad_memo.reused == 1
+    # the other variable changed (as another step of a CompoundStep would): computed
+    computed.clear()
+    moved = dict(point, s_log__=point["s_log__"] + 0.1)
+    out, _ = step.step(moved)
+    assert len(computed) == 4 and step._grad_memo.reused == 1
+    np.testing.assert_array_equal(computed[0][0], moved["a"].ravel())
+    assert computed[0][1] == moved["s_log__"]
+    # the sampled variable set from outside (a new initial point, a tuning restart): computed
+    computed.clear()
+    out, _ = step.step(dict(out, a=out["a"] + 1e-12))
+    assert len(computed) == 4 and step._grad_memo.reused == 1
+    # a new chain forgets the kept sums
+    computed.clear()
+    step._start_chain()  # what PyMC calls at the start of every chain (both lines)
+    step.step(out)
+    assert len(computed) == 4
+    # kept and recomputed sums are the same numbers at the same point
+    memo_value = step._grad_memo(out["a"].ravel(), step.grad_clip_bound)[0]
+    np.testing.assert_array_equal(memo_value, grad(out["a"].ravel(), step.grad_clip_bound)[0])
+
+
+@pytest.mark.filterwarnings("ignore:DPHMC samples", "ignore:DPPenaltyMetropolis samples")
+def test_reuse_in_a_compound_step_leaves_the_draws_unchanged():
+    """DPHMC on one variable, DPPenaltyMetropolis on the other (a CompoundStep): the other
+    step moves the state between DPHMC's iterations; the chains are bit-identical with reuse
+    on and off, and reuse happens only when nothing moved."""
+
+    def run(reuse: bool):
+        model, step = _two_variable_step(reuse)
+        with model:
+            other = pymc_dp.DPPenaltyMetropolis([model["s"]], clip_bound=5.0, noise_multiplier=1.0)
+            idata = pm.sample(
+                40, tune=40, chains=1, cores=1, step=[step, other], random_seed=3, **SAMPLE
+            )
+        return idata, step
+
+    (a, sa), (b, sb) = run(True), run(False)
+    for name in ("a", "s"):
+        np.testing.assert_array_equal(posterior_array(a, name), posterior_array(b, name))
+    assert sa._fns.released == sb._fns.released
+    assert 0 < sa._grad_memo.reused < 79 and sb._grad_memo.reused == 0
+
+
+def test_reusing_gradient_sums_leaves_the_draws_unchanged():
+    """Reusing the kept noise-free sum changes no draw: the same seed gives bit-identical
+    chains, stats and release counts with reuse on and off (the same random draws in the
+    same order, the same noise-free sums)."""
+
+    def run(reuse: bool):
+        model, *_ = normal_mean_model(n=30, d=2)
+        with model:
+            step = pymc_dp.DPHMC(
+                llr_clip_bound=20.0,
+                grad_clip_bound=20.0,
+                llr_noise_multiplier=0.2,
+                grad_noise_multiplier=0.2,
+                n_leapfrog=4,
+            )
+            step.reuse_gradient_sums = reuse
+            idata = pm.sample(30, tune=120, chains=2, cores=1, step=step, random_seed=7, **SAMPLE)
+        return idata, step
+
+    (a, sa), (b, sb) = run(True), run(False)
+    np.testing.assert_array_equal(posterior_array(a, "theta"), posterior_array(b, "theta"))
+    for name in ("accepted", "step_size", "energy_change", "dp_releases", "dp_mu"):
+        np.testing.assert_array_equal(
+            a["sample_stats"][name].values, b["sample_stats"][name].values
+        )
+    assert sa._fns.released == sb._fns.released == {"llr": 300, "grad": 300 * 5}
+    assert sa._grad_memo.reused == 300 - 2 and sb._grad_memo.reused == 0
 
 
 def test_fixed_step_size_and_mass_matrix_are_honoured():
