@@ -145,7 +145,9 @@ class _StatSumChunk:
     def __call__(self, bound, y, *xs) -> tuple[np.ndarray, int, bool]:
         T = self.stats(y, xs)
         if not np.all(np.isfinite(T)):
-            return np.zeros(T.shape[1]), 0, False
+            w = self.scale
+            rows = T.shape[1] if w is None or np.ndim(w) == 1 else len(w)
+            return np.zeros(rows**2 if self.outer else rows), 0, False
         c = None if self.centre is None else np.asarray(self.centre, dtype=float)
         w = None if self.scale is None else np.asarray(self.scale, dtype=float)
         s, k = centred_clip_sum(T, c, bound, w, self.absolute, self.outer)
@@ -546,7 +548,8 @@ class ExpFamilyModel:
             absolute,
             outer,
         )
-        size = self.stat_dim**2 if outer else self.stat_dim
+        rows = self.stat_dim if scale is None or np.ndim(scale) == 1 else np.shape(scale)[0]
+        size = rows**2 if outer else rows
         S, clipped, _ = self._pass(chunk, (np.zeros(size), 0, True), bound, chunk_size, store)
         return S, int(clipped)
 

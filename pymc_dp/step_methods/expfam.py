@@ -393,18 +393,10 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
                 self.stat_clip_bound, chunk_size or 100_000, store=store, counts=counts
             )
         else:
+            q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in self.vars])
             self._stat_sum, n_clipped = self._centred_statistic(
-                centring, data_bounds, stat_clip_bound, chunk_size or 100_000, store, counts
+                centring, data_bounds, stat_clip_bound, chunk_size or 100_000, store, counts, q0
             )
-            if centring.metric and not (
-                isinstance(centring.value, str) and centring.value == "data_bounds"
-            ):
-                q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in self.vars])
-                self._laplace = self._metric_at_centre(q0)
-                if self._laplace is not None:
-                    cov = self._laplace[1] @ self._laplace[1].T
-                    lam, U = np.linalg.eigh(cov)
-                    self._axes = U * np.sqrt(np.maximum(lam, 0.0))
         self.stat_noise_std = expfam_noise_std(self.noise_multiplier, self.stat_clip_bound)
         self._releases_made = 0
         self._clip_fraction = (
@@ -417,7 +409,9 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self.proposal_scale = s
         self._reset_chain_state()
 
-    def _centred_statistic(self, centring, data_bounds, stat_clip_bound, chunk_size, store, counts):
+    def _centred_statistic(
+        self, centring, data_bounds, stat_clip_bound, chunk_size, store, counts, q0
+    ):
         """The centre, the whitening, the clip ``b`` and the whitened sum (`StatCentre`).
 
         Up to five accounted Gaussian releases (each with the noise multiplier of the
@@ -510,10 +504,15 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self._stat_sum_w = S_w
         self.metric_centre = c
         if centring.metric and self._centre_releases:
-            # -- last release: the refined centre c + W^-1 (S_w + N(0, (z 2b)^2 I)) / n --------
+            # -- release 7: the refined centre c + W^-1 (S_w + N(0, (z 2b)^2 I)) / n ----------
             noisy = S_w + z * 2.0 * self.stat_clip_bound * rng.normal(size=S_w.shape)
             self.metric_centre = c + np.linalg.solve(W, noisy) / n
             self._centre_releases += 1
+        if centring.metric and not (isinstance(value, str) and value == "data_bounds"):
+            self._laplace = self._metric_at_centre(q0)
+            if self._laplace is not None:
+                lam, U = np.linalg.eigh(self._laplace[1] @ self._laplace[1].T)
+                self._axes = U * np.sqrt(np.maximum(lam, 0.0))
         return np.linalg.solve(W, S_w) + n * c, n_clipped
 
     def _metric_at_centre(self, q0: np.ndarray):
@@ -605,13 +604,14 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         d_eta = eta1 - eta0
         n = self._expfam.n_records
         d_A = n * (A1 - A0)
-        stat_sum = self._stat_sum
+        stat_sum, sigma = self._stat_sum, self.stat_noise_std
         if self.centre is not None:
-            # S = S_w / w + n c: d_eta . S~ = (d_eta / w) . (S_w + noise) + n d_eta . c
+            # S = W^-1 S_w + n c, released as W^-1 (S_w + N(0, sigma_S^2 I)) + n c:
+            # d_eta . S~ = (W^-T d_eta) . (S_w + noise) + n d_eta . c
             d_A = d_A - n * float(d_eta @ self.centre)
             d_eta = self._scale_inv_t @ d_eta
             stat_sum = self._stat_sum_w
-        noise_std = self.stat_noise_std * float(np.sqrt(d_eta @ d_eta))
+        noise_std = sigma * float(np.sqrt(d_eta @ d_eta))
         with np.errstate(all="ignore"):
             log_a = expfam_log_acceptance(
                 stat_sum,
@@ -619,7 +619,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
                 d_A,
                 lp1 - lp0,
                 0.0,
-                self.stat_noise_std,
+                sigma,
                 self.rng,
                 size=size,
                 variance_correction=self._variance_correction,
