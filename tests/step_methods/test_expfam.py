@@ -539,6 +539,7 @@ def test_private_centre_is_charged_in_the_report():
     assert 2 * 150 * cm == pytest.approx(0.05 * rep.mu, rel=1e-6)  # the default budget share
     assert rep.epsilon <= 3.0
     assert rep.epsilon > 2.95
+    assert f"of which mu = {2 * 150 * cm:.4g}" in rep.mechanism and "StatCentre" in rep.mechanism
 
 
 def test_centre_arguments_are_checked_before_the_data_is_read():
@@ -560,3 +561,19 @@ def test_centre_arguments_are_checked_before_the_data_is_read():
         StatCentre(clip=-1.0)
     with pytest.raises(ValueError, match="budget_share"):
         StatCentre(budget_share=0.9)
+
+
+def test_private_centre_runs_are_reproducible_from_the_seed():
+    X, y = _nig_problem(n=3000)
+    out = []
+    for _ in range(2):
+        with pm.Model():
+            _nig_model(X, y)
+            idata = pymc_dp.sample(
+                step=pymc_dp.DPExpFamilyPenalty, epsilon=30.0, delta=1e-5, draws=30, tune=10,
+                chains=1, cores=1, step_kwargs={"data_bounds": {"X": (-1, 1), "y": (-4, 4)}},
+                random_seed=7, progressbar=False, compute_convergence_checks=False,
+            )  # fmt: skip
+        out.append(idata.posterior["b"].values)
+    assert np.unique(out[0]).size >= 3  # the released centre's start, and moves
+    np.testing.assert_array_equal(out[0], out[1])
