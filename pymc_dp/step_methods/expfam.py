@@ -568,7 +568,9 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             noisy = S_w + z * 2.0 * self.stat_clip_bound * rng.normal(size=S_w.shape)
             self.metric_centre = c + np.linalg.solve(W, noisy) / n
             self._centre_releases += 1
-        if centring.metric and not (isinstance(value, str) and value == "data_bounds"):
+        midpoint = isinstance(value, str) and value == "data_bounds"
+        if centring.metric and (not midpoint or self._centre_releases):
+            # (the box's midpoint is no centre for the metric; its refinement is)
             self._laplace = self._metric_at_centre(q0)
             if self._laplace is not None:
                 lam, U = np.linalg.eigh(self._laplace[1] @ self._laplace[1].T)

@@ -577,3 +577,23 @@ def test_private_centre_runs_are_reproducible_from_the_seed():
         out.append(idata.posterior["b"].values)
     assert np.unique(out[0]).size >= 3  # the released centre's start, and moves
     np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_data_bounds_centre_is_the_box_midpoint_statistic():
+    X, y = _nig_problem(n=500)
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(
+            epsilon=20.0, delta=1e-5, draws=20, tune=10, chains=1, centre="data_bounds",
+            data_bounds={"X": (-1, 1), "y": (-2, 4)},
+        )  # fmt: skip
+        assert step._stat_sum is None  # nothing read before the chain starts
+        idata = pm.sample(
+            draws=20, tune=10, chains=1, step=step, random_seed=1, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    np.testing.assert_allclose(
+        step.centre, normal_linear_stats(np.array([1.0]), np.zeros((1, 2)))[0]
+    )
+    assert step.centre_mu > 0 and step._centre_releases == StatCentre("data_bounds").releases
+    assert np.all(np.isfinite(idata.posterior["b"].values))
