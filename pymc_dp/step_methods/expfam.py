@@ -353,9 +353,11 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             if pre:
                 # the releases before the chains take budget_share of the run's mu (charged
                 # once per chain); the penalty tests the rest
-                mu_total = GaussianEvent(z, plan.iterations).mu
+                # (1 - 1e-9): the per-draw charges summed in floating point stay below the
+                # calibrated total
+                mu_total = GaussianEvent(z, plan.iterations).mu * (1.0 - 1e-9)
                 pre_mu = centring.budget_share * mu_total / plan.chains
-                z = z / np.sqrt(1.0 - centring.budget_share)
+                z = z / np.sqrt((1.0 - centring.budget_share) * (1.0 - 1e-9))
         else:
             z = check_positive("noise_multiplier", noise_multiplier)
             if delta is not None:
