@@ -6,8 +6,11 @@ finds it from the PyMC graph, never from the data: it reads the observed variabl
 distribution and its parameter graphs, compiles $\theta \mapsto (\eta, A)$ and verifies
 the decomposition against PyMC's own log-density on data-free stand-in records at several
 parameter values. The data are read only by `ExpFamilyStructure.check_data_finite`
-(one bit: all finite or not) and by `ExpFamilyModel.clipped_stat_sum`, the one chunked
-pass that computes $S = \sum_i \mathrm{clip}_C(T(x_i))$.
+(one bit: all finite or not) and by the chunked passes whose outputs are the inputs of
+Gaussian mechanisms: `ExpFamilyModel.clipped_stat_sum`
+($S = \sum_i \mathrm{clip}_C(T(x_i))$), `ExpFamilyModel.centred_clip_sum` (the clipped,
+whitened deviations from a public centre, their absolute values or outer products) and
+`ExpFamilyModel.deviation_counts` (the counts of a DP quantile's histogram).
 
 Supported forms (see `SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
 covariates, ``mu = a(theta) + x_i^T b(theta)``, with a scale ``sigma(theta)`` free of the
@@ -115,7 +118,8 @@ def _fake_response(family: str, m: int, trailing: tuple, constants: Mapping[str,
 
 @dataclass(frozen=True)
 class _StatSumChunk:
-    """``(sum_i clip_C(T(x_i)), n_clipped, finite)`` of one chunk ``(y, *covariates)``.
+    """``(sum_i clip_C(T(x_i)), n_clipped, finite)`` of one chunk ``(y, *covariates)``, or
+    with a ``centre`` the clipped whitened deviations' sum (`centred_clip_sum`).
 
     Runs where the chunk lives (picklable: the family travels by name) and returns the
     chunk's clipped sum, the number of clipped records (0 unless ``counts``: computed without
