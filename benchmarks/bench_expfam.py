@@ -16,10 +16,18 @@ fixed in advance), both with the same random walk (``--proposal``, default the g
 one-coordinate walk), sample the same model; their posterior means and sds are compared with a
 NUTS reference (non-private) in units of the NUTS posterior sd, printed side by side.
 
+Part 3, goal (``--goal``): the centred statistics (`pymc_dp.StatCentre`, the default with a
+target epsilon) on a linear regression with unknown sigma, ``X ~ U(-1, 1)^3``, public
+bounds ``X`` in [-1, 1] and ``y`` in [-10, 10] (the magnitude bound on ``T(x)`` is then about
+102, from ``y^2``): 4 chains through `pymc_dp.sample` at each n and epsilon, against
+``pm.sample`` NUTS on the same data; per parameter the error of the mean in NUTS sds, the sd
+ratio and R-hat, then the worst of each.
+
 Usage::
 
     python benchmarks/bench_expfam.py                       # n = 1e4, 1e6, 1e7; accuracy at 1e5
     python benchmarks/bench_expfam.py --sizes 300 600 --acc-n 300 --acc-draws 100  # smoke
+    python benchmarks/bench_expfam.py --goal --goal-n 100000 --goal-eps 10 3  # the goal table
 """
 
 from __future__ import annotations
@@ -159,6 +167,68 @@ def accuracy(args) -> None:
         )
 
 
+def goal(args) -> None:
+    """The centred statistics against NUTS (module docstring, part 3)."""
+    import arviz as az
+
+    k, chains = 3, 4
+    bounds = {"X": (-1.0, 1.0), "y": (-10.0, 10.0)}
+    names = ["a", *[f"b[{j}]" for j in range(k)], "s"]
+    print(
+        f"\n-- goal: linear regression, unknown sigma, X ~ U(-1,1)^{k}, data_bounds X in "
+        f"[-1, 1], y in [-10, 10]; {chains} chains x ({args.goal_tune} tune + "
+        f"{args.goal_draws} draws), delta = 1e-6; NUTS: pm.sample, {chains} x (1000 + 1000) --"
+    )
+    print(
+        f"{'n':>8} {'eps':>5} {'param':<6} {'NUTS mean':>10} {'NUTS sd':>9} "
+        f"{'|dmean|/sd':>10} {'sd ratio':>8} {'R-hat':>6}"
+    )
+    for n in args.goal_n:
+        rng = np.random.default_rng(0)
+        X = rng.uniform(-1, 1, size=(n, k))
+        y = np.clip(0.5 + X @ TRUE_B[:k] + 0.8 * rng.normal(size=n), -10, 10)
+        model = regression(X, y)
+        with model, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t0 = time.perf_counter()
+            ref = pm.sample(
+                1000, tune=1000, chains=chains, cores=1, random_seed=2, progressbar=False,
+                compute_convergence_checks=False,
+            )  # fmt: skip
+            t_nuts = time.perf_counter() - t0
+        m_ref = posterior_matrix(ref, k)
+        for eps in args.goal_eps:
+            with model, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                t0 = time.perf_counter()
+                idata = pymc_dp.sample(
+                    args.goal_draws, tune=args.goal_tune, chains=chains, cores=1,
+                    step=pymc_dp.DPExpFamilyPenalty, epsilon=eps, delta=1e-6,
+                    step_kwargs={"data_bounds": bounds}, random_seed=1, progressbar=False,
+                )  # fmt: skip
+                t_dp = time.perf_counter() - t0
+            post = posterior_matrix(idata, k)
+            rhat = az.rhat(idata)
+            rh = np.r_[float(rhat["a"]), np.ravel(rhat["b"].values), float(rhat["s"])]
+            err = np.abs(post.mean(0) - m_ref.mean(0)) / m_ref.std(0)
+            ratio = post.std(0) / m_ref.std(0)
+            for j, p in enumerate(names):
+                print(
+                    f"{n:>8} {eps:>5g} {p:<6} {m_ref[:, j].mean():>10.4f} "
+                    f"{m_ref[:, j].std():>9.4f} {err[j]:>10.2f} {ratio[j]:>8.2f} {rh[j]:>6.3f}"
+                )
+            rep = pymc_dp.privacy_report(idata)
+            stats = idata.sample_stats
+            print(
+                f"summary n={n} eps={eps:g}: max |dmean|/sd {err.max():.2f}, max R-hat "
+                f"{rh.max():.3f}, sd ratio {ratio.min():.2f}-{ratio.max():.2f}; epsilon spent "
+                f"{rep.epsilon:.3f}; median noise std {float(np.median(stats['noise_std'])):.2f}; "
+                f"acceptance {float(stats['accepted'].mean()):.3f}; wall {t_dp:.1f} s "
+                f"(NUTS {t_nuts:.1f} s)",
+                flush=True,
+            )
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[10_000, 1_000_000, 10_000_000])
@@ -170,7 +240,16 @@ def main(argv=None) -> None:
     p.add_argument("--epsilon", type=float, default=8.0)
     p.add_argument("--proposal", default="guided", help="random walk of both DP steps")
     p.add_argument("--penalty-clip", type=float, default=5.0)
+    p.add_argument("--goal", action="store_true", help="only the goal table (part 3)")
+    p.add_argument("--goal-n", type=int, nargs="+", default=[100_000])
+    p.add_argument("--goal-eps", type=float, nargs="+", default=[10.0, 3.0])
+    p.add_argument("--goal-draws", type=int, default=5000)
+    p.add_argument("--goal-tune", type=int, default=500)
     args = p.parse_args(argv)
+    if args.goal:
+        print(f"PyMC {pm.__version__}")
+        goal(args)
+        return
     print(f"PyMC {pm.__version__}; linear regression, k = {args.k} covariates, unknown sigma")
     print(f"\n-- time per iteration vs n --\n{'n':>12} {'setup s':>9} {'ms/iter':>9} {'ratio':>7}")
     first = None

@@ -23,6 +23,7 @@ from pymc_dp.step_methods import (
     DPPenaltyMetropolis,
     DPStep,
     DPSubsampledPenalty,
+    StatCentre,
 )
 
 try:
@@ -50,4 +51,5 @@ __all__ = [
     "plan",
     "privacy_report",
     "sample",
+    "StatCentre",
 ]

@@ -6,8 +6,11 @@ finds it from the PyMC graph, never from the data: it reads the observed variabl
 distribution and its parameter graphs, compiles $\theta \mapsto (\eta, A)$ and verifies
 the decomposition against PyMC's own log-density on data-free stand-in records at several
 parameter values. The data are read only by `ExpFamilyStructure.check_data_finite`
-(one bit: all finite or not) and by `ExpFamilyModel.clipped_stat_sum`, the one chunked
-pass that computes $S = \sum_i \mathrm{clip}_C(T(x_i))$.
+(one bit: all finite or not) and by the chunked passes whose outputs are the inputs of
+Gaussian mechanisms: `ExpFamilyModel.clipped_stat_sum`
+($S = \sum_i \mathrm{clip}_C(T(x_i))$), `ExpFamilyModel.centred_clip_sum` (the clipped,
+whitened deviations from a public centre, their absolute values or outer products) and
+`ExpFamilyModel.deviation_counts` (the counts of a DP quantile's histogram).
 
 Supported forms (see `SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
 covariates, ``mu = a(theta) + x_i^T b(theta)``, with a scale ``sigma(theta)`` free of the
@@ -36,7 +39,12 @@ from pytensor.graph.replace import clone_replace
 from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
 
-from pymc_dp.kernels.expfam import EXPFAM_FAMILIES, ExpFamily, clip_stats
+from pymc_dp.kernels.expfam import (
+    EXPFAM_FAMILIES,
+    ExpFamily,
+    centred_clip_sum,
+    deviation_counts_above,
+)
 from pymc_dp.records.errors import ModelNotSupportedError
 from pymc_dp.records.graph_facts import count_records
 from pymc_dp.records.graph_facts import data_nodes as _data_nodes
@@ -110,7 +118,8 @@ def _fake_response(family: str, m: int, trailing: tuple, constants: Mapping[str,
 
 @dataclass(frozen=True)
 class _StatSumChunk:
-    """``(sum_i clip_C(T(x_i)), n_clipped, finite)`` of one chunk ``(y, *covariates)``.
+    """``(sum_i clip_C(T(x_i)), n_clipped, finite)`` of one chunk ``(y, *covariates)``, or
+    with a ``centre`` the clipped whitened deviations' sum (`centred_clip_sum`).
 
     Runs where the chunk lives (picklable: the family travels by name) and returns the
     chunk's clipped sum, the number of clipped records (0 unless ``counts``: computed without
@@ -121,19 +130,54 @@ class _StatSumChunk:
     family: str
     constants: tuple
     counts: bool
+    #: the centre ``c`` the deviations are taken from (None: ``c = 0``, the uncentred clip)
+    centre: tuple | None = None
+    #: public whitening ``w`` of the deviations (None: none) and whether to sum ``|w (T - c)|``
+    scale: tuple | None = None
+    absolute: bool = False
+    outer: bool = False
 
-    def __call__(self, bound, y, *xs) -> tuple[np.ndarray, int, bool]:
+    def stats(self, y, xs) -> np.ndarray:
         y = np.asarray(y)
         X = (
             np.column_stack([np.asarray(a, dtype=float).reshape(y.shape[0], -1) for a in xs])
             if xs
             else None
         )
-        T = EXPFAM_FAMILIES[self.family].stats(y, X, **dict(self.constants))
+        return EXPFAM_FAMILIES[self.family].stats(y, X, **dict(self.constants))
+
+    def __call__(self, bound, y, *xs) -> tuple[np.ndarray, int, bool]:
+        T = self.stats(y, xs)
         if not np.all(np.isfinite(T)):
-            return np.zeros(T.shape[1]), 0, False
-        Tc, k = clip_stats(T, bound)
-        return Tc.sum(axis=0), int(k) if self.counts else 0, True
+            w = self.scale
+            rows = T.shape[1] if w is None or np.ndim(w) == 1 else len(w)
+            return np.zeros(rows**2 if self.outer else rows), 0, False
+        c = None if self.centre is None else np.asarray(self.centre, dtype=float)
+        w = None if self.scale is None else np.asarray(self.scale, dtype=float)
+        s, k = centred_clip_sum(T, c, bound, w, self.absolute, self.outer)
+        return s, int(k) if self.counts else 0, True
+
+
+@dataclass(frozen=True)
+class _DeviationCountChunk(_StatSumChunk):
+    """``(counts above each grid bound of ||T(x_i) - c||, 0, finite)`` of one chunk: the
+    exact query of the DP quantile of the deviations (never published without noise)."""
+
+    def __call__(self, grid, y, *xs) -> tuple[np.ndarray, int, bool]:
+        T = self.stats(y, xs)
+        grid = np.asarray(grid, dtype=float)
+        if not np.all(np.isfinite(T)):
+            return np.zeros(grid.size, dtype=np.int64), 0, False
+        w = None if self.scale is None else np.asarray(self.scale, dtype=float)
+        return deviation_counts_above(T, np.asarray(self.centre, dtype=float), grid, w), 0, True
+
+
+def _as_tuple(a) -> tuple | None:
+    """A public vector or matrix as (nested) tuples: picklable, shipped with the chunk."""
+    if a is None:
+        return None
+    a = np.asarray(a, dtype=float)
+    return tuple(a) if a.ndim == 1 else tuple(map(tuple, a))
 
 
 def _add_stat_sums(acc: tuple, part: tuple) -> tuple:
@@ -431,7 +475,111 @@ class ExpFamilyModel:
         c = fam.stat_bound(y_max, x_max, **self.constants)
         return float(min(c, support)) if support is not None else float(c)
 
+    def box_midpoint_stats(self, data_bounds: Mapping[str, Any] | None) -> np.ndarray:
+        """``T`` of the record at the middle of the public box: a data-free centre."""
+        self.stat_bound_from_box(data_bounds)  # validates the box
+        bounds = dict(data_bounds or {})
+        s = self.structure
+
+        def mid(keys, trailing):
+            for k in keys:
+                if k in bounds:
+                    lo, hi = (np.broadcast_to(np.asarray(v, float), trailing) for v in bounds[k])
+                    return (lo + hi) / 2.0
+            return None
+
+        y = mid(["y", s.response_name], self._y_trailing())
+        if y is None:
+            raise ValueError(
+                "centre='data_bounds' needs the response range in data_bounds ('y': (lo, hi))"
+            )
+        xs = [
+            mid([name, "X"], tuple(int(v) for v in _node_shape(node)[1:])).ravel()
+            for name, node in zip(s.covariate_names, s._x_nodes, strict=True)
+        ]
+        X = np.concatenate(xs)[None, :] if xs else None
+        return np.asarray(self.family.stats(np.asarray(y)[None, ...], X, **self.constants))[0]
+
     # -- the one data pass --------------------------------------------------------------------
+    def _pass(self, chunk, init, arg, chunk_size: int, store):
+        """One chunked pass of ``chunk(arg, y, *covariates)`` over the records, summed."""
+        if store is not None:
+            out = store.map_reduce(chunk, _add_stat_sums, init, args=(arg,))
+        else:
+            y, xs = self.structure._arrays()
+            out = init
+            for start in range(0, self.n_records, chunk_size):
+                sl = slice(start, start + chunk_size)
+                out = _add_stat_sums(out, chunk(arg, y[sl], *(a[sl] for a in xs)))
+        if not out[2]:
+            raise ValueError(
+                "the sufficient statistics of the data are not finite (NaN, infinite or "
+                "overflowing values); DPExpFamilyPenalty needs finite data of moderate size"
+            )
+        return out
+
+    def centred_clip_sum(
+        self,
+        centre: np.ndarray,
+        bound: float,
+        chunk_size: int = 100_000,
+        *,
+        scale: np.ndarray | None = None,
+        absolute: bool = False,
+        outer: bool = False,
+        store=None,
+        counts: bool = True,
+    ) -> tuple[np.ndarray, int]:
+        r"""$\sum_i \mathrm{clip}_b(w \odot (T(x_i) - c))$ in one chunked pass.
+
+        ``c`` and ``w`` are public (given, or released DP estimates): the sum has the
+        replace-one L2 sensitivity ``2 b``; with no deviation above ``b``,
+        ``W^{-1} sum + n c`` is $\sum_i T(x_i)$. ``absolute`` sums ``|W (T - c)|`` (the
+        query of the per-coordinate spread), ``outer`` the outer products of the clipped
+        whitened deviations (flattened, length ``len(T)^2``: the query of their second
+        moment). ``scale`` is a vector ``w`` or a matrix ``W``
+        (`pymc_dp.kernels.expfam.whiten`). Returns the sum (never publish it: the input of a
+        release) and the number of clipped records (computed without noise, 0 unless
+        ``counts``).
+        """
+        c = np.asarray(centre, dtype=float).reshape(self.stat_dim)
+        chunk = _StatSumChunk(
+            self.family.name,
+            tuple(sorted(self.constants.items())),
+            counts,
+            tuple(c),
+            _as_tuple(scale),
+            absolute,
+            outer,
+        )
+        rows = self.stat_dim if scale is None or np.ndim(scale) == 1 else np.shape(scale)[0]
+        size = rows**2 if outer else rows
+        S, clipped, _ = self._pass(chunk, (np.zeros(size), 0, True), bound, chunk_size, store)
+        return S, int(clipped)
+
+    def deviation_counts(
+        self,
+        centre: np.ndarray,
+        grid: np.ndarray,
+        chunk_size: int = 100_000,
+        *,
+        scale: np.ndarray | None = None,
+        store=None,
+    ) -> np.ndarray:
+        """Numbers of records whose ``||w (T(x_i) - c)||`` exceeds each grid bound (exact:
+        the query of the DP quantile, `pymc_dp.kernels.warmstart.noisy_histogram_quantile`)."""
+        c = np.asarray(centre, dtype=float).reshape(self.stat_dim)
+        grid = np.asarray(grid, dtype=float)
+        chunk = _DeviationCountChunk(
+            self.family.name,
+            tuple(sorted(self.constants.items())),
+            False,
+            tuple(c),
+            _as_tuple(scale),
+        )
+        init = (np.zeros(grid.size, dtype=np.int64), 0, True)
+        return self._pass(chunk, init, grid, chunk_size, store)[0]
+
     def clipped_stat_sum(
         self, bound: float, chunk_size: int = 100_000, *, store=None, counts: bool = True
     ) -> tuple[np.ndarray, int]:
@@ -447,21 +595,7 @@ class ExpFamilyModel:
         """
         chunk = _StatSumChunk(self.family.name, tuple(sorted(self.constants.items())), counts)
         init = (np.zeros(self.stat_dim), 0, True)
-        if store is not None:
-            S, clipped, finite = store.map_reduce(chunk, _add_stat_sums, init, args=(bound,))
-        else:
-            y, xs = self.structure._arrays()
-            S, clipped, finite = init
-            for start in range(0, self.n_records, chunk_size):
-                sl = slice(start, start + chunk_size)
-                S, clipped, finite = _add_stat_sums(
-                    (S, clipped, finite), chunk(bound, y[sl], *(a[sl] for a in xs))
-                )
-        if not finite:
-            raise ValueError(
-                "the sufficient statistics of the data are not finite (NaN, infinite or "
-                "overflowing values); DPExpFamilyPenalty needs finite data of moderate size"
-            )
+        S, clipped, _ = self._pass(chunk, init, bound, chunk_size, store)
         return S, int(clipped)
 
     def record_names(self) -> list[list[str]]:

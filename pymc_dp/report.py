@@ -575,6 +575,13 @@ def privacy_report(
         )
         if phases:
             parts.append(f"phases: {phases}")
+        centre_mu = total("centre_mu") if "centre_mu" in stats else 0.0
+        if centre_mu > 0:
+            # DPExpFamilyPenalty's releases before the chains (StatCentre), in dp_mu
+            parts.append(
+                f"of which mu = {centre_mu:.4g} for the exponential-family centre and clip "
+                "quantiles released before the chains (StatCentre), charged once per chain"
+            )
     it_eps = _per_iteration(stats, "dp_iter_epsilon")
     if it_eps is not None and np.any(it_eps > 0):
         it_del = _per_iteration(stats, "dp_iter_delta")

@@ -41,12 +41,17 @@ import numpy as np
 __all__ = [
     "EXPFAM_FAMILIES",
     "ExpFamily",
+    "centred_clip_sum",
     "clip_stats",
+    "deviation_counts_above",
     "expfam_log_acceptance",
     "expfam_noise_std",
     "normal_linear_natural",
     "normal_linear_stat_bound",
     "normal_linear_stats",
+    "private_centre",
+    "quadratic_fit",
+    "whiten",
 ]
 
 
@@ -219,6 +224,136 @@ def clip_stats(T: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
     over = norms > bound
     scale = np.where(over, bound / np.where(over, norms, 1.0), 1.0)
     return T * scale[:, None], int(np.count_nonzero(over))
+
+
+def centred_clip_sum(
+    T: np.ndarray,
+    centre: np.ndarray | None,
+    bound: float,
+    scale: np.ndarray | None = None,
+    absolute: bool = False,
+    outer: bool = False,
+) -> tuple[np.ndarray, int]:
+    r"""$\sum_i \mathrm{clip}_b(T(x_i) - c)$ and the number of clipped rows.
+
+    The centred statistic of the exponential-family penalty: each record's deviation from the
+    public centre ``c`` (a constant or a released, accounted value) is clipped to L2 norm
+    ``b``. Replacing one record changes the sum by at most ``2 b`` in L2 norm (both clipped
+    deviations have norm at most ``b``), whatever ``c``; adding the public ``n c`` afterwards
+    gives the statistic the test uses, $\sum_i T(x_i)$ exactly when no deviation exceeds
+    ``b``. ``centre=None`` is the uncentred clip (``c = 0``, Yildirim & Ermis Sec. 3.3).
+    With ``scale`` (a public positive vector ``w``, or an invertible matrix ``W``) the
+    deviations are whitened first, ``w * (T(x_i) - c)`` or ``W (T(x_i) - c)``, and clipped
+    in that metric (the sensitivity is still ``2 b``, in the whitened coordinates);
+    ``absolute`` sums their absolute values (the query of the per-coordinate spread);
+    ``outer`` sums the outer products ``u_i u_i^T`` of the clipped whitened deviations
+    (flattened; Frobenius sensitivity ``sqrt(2) b^2``, the query of their second moment).
+    The count is computed without noise (never publish it).
+    """
+    T = np.asarray(T, dtype=float)
+    D = whiten(T if centre is None else T - np.asarray(centre, dtype=float)[None, :], scale)
+    if absolute:
+        D = np.abs(D)
+    Dc, k = clip_stats(D, bound)
+    if outer:
+        return (Dc.T @ Dc).ravel(), k
+    return Dc.sum(axis=0), k
+
+
+def whiten(D: np.ndarray, scale: np.ndarray | None) -> np.ndarray:
+    """Rows of ``D`` times the public whitening: elementwise (vector) or ``W d`` (matrix)."""
+    if scale is None:
+        return D
+    w = np.asarray(scale, dtype=float)
+    return D * w[None, :] if w.ndim == 1 else D @ w.T
+
+
+def deviation_counts_above(
+    T: np.ndarray, centre: np.ndarray, grid: np.ndarray, scale: np.ndarray | None = None
+) -> np.ndarray:
+    """Numbers of rows whose deviation ``||w * (T(x_i) - c)||`` exceeds each grid bound.
+
+    The data-dependent query of the DP quantile of the deviations (before the histogram's
+    noise, `pymc_dp.kernels.warmstart.noisy_histogram_quantile`); exact integers, never
+    publish them. A non-finite deviation counts as above every bound.
+    """
+    D = whiten(np.asarray(T, dtype=float) - np.asarray(centre, dtype=float)[None, :], scale)
+    norms = np.sqrt(np.einsum("ij,ij->i", D, D))
+    norms = np.where(np.isfinite(norms), norms, np.inf)
+    grid = np.asarray(grid, dtype=float)
+    return np.count_nonzero(norms[:, None] > grid[None, :], axis=0).astype(np.int64)
+
+
+def private_centre(
+    clipped_sum: np.ndarray,
+    n: int,
+    stat_clip_bound: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    r"""A DP estimate of the mean statistic: $(\sum_i \mathrm{clip}_C(T(x_i)) + \zeta) / n$.
+
+    $\zeta \sim N(0, (z\,2C)^2 I)$: under replace-one neighbours the clipped sum has L2
+    sensitivity ``2C``, so this is one Gaussian mechanism with ``mu = 1 / (2 z^2)``
+    (Dwork & Roth 2014, Thm A.1); dividing by the public ``n`` is post-processing.
+    """
+    S = np.asarray(clipped_sum, dtype=float)
+    noise = float(noise_multiplier) * 2.0 * float(stat_clip_bound) * rng.normal(size=S.shape)
+    return (S + noise) / float(n)
+
+
+def quadratic_fit(
+    f: Callable[[np.ndarray], float], x0: np.ndarray, *, rel_step: float = 1e-4
+) -> tuple[np.ndarray, np.ndarray] | None:
+    r"""Mode and curvature of a smooth data-free function ``f`` (to maximise).
+
+    Maximises ``f`` from ``x0`` (BFGS) and returns ``(mode, H)`` with ``H`` the negative
+    Hessian at the mode by central differences, or ``None`` when the search fails or ``H``
+    is not positive definite. With ``f(theta) = n (eta(theta)^T c - A(theta)) + log p(theta)``
+    (the log posterior of ``n`` records whose mean statistic is the centre ``c``), ``H`` at
+    the mode is the Fisher information of the exponential family at the centre plus the
+    prior's curvature: the metric in which the natural parameters move (``H^{-1}`` is the
+    proposal covariance of the centred step). Post-processing of ``c`` only.
+    """
+    from scipy.optimize import minimize
+
+    x0 = np.asarray(x0, dtype=float)
+
+    def neg(x):
+        v = f(x)
+        return -v if np.isfinite(v) else 1e300
+
+    try:
+        res = minimize(neg, x0, method="BFGS", options={"gtol": 1e-6, "maxiter": 2000})
+    except (ValueError, FloatingPointError, np.linalg.LinAlgError):
+        return None
+    m = np.asarray(res.x, dtype=float)
+    if not np.isfinite(neg(m)) or neg(m) >= 1e300:
+        return None
+    d = m.size
+    H = np.empty((d, d))
+    if res.hess_inv is not None and np.all(np.isfinite(res.hess_inv)):
+        scales = np.sqrt(np.clip(np.diag(np.asarray(res.hess_inv)), 1e-300, None))
+    else:
+        scales = np.ones(d)
+    h = rel_step * np.maximum(scales, 1e-12) * 10.0
+    for i in range(d):
+        for j in range(i, d):
+            ei = np.zeros(d)
+            ej = np.zeros(d)
+            ei[i], ej[j] = h[i], h[j]
+            v = (neg(m + ei + ej) - neg(m + ei - ej) - neg(m - ei + ej) + neg(m - ei - ej)) / (
+                4.0 * h[i] * h[j]
+            )
+            H[i, j] = H[j, i] = v
+    H = 0.5 * (H + H.T)
+    if not np.all(np.isfinite(H)):
+        return None
+    try:
+        np.linalg.cholesky(H)
+    except np.linalg.LinAlgError:
+        return None
+    return m, H
 
 
 def expfam_noise_std(noise_multiplier: float, stat_clip_bound: float) -> float:

@@ -13,7 +13,9 @@ References
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,8 +23,20 @@ import pymc as pm
 
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
 from pymc_dp.expfam import ExpFamilyModel, find_expfam_structure
-from pymc_dp.kernels.expfam import expfam_log_acceptance, expfam_noise_std
+from pymc_dp.kernels.expfam import (
+    expfam_log_acceptance,
+    expfam_noise_std,
+    private_centre,
+    quadratic_fit,
+)
 from pymc_dp.kernels.penalty import accept
+from pymc_dp.kernels.warmstart import (
+    OUTER_SENSITIVITY,
+    _sym_noise,
+    clip_grid,
+    histogram_from_counts,
+    noisy_histogram_quantile,
+)
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
@@ -33,10 +47,123 @@ from pymc_dp.step_methods.base import (
     n_records_of,
 )
 
-__all__ = ["DPExpFamilyPenalty"]
+__all__ = ["DPExpFamilyPenalty", "StatCentre"]
 
 _PROPOSALS = ("gaussian", "coordinate", "guided")
 _TARGET_ACCEPT = {"gaussian": 0.234, "coordinate": 0.44, "guided": 0.44}
+_CENTRES = ("private", "data_bounds")
+
+
+@dataclass(frozen=True)
+class StatCentre:
+    r"""How `DPExpFamilyPenalty` centres and clips the sufficient statistics.
+
+    The step releases $S_c = \sum_i \mathrm{clip}_b(T(x_i) - c) + n c$ (``n`` is public
+    under replace-one neighbours) instead of $\sum_i \mathrm{clip}_C(T(x_i))$: the
+    sensitivity is ``2 b`` whatever the public centre ``c``, so the noise follows the spread
+    of the statistics around ``c`` instead of their magnitude (for a linear regression
+    with ``y`` in ``[-10, 10]`` the magnitude bound ``C`` is about 102, from ``y^2``; the
+    deviations are of the order of the data's scale). With ``b`` above every deviation
+    $S_c = \sum_i T(x_i)$ exactly and the chain targets the exact posterior (Yildirim &
+    Ermis, Sec. 3.3, eq. 7, Algorithm 3: the test only needs an unbiased Gaussian release of
+    the statistic of eq. 7).
+
+    Parameters
+    ----------
+    value : {"private", "data_bounds"} or array
+        The centre ``c``. ``"private"`` (default): a DP estimate of the mean statistic, one
+        Gaussian release of $\sum_i \mathrm{clip}_C(T(x_i))$ with ``C`` the magnitude
+        bound from ``data_bounds`` (or ``stat_clip_bound``, or the support) divided by the
+        public ``n`` (`pymc_dp.kernels.expfam.private_centre`). ``"data_bounds"``: the
+        statistic of the midpoint of the public box (no privacy cost; far from the data's
+        mean when the box is wide). An array of length ``len(T)``: a public centre (from
+        knowledge of the data source, never from the data).
+    clip : float, optional
+        ``b`` given directly (public; no whitening). Default: five releases choose the
+        whitening ``W`` and ``b``: a DP quantile ``b1`` of ``||T(x_i) - c||`` (a noisy
+        histogram on a public log grid up to the largest deviation the box allows,
+        `pymc_dp.kernels.warmstart.noisy_histogram_quantile`), the DP mean absolute
+        deviation per coordinate (clipped to ``b1``; its inverse ``w`` whitens the
+        coordinates), a DP quantile ``b2`` of ``||w (T(x_i) - c)||``, the DP second moment
+        of the clipped ``w (T(x_i) - c)`` (``W`` is its inverse square root, eigenvalues
+        floored at its noise, times ``diag(w)``), and ``b``, the DP quantile of
+        ``||W (T(x_i) - c)||``.
+    quantile : float
+        Share of records whose deviation the DP clips leave unclipped (default 0.999;
+        0.99 and 0.995 biased the noise scale of a linear regression by 2 and 1.3 posterior
+        sds at n = 1e5).
+    budget_share : float
+        With a target ``epsilon``: the share of the run's privacy-loss parameter ``mu`` the
+        releases before the chains are charged (default 0.05), split equally among them.
+    noise_multiplier : float, optional
+        With ``noise_multiplier`` given to the step instead of a target: the noise
+        multiplier of each of those releases (default: the step's).
+    metric : bool
+        Move in the metric of the natural parameters (default True): the proposal
+        covariance is the inverse curvature, at its mode, of
+        ``n (eta(theta)^T c' - A(theta)) + log p(theta)`` (the Fisher information of the
+        family at the centre plus the prior's curvature; data-free given ``c'``,
+        `pymc_dp.kernels.expfam.quadratic_fit`), and every chain starts from a draw of the
+        Gaussian with that mode and covariance. ``c'`` is ``c`` refined by one more release,
+        ``c + W^-1 (S_W + noise) / n`` at the clip ``b``, when any release is made before the
+        chains (not with ``"data_bounds"``).
+
+    Notes
+    -----
+    **Accounting.** The centre and the quantile are released once, at construction. The
+    step charges their privacy-loss parameter to every chain, spread over the chain's planned
+    iterations (each draw's ``dp_mu`` includes it, stat ``centre_mu``): a run of ``k``
+    chains is charged ``k`` times the releases' ``mu`` (an over-count for more than one
+    chain, never an under-count: a chain cut short leaves the report unverified). A centre
+    or clip that needs a release therefore needs the planned run (``draws``, ``tune``,
+    ``chains``).
+    """
+
+    value: Any = "private"
+    clip: float | None = None
+    quantile: float = 0.999
+    budget_share: float = 0.05
+    noise_multiplier: float | None = None
+    metric: bool = True
+
+    def __post_init__(self) -> None:
+        v = self.value
+        if isinstance(v, str):
+            if v not in _CENTRES:
+                raise ValueError(f"centre must be one of {_CENTRES} or an array; got {v!r}")
+        else:
+            try:
+                a = np.asarray(v, dtype=float)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"centre must be one of {_CENTRES} or an array of numbers; got {v!r}"
+                ) from None
+            if a.ndim != 1 or not np.all(np.isfinite(a)):
+                raise ValueError("centre must be a finite 1-d array of the length of T(x_i)")
+            object.__setattr__(self, "value", a)
+        if self.clip is not None and not (np.isfinite(self.clip) and self.clip > 0):
+            raise ValueError(f"StatCentre clip must be a finite number > 0; got {self.clip!r}")
+        if not 0.0 < float(self.quantile) < 1.0:
+            raise ValueError(f"StatCentre quantile must be in (0, 1); got {self.quantile!r}")
+        if not 0.0 < float(self.budget_share) <= 0.5:
+            raise ValueError(
+                f"StatCentre budget_share must be in (0, 0.5]; got {self.budget_share!r}"
+            )
+        z = self.noise_multiplier
+        if z is not None and not (np.isfinite(z) and z > 0):
+            raise ValueError(f"StatCentre noise_multiplier must be > 0; got {z!r}")
+
+    @property
+    def is_private(self) -> bool:
+        """Whether the centre is a DP release."""
+        return isinstance(self.value, str) and self.value == "private"
+
+    @property
+    def releases(self) -> int:
+        """Gaussian releases made at construction: the centre (private), the two quantiles
+        and the spread (DP clip), the refined centre of the metric (when any other is made)."""
+        k = int(self.is_private) + 5 * int(self.clip is None)
+        return k + int(self.metric and k > 0)
 
 
 class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
@@ -57,6 +184,23 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
     (Algorithm 3; the last term is half the noise variance of eq. 8, the penalty correction).
     The cost of an iteration does not depend on ``n``.
+
+    **Centred statistics** (`StatCentre`; the default with a target ``epsilon``). The clip
+    ``C`` on $\|T(x_i)\|$ follows the magnitude of the statistics (about 102 for a
+    regression with ``y`` in ``[-10, 10]``, from $y^2$), and the test's noise with it. With
+    ``centre=`` the step releases instead
+    $S = W^{-1}\sum_i \mathrm{clip}_b(W(T(x_i) - c)) + n c$: ``c`` a public or DP centre,
+    ``W`` a whitening (the inverse square root of a DP estimate of the deviations' second
+    moment) and ``b`` a DP quantile of the whitened deviations $\|W(T(x_i) - c)\|$, so that
+    the noise follows the spread of the data around ``c``. Its replace-one sensitivity in
+    the whitened coordinates is ``2 b`` (``n`` is public), each release adds
+    $N(0, \sigma_S^2 I)$ there, $\sigma_S = z\,2b$, and the test above holds with
+    $\Delta\eta^\top \tilde S = (W^{-T}\Delta\eta)^\top(S_W + \zeta) + n\Delta\eta^\top c$
+    (noise variance $\sigma_S^2\|W^{-T}\Delta\eta\|^2$). With ``b`` above every deviation
+    $S = \sum_i T(x_i)$ exactly and the chain targets the exact posterior. The random walk
+    moves in the metric of the natural parameters at the centre (the proposal covariance is
+    the inverse curvature of $n(\eta(\theta)^\top c - A(\theta)) + \log p(\theta)$,
+    data-free given ``c``), and every chain starts from a draw of that Gaussian.
 
     **Privacy.** Under replace-one neighbours $S$ has L2 sensitivity $2C$, so one
     release is a Gaussian mechanism with $\mu = (2C)^2 / (2\sigma_S^2) = 1/(2z^2)$;
@@ -87,6 +231,11 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         box (no privacy cost). Bernoulli, Binomial and Categorical need no box.
     stat_clip_bound : float, optional
         ``C`` given directly (instead of ``data_bounds``).
+    centre : StatCentre, {"private", "data_bounds"} or array, optional
+        Centre and clip the statistics (`StatCentre`; a string or array is
+        ``StatCentre(value)``). Default: ``StatCentre()`` (private centre, DP whitening and
+        clip quantile, charged ``budget_share = 0.05`` of the run's ``mu``) when ``epsilon``
+        is given and ``stat_clip_bound`` is not; otherwise the uncentred clip at ``C``.
     noise_multiplier : float, optional
         ``z`` (noise std over sensitivity). Give either this or ``epsilon``/``delta`` with the
         planned ``draws``, ``tune`` and ``chains``.
@@ -124,6 +273,9 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         "scaling": (np.float64, []),
         "step_norm": (np.float64, []),
         "noise_std": (np.float64, []),
+        # the part of dp_mu charged for the releases of the centre and of the clip quantile
+        # (StatCentre; data-free)
+        "centre_mu": (np.float64, []),
         "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
@@ -133,6 +285,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         *,
         data_bounds: Mapping[str, Any] | None = None,
         stat_clip_bound: float | None = None,
+        centre: StatCentre | str | np.ndarray | None = None,
         noise_multiplier: float | None = None,
         epsilon: float | None = None,
         delta: float | None = None,
@@ -178,17 +331,53 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
                 "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
                 "chains): the noise is set either directly or by a target for a planned run"
             )
+        if centre is None or isinstance(centre, StatCentre):
+            centring = centre
+        else:
+            centring = StatCentre(centre)
+        if centring is None and stat_clip_bound is None and epsilon is not None:
+            centring = StatCentre()  # a target run: private centre, DP clip of the deviations
         plan = make_plan(draws, tune, chains, epsilon=epsilon)
+        pre = centring is not None and centring.releases > 0
+        if pre and plan is None:
+            raise ValueError(
+                "centre: a private centre or a DP clip of the deviations is released once and "
+                "charged to every chain over its planned iterations; give draws, tune and "
+                "chains (pymc_dp.sample passes them), or a public centre with "
+                "StatCentre(value=array, clip=b)"
+            )
+        pre_mu = 0.0
         if epsilon is not None:
             epsilon, delta = check_target(epsilon, delta)
             z = calibrate_noise_multiplier(epsilon, delta, plan.iterations)
+            if pre:
+                # the releases before the chains take budget_share of the run's mu (charged
+                # once per chain); the penalty tests the rest
+                # (1 - 1e-9): the per-draw charges summed in floating point stay below the
+                # calibrated total
+                mu_total = GaussianEvent(z, plan.iterations).mu * (1.0 - 1e-9)
+                pre_mu = centring.budget_share * mu_total / plan.chains
+                z = z / np.sqrt((1.0 - centring.budget_share) * (1.0 - 1e-9))
         else:
             z = check_positive("noise_multiplier", noise_multiplier)
             if delta is not None:
                 _, delta = check_target(1.0, delta)
+            if pre:
+                z_pre = centring.noise_multiplier or z
+                pre_mu = centring.releases * GaussianEvent(z_pre).mu
         self.noise_multiplier = float(z)
         self.epsilon = epsilon
-        self._mu_per_iteration = GaussianEvent(self.noise_multiplier).mu
+        self.centring = centring
+        #: the privacy-loss parameter of the releases made at construction (each chain is
+        #: charged it, spread over its planned iterations)
+        self.centre_mu = float(pre_mu)
+        self._centre_mu_per_iteration = self.centre_mu / plan.iterations_per_chain if pre else 0.0
+        self._centre_noise_multiplier = (
+            float(np.sqrt(centring.releases / (2.0 * pre_mu))) if pre else float("nan")
+        )
+        self._mu_per_iteration = (
+            GaussianEvent(self.noise_multiplier).mu + self._centre_mu_per_iteration
+        )
         self._releases_per_iteration = 1
         self._variance_correction = True
         self._reset_scaling()
@@ -221,25 +410,36 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self._expfam: ExpFamilyModel = structure.compile(
             self.vars, initial_point, shared, compile_kwargs
         )
-        if stat_clip_bound is None:
-            stat_clip_bound = self._expfam.stat_bound_from_box(data_bounds)
-        self.stat_clip_bound = float(stat_clip_bound)
-        self.stat_noise_std = expfam_noise_std(self.noise_multiplier, self.stat_clip_bound)
-        # -- the one pass over the data: S = sum_i clip_C(T(x_i)) (input of every release) --
         store = None
         if records is not None:  # the response and covariates, in the order of the pass
             keys = records.check_names(self._expfam.record_names())
             store = records.store_for(keys, self._expfam.record_templates())
-        self._stat_sum, n_clipped = self._expfam.clipped_stat_sum(
-            self.stat_clip_bound,
-            chunk_size or 100_000,
-            store=store,
-            counts=self.nonprivate_diagnostics or records is None,
-        )
+        counts = self.nonprivate_diagnostics or records is None
+        self.centre: np.ndarray | None = None
+        self._laplace: tuple[np.ndarray, np.ndarray] | None = None
+        if centring is None:
+            if stat_clip_bound is None:
+                stat_clip_bound = self._expfam.stat_bound_from_box(data_bounds)
+            self.stat_clip_bound = float(stat_clip_bound)
+            # -- the one pass over the data: S = sum_i clip_C(T(x_i)) (input of every release)
+            self._stat_sum, n_clipped = self._expfam.clipped_stat_sum(
+                self.stat_clip_bound, chunk_size or 100_000, store=store, counts=counts
+            )
+        self._centring_job = None
+        self._centre_releases = 0
+        if centring is not None:
+            C, c0 = self._check_centring(centring, data_bounds, stat_clip_bound)
+            q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in self.vars])
+            self._centring_job = (centring, C, c0, chunk_size or 100_000, store, counts, q0)
+            self._stat_sum, n_clipped = None, 0
+            self.stat_clip_bound = float("nan")
+        self.stat_noise_std = expfam_noise_std(self.noise_multiplier, self.stat_clip_bound)
         self._releases_made = 0
         self._clip_fraction = (
             n_clipped / self._expfam.n_records if self.nonprivate_diagnostics else np.nan
         )
+        if centring is not None and centring.releases == 0:
+            self._finish_centring()  # a public centre and clip: nothing to release
         d = self._fns.ndim
         s = np.broadcast_to(np.asarray(proposal_scale, dtype=float), (d,)).copy()
         if not np.all(np.isfinite(s) & (s > 0)):
@@ -247,10 +447,170 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self.proposal_scale = s
         self._reset_chain_state()
 
+    def _check_centring(self, centring, data_bounds, stat_clip_bound):
+        """``(C, c)``: the magnitude bound and the public centre (None: private), data-free;
+        refuses a missing box or a centre of the wrong length before the data is read."""
+        fm = self._expfam
+        value = centring.value
+        C = None
+        if stat_clip_bound is not None:
+            C = float(stat_clip_bound)
+        elif centring.is_private or centring.clip is None or isinstance(value, str):
+            C = fm.stat_bound_from_box(data_bounds)  # refuses a missing box, before any read
+        if isinstance(value, str) and value == "data_bounds":
+            return C, fm.box_midpoint_stats(data_bounds)
+        if isinstance(value, str):
+            return C, None
+        c = np.asarray(value, dtype=float)
+        if c.shape != (fm.stat_dim,):
+            raise ValueError(
+                f"centre has length {c.size}; T(x_i) of the {fm.family.name} likelihood has "
+                f"length {fm.stat_dim}"
+            )
+        return C, c
+
+    def _finish_centring(self) -> None:
+        """Make the releases before the chains (with the step's current generator: the first
+        chain's, seeded by ``pm.sample``) and the pass that computes the chains' statistic."""
+        centring, C, c0, chunk_size, store, counts, q0 = self._centring_job
+        self._centring_job = None
+        self._stat_sum, n_clipped = self._centred_statistic(
+            centring, C, c0, chunk_size, store, counts, q0
+        )
+        self.stat_noise_std = expfam_noise_std(self.noise_multiplier, self.stat_clip_bound)
+        if self.nonprivate_diagnostics:
+            self._clip_fraction = n_clipped / self._expfam.n_records
+
+    def _start_chain(self, iterations: int | None = None) -> None:
+        super()._start_chain(iterations)
+        if self._centring_job is not None:
+            # the releases before the chains are made once the chain's seeded generator is
+            # set (every worker process makes its own: each chain is charged them)
+            self._finish_centring()
+            self._start_pending = self._laplace is not None
+
+    def _centred_statistic(self, centring, C, c, chunk_size, store, counts, q0):
+        """The centre, the whitening, the clip ``b`` and the whitened sum (`StatCentre`).
+
+        Up to five accounted Gaussian releases (each with the noise multiplier of the
+        centre's budget), then the sum the chains release: (1) the DP centre ``c``; (2) a DP
+        quantile ``b1`` of ``||T(x_i) - c||``; (3) the DP mean of ``|T(x_i) - c|`` (clipped
+        to ``b1``), whose inverse is the whitening ``w``; (4) the DP quantile ``b`` of
+        ``||w (T(x_i) - c)||``; (5) the DP refined centre ``c + (S_w + noise) / (n w)`` the
+        metric is computed at. Returns ``S = S_w / w + n c`` (exact; for the audit) and the
+        number of clipped records (never published).
+        """
+        fm = self._expfam
+        value = centring.value
+        z = self._centre_noise_multiplier
+        n = fm.n_records
+        rng = self.rng
+        self._centre_releases = 0
+
+        def quantile(centre, scale, top) -> float:
+            grid = clip_grid(top * 1e-5, top, 80)
+            above = fm.deviation_counts(centre, grid, chunk_size, scale=scale, store=store)
+            b, _ = noisy_histogram_quantile(
+                histogram_from_counts(n, above), grid, centring.quantile, z, rng
+            )
+            self._centre_releases += 1
+            return float(b)
+
+        if c is None:
+            # -- release 1: the DP centre, (sum_i clip_C(T(x_i)) + N(0, (z 2C)^2 I)) / n --------
+            S_C, _ = fm.clipped_stat_sum(C, chunk_size, store=store, counts=False)
+            c = private_centre(S_C, n, C, z, rng)
+            del S_C
+            self._centre_releases += 1
+        c = np.asarray(c, dtype=float)
+        d = fm.stat_dim
+        W = np.eye(d)
+        b = centring.clip
+        if b is None:
+            top = float(C + np.linalg.norm(c))  # the largest deviation inside the box
+            # -- release 2: a DP quantile of the deviations ||T(x_i) - c|| -------------------
+            b1 = quantile(c, None, top)
+            # -- release 3: the DP mean absolute deviation per coordinate (clipped to b1) ------
+            A, _ = fm.centred_clip_sum(c, b1, chunk_size, absolute=True, store=store, counts=False)
+            mad = (A + z * 2.0 * b1 * rng.normal(size=A.shape)) / n
+            del A
+            self._centre_releases += 1
+            floor = max(3.0 * z * 2.0 * b1 / n, 1e-3 * float(np.max(mad)), 1e-12)
+            w = 1.0 / np.maximum(mad, floor)
+            # -- release 4: a DP quantile of ||w (T(x_i) - c)|| ---------------------------------
+            b2 = quantile(c, w, float(np.max(w)) * top)
+            # -- release 5: the DP second moment of the clipped w (T(x_i) - c) -----------------
+            O2, _ = fm.centred_clip_sum(
+                c, b2, chunk_size, scale=w, outer=True, store=store, counts=False
+            )
+            std = z * OUTER_SENSITIVITY * b2**2
+            M = (O2.reshape(d, d) + _sym_noise(d, std, rng)) / n
+            del O2
+            self._centre_releases += 1
+            lam, U = np.linalg.eigh(0.5 * (M + M.T))
+            # eigenvalues below the noise (spectral norm of the noise ~ 2 std sqrt(d) / n) or
+            # 1e-3 of the largest are floored: whitening never amplifies noise directions
+            lam_floor = max(2.0 * std * np.sqrt(d) / n, 1e-3 * float(np.max(lam)), 1e-12)
+            lam = np.maximum(lam, lam_floor)
+            W = (U * lam**-0.5) @ U.T @ np.diag(w)
+            # -- release 6: the DP quantile b of the whitened deviations ||W (T(x_i) - c)|| ----
+            b = quantile(c, W, float(np.linalg.norm(W, 2)) * top)
+        self.centre = c
+        self.stat_scale = W
+        self._scale_inv_t = np.linalg.inv(W).T
+        self.stat_clip_bound = float(b)
+        # -- the sum the chains release: S_w = sum_i clip_b(W (T(x_i) - c)) -------------------
+        S_w, n_clipped = fm.centred_clip_sum(
+            c, self.stat_clip_bound, chunk_size, scale=W, store=store, counts=counts
+        )
+        self._stat_sum_w = S_w
+        self.metric_centre = c
+        if centring.metric and self._centre_releases:
+            # -- release 7: the refined centre c + W^-1 (S_w + N(0, (z 2b)^2 I)) / n ----------
+            noisy = S_w + z * 2.0 * self.stat_clip_bound * rng.normal(size=S_w.shape)
+            self.metric_centre = c + np.linalg.solve(W, noisy) / n
+            self._centre_releases += 1
+        midpoint = isinstance(value, str) and value == "data_bounds"
+        if centring.metric and (not midpoint or self._centre_releases):
+            # (the box's midpoint is no centre for the metric; its refinement is)
+            self._laplace = self._metric_at_centre(q0)
+            if self._laplace is not None:
+                lam, U = np.linalg.eigh(self._laplace[1] @ self._laplace[1].T)
+                self._axes = U * np.sqrt(np.maximum(lam, 0.0))
+        return np.linalg.solve(W, S_w) + n * c, n_clipped
+
+    def _metric_at_centre(self, q0: np.ndarray):
+        """Mode and Cholesky factor of the inverse curvature of
+        ``n (eta(q)^T c - A(q)) + log p(q)`` (data-free given the public centre ``c``)."""
+        n, c = self._expfam.n_records, self.metric_centre
+
+        def f(q):
+            with np.errstate(all="ignore"):
+                try:
+                    eta, A = self._expfam.natural(q)
+                except (ValueError, FloatingPointError, np.linalg.LinAlgError):
+                    return -np.inf
+                return float(n * (eta @ c - A) + self._fns.prior_logp(q))
+
+        fit = quadratic_fit(f, q0)
+        if fit is None:
+            warnings.warn(
+                "DPExpFamilyPenalty: the curvature at the centre is not positive definite; "
+                "the random walk uses proposal_scale (the centre's statistic may not be "
+                "attainable by the model)",
+                UserWarning,
+                stacklevel=4,
+            )
+            return None
+        m, H = fit
+        return m, np.linalg.cholesky(np.linalg.inv(H))
+
     def released_mu(self) -> float:
-        """Privacy-loss parameter of the releases of ``S`` made so far (all chains): the
-        data are read once, at construction; every iteration releases ``S`` afresh."""
-        return float(self._mu_per_iteration * self._releases_made)
+        """Privacy-loss parameter of the releases made so far: the centre and clip quantile
+        (`StatCentre`, at construction) and the releases of ``S`` (all chains): the data are
+        read for the chains once, at construction; every iteration releases ``S`` afresh."""
+        made = self.centre_mu if getattr(self, "_centre_releases", 0) else 0.0
+        return float(GaussianEvent(self.noise_multiplier).mu * self._releases_made + made)
 
     @property
     def family(self) -> str:
@@ -261,12 +621,22 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self._direction = np.ones(self._fns.ndim)
         self._cache = None
         self._reset_scaling()
+        self._start_pending = getattr(self, "_laplace", None) is not None
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         d = q.size
         if self.proposal == "gaussian":
-            return q + self.scaling * self.proposal_scale * self.rng.normal(size=d), None
+            xi = self.rng.normal(size=d)
+            if self._laplace is not None:  # the metric of the natural parameters at c
+                return q + self.scaling * (2.38 / np.sqrt(d)) * (self._laplace[1] @ xi), None
+            return q + self.scaling * self.proposal_scale * xi, None
         j = int(self.rng.integers(d))
+        if self._laplace is not None:
+            # one principal axis of the metric at the centre (columns of U diag(sqrt(lam)))
+            step = self.scaling * self.rng.normal()
+            if self.proposal == "guided":
+                step = self._direction[j] * abs(step)
+            return q + step * self._axes[:, j], j
         step = self.scaling * self.proposal_scale[j] * self.rng.normal()
         if self.proposal == "guided":
             step = self._direction[j] * abs(step)
@@ -296,15 +666,24 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         eta0, A0, lp0 = self._point(q)
         eta1, A1, lp1 = self._point(q_new)
         d_eta = eta1 - eta0
-        noise_std = self.stat_noise_std * float(np.sqrt(d_eta @ d_eta))
+        n = self._expfam.n_records
+        d_A = n * (A1 - A0)
+        stat_sum, sigma = self._stat_sum, self.stat_noise_std
+        if self.centre is not None:
+            # S = W^-1 S_w + n c, released as W^-1 (S_w + N(0, sigma_S^2 I)) + n c:
+            # d_eta . S~ = (W^-T d_eta) . (S_w + noise) + n d_eta . c
+            d_A = d_A - n * float(d_eta @ self.centre)
+            d_eta = self._scale_inv_t @ d_eta
+            stat_sum = self._stat_sum_w
+        noise_std = sigma * float(np.sqrt(d_eta @ d_eta))
         with np.errstate(all="ignore"):
             log_a = expfam_log_acceptance(
-                self._stat_sum,
+                stat_sum,
                 d_eta,
-                self._expfam.n_records * (A1 - A0),
+                d_A,
                 lp1 - lp0,
                 0.0,
-                self.stat_noise_std,
+                sigma,
                 self.rng,
                 size=size,
                 variance_correction=self._variance_correction,
@@ -313,6 +692,24 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
+        if self._centring_job is not None:  # stepped without a chain start (set_rng)
+            self._finish_centring()
+            self._start_pending = self._laplace is not None
+        if self._start_pending:
+            # the chain's first iteration: start from a draw of N(mode, H^-1) at the public
+            # centre (post-processing; no release, the iteration is charged all the same)
+            self._start_pending = False
+            m, L = self._laplace
+            q1 = m + L @ self.rng.normal(size=m.size)
+            return q1, {
+                "accepted": 1.0,
+                "accept": 1.0,
+                "scaling": self.scaling,
+                "step_norm": float(np.linalg.norm(q1 - q)),
+                "noise_std": 0.0,
+                "centre_mu": self._centre_mu_per_iteration,
+                "clip_fraction" + NONPRIVATE_SUFFIX: self._clip_fraction,
+            }
         q1, j = self._propose(q)
         # -- the one data access of the iteration: a fresh Gaussian release of S ----------------
         log_a, noise_std = self.log_acceptance(q1, q)
@@ -331,6 +728,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             "scaling": self.scaling,
             "step_norm": float(np.linalg.norm(q1 - q)),
             "noise_std": noise_std,
+            "centre_mu": self._centre_mu_per_iteration,
             "clip_fraction" + NONPRIVATE_SUFFIX: self._clip_fraction,
         }
         return (q1 if accepted else q), stats

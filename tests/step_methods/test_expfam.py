@@ -396,3 +396,205 @@ def test_family_table_is_complete():
         "normal_linear", "bernoulli", "binomial", "poisson", "exponential", "gamma",
         "categorical", "mvnormal",
     }  # fmt: skip
+
+
+# -- centred statistics (StatCentre): sensitivity, exactness, accounting
+from pymc_dp import StatCentre  # noqa: E402
+from pymc_dp.kernels.expfam import centred_clip_sum, deviation_counts_above  # noqa: E402
+
+
+@pytest.mark.parametrize("whitening", ["none", "vector", "matrix"])
+def test_centred_clip_sum_sensitivity_is_2b_by_brute_force(whitening):
+    """Replace one record by adversarial values: the clipped centred sum moves by <= 2b, and
+    the bound is attained (a record on one side of the centre replaced by one on the other)."""
+    rng = np.random.default_rng(10)
+    X = rng.uniform(-1, 1, size=(50, 2))
+    y = rng.normal(size=50)
+    T = normal_linear_stats(y, X)
+    c = T.mean(0) + 0.1 * rng.normal(size=T.shape[1])
+    d = T.shape[1]
+    scale = {
+        "none": None,
+        "vector": rng.uniform(0.2, 3.0, size=d),
+        "matrix": rng.normal(size=(d, d)) + 3 * np.eye(d),
+    }[whitening]
+    b = 1.5
+    base, _ = centred_clip_sum(T, c, b, scale)
+    worst = 0.0
+    # adversarial replacements: huge values of either sign, the centre itself, random corners
+    cands = [np.zeros(d)]
+    for sgn in (1.0, -1.0):
+        for mag in (1e-3, 1.0, 1e3, 1e8):
+            cands.append(sgn * mag * np.ones(d))
+            cands.append(sgn * mag * rng.normal(size=d))
+    cands += [c, c + 1e6 * np.eye(d)[0], c - 1e6 * np.eye(d)[0]]
+    for i in (0, 17, 49):
+        for v in cands:
+            T2 = T.copy()
+            T2[i] = v
+            s2, _ = centred_clip_sum(T2, c, b, scale)
+            worst = max(worst, float(np.linalg.norm(s2 - base)))
+    # a pair of neighbours that attains 2b: one record far out on each side of the centre
+    u = (
+        np.eye(d)[0]
+        if scale is None
+        else np.linalg.solve(
+            np.atleast_2d(np.diag(scale) if np.ndim(scale) == 1 else scale), np.eye(d)[0]
+        )
+    )
+    Tp, Tm = T.copy(), T.copy()
+    Tp[0] = c + 1e6 * u
+    Tm[0] = c - 1e6 * u
+    gap = np.linalg.norm(
+        centred_clip_sum(Tp, c, b, scale)[0] - centred_clip_sum(Tm, c, b, scale)[0]
+    )
+    assert worst <= 2 * b * (1 + 1e-12)
+    assert gap == pytest.approx(2 * b, rel=1e-9)
+
+
+def test_centred_sum_equals_the_uncentred_sum_when_no_deviation_is_clipped():
+    rng = np.random.default_rng(11)
+    T = normal_linear_stats(rng.normal(size=300), rng.uniform(-1, 1, size=(300, 3)))
+    c = rng.normal(size=T.shape[1])
+    W = rng.normal(size=(T.shape[1],) * 2) + 4 * np.eye(T.shape[1])
+    S_w, k = centred_clip_sum(T, c, 1e9, W)
+    assert k == 0
+    np.testing.assert_allclose(np.linalg.solve(W, S_w) + len(T) * c, T.sum(0), rtol=1e-10)
+
+
+def test_deviation_counts_above_counts_whitened_norms():
+    T = np.array([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0], [np.nan, 0.0]])
+    c = np.zeros(2)
+    np.testing.assert_array_equal(deviation_counts_above(T, c, [0.5, 2.0, 10.0]), [3, 2, 1])
+    np.testing.assert_array_equal(
+        deviation_counts_above(T, c, [0.05, 0.2, 10.0], np.array([0.1, 0.1])), [3, 2, 1]
+    )
+
+
+def _nig_model(X, y, v0=4.0, a0=3.0, b0=2.0):
+    s2 = pm.InverseGamma("s2", a0, b0)
+    b = pm.Normal("b", 0, pm.math.sqrt(s2 * v0), size=3)
+    pm.Normal("y", b[0] + pm.math.dot(X, b[1:]), pm.math.sqrt(s2), observed=y)
+
+
+def test_step_with_a_public_centre_and_inactive_clip_uses_the_exact_statistic():
+    X, y = _nig_problem()
+    T = normal_linear_stats(y, X)
+    c = np.round(T.mean(0), 1)  # a public guess near the data
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(noise_multiplier=1.0, centre=StatCentre(c, clip=1e6))
+    assert step.centre_mu == 0.0  # nothing released before the chains
+    np.testing.assert_allclose(step._stat_sum, T.sum(0), rtol=1e-10)
+    np.testing.assert_allclose(step.centre, c)
+
+
+@pytest.mark.slow
+def test_centred_step_is_exact_with_noise_against_the_closed_form():
+    """Normal-Inverse-Gamma regression; public centre, clip above every deviation, the metric
+    at the centre: the draws match the closed-form posterior (MCSE from the ESS)."""
+    X, y = _nig_problem()
+    c = np.round(normal_linear_stats(y, X).mean(0), 1)
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(noise_multiplier=0.3, centre=StatCentre(c, clip=50.0))
+        idata = pm.sample(
+            draws=8000, tune=1000, chains=2, step=step, random_seed=4, progressbar=False,
+            cores=1, compute_convergence_checks=False,
+        )  # fmt: skip
+    noise = idata.sample_stats["noise_std"].values[:, 1:]  # the first iteration is the start
+    assert float(np.median(noise)) > 0.5  # the noise is not negligible
+    post = np.column_stack(
+        [idata.posterior["b"].values.reshape(-1, 3), idata.posterior["s2"].values.reshape(-1)]
+    )
+    ess = np.r_[
+        az.ess(idata, var_names=["b"])["b"].values, float(az.ess(idata, var_names=["s2"])["s2"])
+    ]
+    tm, ts = _nig_posterior(X, y, 4.0, 3.0, 2.0)
+    mcse = ts / np.sqrt(ess)
+    np.testing.assert_array_less(np.abs(post.mean(0) - tm), 4 * mcse)
+    np.testing.assert_array_less(np.abs(post.std(0) / ts - 1), 5 / np.sqrt(2 * ess))
+
+
+@pytest.mark.parametrize("eps", [3.0, 30.0])
+def test_private_centre_is_charged_in_the_report(eps):
+    X, y = _nig_problem(n=400)
+    with pm.Model():
+        s = pm.HalfNormal("s", 2)
+        b = pm.Normal("b", 0, 3, size=2)
+        a = pm.Normal("a", 0, 3)
+        pm.Normal("y", a + pm.math.dot(X, b), s, observed=y)
+        idata = pymc_dp.sample(
+            step=pymc_dp.DPExpFamilyPenalty, epsilon=eps, delta=1e-5, draws=100, tune=50,
+            chains=2, cores=1, step_kwargs={"data_bounds": {"X": (-1, 1), "y": (-4, 4)}},
+            random_seed=3, progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+    rep = pymc_dp.privacy_report(idata)
+    stats_ = idata.sample_stats
+    cm = float(stats_["centre_mu"].values[0, 0])
+    assert cm > 0
+    # every draw charges the penalty test plus the centre's share; two chains of 150
+    # iterations charge the centre's releases twice (once per chain)
+    z_mu = float(stats_["dp_mu"].values[0, 0]) - cm
+    assert rep.mu == pytest.approx(2 * 150 * (z_mu + cm), rel=1e-9)
+    assert 2 * 150 * cm == pytest.approx(0.05 * rep.mu, rel=1e-6)  # the default budget share
+    assert rep.epsilon <= eps  # never above the target (floating-point sums included)
+    assert rep.epsilon > 0.98 * eps
+    assert f"of which mu = {2 * 150 * cm:.4g}" in rep.mechanism and "StatCentre" in rep.mechanism
+
+
+def test_centre_arguments_are_checked_before_the_data_is_read():
+    X, y = _nig_problem(n=50)
+    with pm.Model():
+        _nig_model(X, y)
+        bounds = {"X": (-1, 1), "y": (-4, 4)}
+        with pytest.raises(ValueError, match="give draws, tune and chains"):
+            DPExpFamilyPenalty(noise_multiplier=1.0, data_bounds=bounds, centre="private")
+        with pytest.raises(ValueError, match="centre has length 3"):
+            DPExpFamilyPenalty(noise_multiplier=1.0, centre=StatCentre(np.zeros(3), clip=1.0))
+        with pytest.raises(ValueError, match="data_bounds must give"):
+            DPExpFamilyPenalty(noise_multiplier=1.0, draws=10, tune=0, chains=1, centre="private")
+    with pytest.raises(ValueError, match="centre must be one of"):
+        StatCentre("mean")
+    with pytest.raises(ValueError, match="quantile"):
+        StatCentre(quantile=1.0)
+    with pytest.raises(ValueError, match="clip"):
+        StatCentre(clip=-1.0)
+    with pytest.raises(ValueError, match="budget_share"):
+        StatCentre(budget_share=0.9)
+
+
+def test_private_centre_runs_are_reproducible_from_the_seed():
+    X, y = _nig_problem(n=3000)
+    out = []
+    for _ in range(2):
+        with pm.Model():
+            _nig_model(X, y)
+            idata = pymc_dp.sample(
+                step=pymc_dp.DPExpFamilyPenalty, epsilon=30.0, delta=1e-5, draws=30, tune=10,
+                chains=1, cores=1, step_kwargs={"data_bounds": {"X": (-1, 1), "y": (-4, 4)}},
+                random_seed=7, progressbar=False, compute_convergence_checks=False,
+            )  # fmt: skip
+        out.append(idata.posterior["b"].values)
+    assert np.unique(out[0]).size >= 3  # the released centre's start, and moves
+    np.testing.assert_array_equal(out[0], out[1])
+
+
+def test_data_bounds_centre_is_the_box_midpoint_statistic():
+    X, y = _nig_problem(n=500)
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(
+            epsilon=20.0, delta=1e-5, draws=20, tune=10, chains=1, centre="data_bounds",
+            data_bounds={"X": (-1, 1), "y": (-2, 4)},
+        )  # fmt: skip
+        assert step._stat_sum is None  # nothing read before the chain starts
+        idata = pm.sample(
+            draws=20, tune=10, chains=1, step=step, random_seed=1, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    np.testing.assert_allclose(
+        step.centre, normal_linear_stats(np.array([1.0]), np.zeros((1, 2)))[0]
+    )
+    assert step.centre_mu > 0 and step._centre_releases == StatCentre("data_bounds").releases
+    assert np.all(np.isfinite(idata.posterior["b"].values))
