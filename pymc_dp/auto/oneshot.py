@@ -203,11 +203,12 @@ def noise_aware_laplace(
     ``N(0, N1 + N2)`` and their inverse-variance combination carries the noise of one
     release with both budgets. Where the difference is beyond that noise (its chi-square
     past the 0.99 quantile) the warm start had not converged: the mean is the second end
-    moved by Aitken's extrapolation of the steps (below), and the covariance is widened along the second step by its length over ``1 - r`` (the
-    rest of a series of steps contracting by ``r``, the ratio of the second step's length
-    to the first's; ten times the step when they do not contract) and along the first step
-    by its length (how far from the mode the warm start had left the anchor), and by as much
-    on every coordinate alone: honestly wide rather than confidently wrong.
+    moved by Aitken's extrapolation of the steps (below), and the covariance is widened
+    along the second step by its length over ``1 - r`` (the rest of a series of steps
+    contracting by ``r``, the ratio of the second step's length to the first's; ten times
+    the step when they do not contract) and along the first step by its length (how far
+    from the mode the warm start had left the anchor), and by as much on every coordinate
+    alone: honestly wide rather than confidently wrong.
 
     ``path`` (optional, ``(k, d)``): the warm start's iterates from its public start (DP
     outputs). Where the steps do not contract (``r >= 0.9``), the series gives no bound on
