@@ -124,7 +124,8 @@ def sample(
     ----------
     draws : int, optional
         Draws per chain the result holds, as in `pymc.sample` (default 1000 with a step;
-        chosen by the predicted effective sample size in automatic mode). In automatic mode,
+        chosen by the predicted effective sample size in automatic mode and, for a step
+        class configured privately, by its configuration: see ``step``). In automatic mode,
         a number of draws predicted unusable (each penalty test's noise too large for any
         proposal to be accepted, or too few iterations for an effective sample size of 100)
         is warned about (`pymc_dp.auto.configure.RunLengthWarning`, with the predicted
@@ -138,11 +139,27 @@ def sample(
         approximation (private Fisher scoring), DP clip selection and a
         DPPenaltyMetropolis with an independence proposal and a first-order control
         variate, every phase inside the budget and in the report. A class (e.g.
-        ``pymc_dp.DPHMC``) is constructed with ``epsilon``, ``delta``, ``draws``, ``tune``,
+        ``pymc_dp.DPHMC``) with its required hyperparameters in ``step_kwargs`` (its clip
+        bounds, ...) is constructed with ``epsilon``, ``delta``, ``draws``, ``tune``,
         ``chains`` and ``step_kwargs``: its noise is calibrated so that the whole run meets
-        the target. An instance is used as it is (its own calibration).
+        the target. A class *without* them is configured privately
+        (`pymc_dp.auto.steps`): the automatic mode's private Laplace approximation and a DP
+        clip selection give the clip bounds, the step size or mass matrix and the chains'
+        starts, those phases are charged in the report, and the step gets the budget they
+        leave (the composition of every phase and every chain meets the target); values
+        given in ``step_kwargs`` win. Configured this way: ``DPPenaltyMetropolis`` (the
+        automatic mode's penalty chain), ``DPHMC`` (clip bounds from a DP quantile of the
+        per-record gradient norms, mass matrix from the private covariance, run length from
+        the test's noise unless ``draws`` is given; refused, before any data is read, where
+        its public prediction says the chains cannot converge), ``DPSGLD`` and ``DPSGNHT``
+        (biased by design). ``DPFastMH``, ``DPSubsampledPenalty``, ``DPBarker`` and
+        ``DPExpFamilyPenalty`` without their hyperparameters are refused before any data is
+        read, with a message naming the step that suits. An instance is used as it is (its
+        own calibration).
     tune : int, optional
-        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step).
+        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step; 0 for a
+        step class configured privately, whose chains start at draws from the private
+        warm start with its step size and mass matrix).
         Warmup iterations are charged. In automatic mode the independence proposal is a
         calibrated private approximation with nothing to adapt: no warmup is run whatever
         ``tune`` is, its budget goes to the draws, and the result's attributes
