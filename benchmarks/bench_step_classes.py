@@ -42,6 +42,8 @@ CLASSES = [
     "DPExpFamilyPenalty",
 ]
 MODELS = {"logistic3": logistic3, "linear3": linear3}
+#: the first refusal message of each class (printed after the table)
+REFUSALS: dict[str, str] = {}
 
 
 def _flat(idata) -> dict[str, np.ndarray]:
@@ -66,7 +68,8 @@ def run(cls_name: str, model_name: str, n: int, epsilon: float, delta: float, se
                 step=cls, epsilon=epsilon, delta=delta, random_seed=seed, progressbar=False
             )
         except ValueError as err:
-            return f"refused: {str(err)[:110]}..."
+            REFUSALS.setdefault(cls_name, str(err))
+            return "refused before any data read (message below)"
     secs = time.time() - t0
     dp, nuts_m, nuts_s = _flat(idata), *ref
     err = max(abs(dp[k].mean() - nuts_m[k]) / nuts_s[k] for k in nuts_m)
@@ -104,6 +107,8 @@ def main() -> None:
             for s in range(a.seeds):
                 print(f"{c:20s} {m:10s} {s:4d} {run(c, m, a.n, a.eps, a.delta, s, ref)}",
                       flush=True)  # fmt: skip
+    for c, text in REFUSALS.items():
+        print(f"\n{c}: {text}")
 
 
 if __name__ == "__main__":

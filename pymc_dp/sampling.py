@@ -287,6 +287,7 @@ def sample(
                 chains=chains,
                 draws=draws,
                 tune=tune,
+                records=records,
             )
             return _sample_configured(
                 model,

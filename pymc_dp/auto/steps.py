@@ -105,8 +105,9 @@ class ClassConfig:
     #: the configuration runs when every one of ``required`` is missing (alternatives, as
     #: DPExpFamilyPenalty's ``data_bounds`` or ``stat_clip_bound``) rather than any
     alternatives: bool = False
-    #: ``(cls, model, epsilon, delta, chains, draws, tune, step_kwargs) -> None``: refuses,
-    #: from public facts only (shapes, the budget), a run predicted not to converge
+    #: ``(cls, model, epsilon, delta, chains, draws, tune, step_kwargs, n) -> None``:
+    #: refuses, from public facts only (shapes, the budget), a run predicted not to
+    #: converge (``n``: the number of records, None: counted from the model)
     precheck: Callable[..., None] | None = None
 
 
@@ -173,7 +174,7 @@ def _hmc_iterations(mu_test: float, llr_bound: float, move: float) -> int:
     return max(1, int(2.0 * mu_test * (TEST_NOISE / (2.0 * llr_bound * move)) ** 2))
 
 
-def _precheck_hmc(cls, model, epsilon, delta, chains, draws, tune, step_kwargs) -> None:
+def _precheck_hmc(cls, model, epsilon, delta, chains, draws, tune, step_kwargs, n) -> None:
     """Refuse a configured DPHMC run predicted not to converge, before any data is read.
 
     Public prediction (`pymc_dp.auto.plan`'s assumption: per-record Fisher information
@@ -191,7 +192,7 @@ def _precheck_hmc(cls, model, epsilon, delta, chains, draws, tune, step_kwargs) 
 
     if draws is not None:
         return
-    n = count_records(model)
+    n = count_records(model) if n is None else int(n)
     d = int(sum(np.size(v) for v in model.initial_point().values()))
     split = BudgetSplit()
     left = 1.0 - split.warm_start - split.histograms - split.clip_selection
@@ -431,6 +432,7 @@ def check_configurable(
     chains: int = 4,
     draws: int | None = None,
     tune: int | None = None,
+    records=None,
 ) -> ClassConfig:
     """Refuse, before any data is read, a class that cannot be configured privately (the
     message names the step that suits), a run its public prediction says cannot converge
@@ -453,7 +455,8 @@ def check_configurable(
             f"{list(cfg.required)} to configure the step by hand"
         )
     if cfg.precheck is not None and model is not None and epsilon is not None:
-        cfg.precheck(cls, model, epsilon, delta, chains, draws, tune, dict(step_kwargs or {}))
+        n = None if records is None else int(records.n_records)
+        cfg.precheck(cls, model, epsilon, delta, chains, draws, tune, dict(step_kwargs or {}), n)
     if "initvals" in sample_kwargs:
         raise ValueError(
             f"initvals: {cls.__name__} is configured privately here and its chains start at "
