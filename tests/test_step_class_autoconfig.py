@@ -109,6 +109,11 @@ def test_explicit_step_kwargs_win():
     # every required hyperparameter given: configured by hand, as before (no phases)
     assert not wants_configuration(pymc_dp.DPHMC, {"llr_clip_bound": 1, "grad_clip_bound": 1})
     with model:
+        with pytest.raises(ValueError, match="pymc_dp.sample's own arguments"):
+            pymc_dp.sample(
+                step=pymc_dp.DPSGLD, epsilon=3.0, delta=1e-5, step_kwargs={"epsilon": 1.0},
+                **SAMPLE,
+            )  # fmt: skip
         with pytest.raises(ValueError, match="llr_noise_multiplier"):
             pymc_dp.sample(
                 step=pymc_dp.DPHMC, epsilon=3.0, delta=1e-5,

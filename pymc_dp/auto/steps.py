@@ -400,6 +400,10 @@ STEP_CLASSES: dict[str, ClassConfig] = {
 }
 
 
+#: Arguments of a step's constructor that `pymc_dp.sample` sets from its own.
+_RUN_KEYS = ("epsilon", "delta", "draws", "tune", "chains", "model")
+
+
 def _config_of(cls: type) -> ClassConfig | None:
     for c in cls.__mro__:
         if c.__name__ in STEP_CLASSES and c.__module__.startswith("pymc_dp."):
@@ -446,6 +450,12 @@ def check_configurable(
             name=cls.__name__, keys=keys or "its hyperparameters"
         )
         raise ValueError(f"pymc_dp.sample(step={cls.__name__}) without {keys}: " + text)
+    run = [k for k in _RUN_KEYS if k in (step_kwargs or {})]
+    if run:
+        raise ValueError(
+            f"step_kwargs {run}: the budget and the run length are pymc_dp.sample's own "
+            "arguments (epsilon=, delta=, draws=, tune=, chains=); give them there"
+        )
     clash = [k for k in cfg.reserved if k in (step_kwargs or {})]
     if clash:
         raise ValueError(
