@@ -182,3 +182,18 @@ def test_configured_sgmcmc_runs_within_target(cls):
     assert rep.private and rep.epsilon <= 3.0
     assert idata.attrs["dp_presample_mu"] > 0 and rep.mu >= idata.attrs["dp_presample_mu"]
     assert np.all(idata["sample_stats"]["dp_poisson_q"].values == 1.0)
+
+
+def test_dphmc_prediction_lets_a_large_budget_run(monkeypatch):
+    """The public prediction refuses DPHMC at epsilon 10 on 2000 records (above) and lets
+    it run where the budget allows enough iterations, reading no data either way."""
+    from pymc_dp.auto.steps import check_configurable
+
+    model, _ = _model(n=2000)
+    monkeypatch.setattr(store.InMemoryRecords, "chunks", _no_read)
+    common = dict(model=model, delta=1e-6, chains=4)
+    check_configurable(pymc_dp.DPHMC, {}, {}, epsilon=2000.0, **common)
+    with pytest.raises(ValueError, match=r"needs about n >= \d+ at this epsilon"):
+        check_configurable(pymc_dp.DPHMC, {}, {}, epsilon=10.0, **common)
+    # with draws given the user chose the length: no refusal (a warning after the warm start)
+    check_configurable(pymc_dp.DPHMC, {}, {}, epsilon=10.0, draws=100, **common)
