@@ -511,6 +511,6 @@ def configure_step_class(
         "cls": cls,
     }
     out = cfg.configure(model, ctx)
-    out.plan.method = f"{cls.__name__} configured privately"
+    out.plan.method = f"{cls.__name__} configured privately (pymc_dp.auto.steps)"
     out.kwargs = {**out.kwargs, **(step_kwargs or {})}
     return out
