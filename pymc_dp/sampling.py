@@ -628,10 +628,14 @@ def _sample_configured(
     kwargs = dict(config.kwargs)
     if records is not None:
         kwargs["records"] = records
-    with warnings.catch_warnings():
-        # checked just above (refused, or excluded by var_names): do not warn again
-        warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
-        step = cls(model=model, draws=config.draws, tune=config.tune, chains=chains, **kwargs)
+    try:
+        with warnings.catch_warnings():
+            # checked just above (refused, or excluded by var_names): do not warn again
+            warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
+            step = cls(model=model, draws=config.draws, tune=config.tune, chains=chains, **kwargs)
+    except BaseException as err:  # after the private phases: charged for them
+        _account_partial_run(err, [], delta, presample=config.plan.spent_before_sampling())
+        raise
     # a step calibrated for a reduced target (another accountant than the phases': delta / 2,
     # `pymc_dp.auto.steps._reduced_target`) records the run's delta, at which the report
     # composes every phase with the chains

@@ -109,6 +109,11 @@ def test_explicit_step_kwargs_win():
     # every required hyperparameter given: configured by hand, as before (no phases)
     assert not wants_configuration(pymc_dp.DPHMC, {"llr_clip_bound": 1, "grad_clip_bound": 1})
     with model:
+        with pytest.raises(TypeError, match=r"\['clip_bond'\]: DPHMC takes no such argument"):
+            pymc_dp.sample(
+                step=pymc_dp.DPHMC, epsilon=3.0, delta=1e-5, step_kwargs={"clip_bond": 1.0},
+                **SAMPLE,
+            )  # fmt: skip
         with pytest.raises(ValueError, match="pymc_dp.sample's own arguments"):
             pymc_dp.sample(
                 step=pymc_dp.DPSGLD, epsilon=3.0, delta=1e-5, step_kwargs={"epsilon": 1.0},
@@ -199,3 +204,15 @@ def test_dphmc_prediction_lets_a_large_budget_run(monkeypatch):
         check_configurable(pymc_dp.DPHMC, {}, {}, epsilon=10.0, **common)
     # with draws given the user chose the length: no refusal (a warning after the warm start)
     check_configurable(pymc_dp.DPHMC, {}, {}, epsilon=10.0, draws=100, **common)
+
+
+def test_an_error_after_the_private_phases_carries_their_spend():
+    """A step_kwargs value the constructor refuses (after the warm start ran): the error is
+    charged for the pre-sampling releases (epsilon of their composition, under the target)."""
+    model, _ = _model()
+    with model, pytest.raises(ValueError, match="target_accept") as err:
+        pymc_dp.sample(
+            step=pymc_dp.DPHMC, epsilon=3.0, delta=1e-5, draws=20, chains=2,
+            step_kwargs={"target_accept": 2.0}, **SAMPLE,
+        )  # fmt: skip
+    assert err.value.releases > 0 and 0 < err.value.epsilon < 3.0

@@ -17,6 +17,7 @@ always win over the configured values.
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -450,6 +451,13 @@ def check_configurable(
             name=cls.__name__, keys=keys or "its hyperparameters"
         )
         raise ValueError(f"pymc_dp.sample(step={cls.__name__}) without {keys}: " + text)
+    params = inspect.signature(cls.__init__).parameters
+    unknown = sorted(k for k in (step_kwargs or {}) if k not in params)
+    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        raise TypeError(
+            f"step_kwargs {unknown}: {cls.__name__} takes no such argument (checked before "
+            "the private configuration reads any data)"
+        )
     run = [k for k in _RUN_KEYS if k in (step_kwargs or {})]
     if run:
         raise ValueError(
