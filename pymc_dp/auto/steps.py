@@ -229,12 +229,12 @@ def _precheck_hmc(cls, model, epsilon, delta, chains, draws, tune, step_kwargs, 
 def _configure_hmc(model, ctx) -> ConfiguredStep:
     """DPHMC: both clip bounds from the DP quantile of the per-record gradient norms at the
     warm start (``|r_i| <= ||grad l_i|| ||theta' - theta||`` to first order, so the ratio
-    clip ``b_l`` is inactive for the records under the quantile), the mass matrix from the private Laplace covariance (``M^{-1}`` its
-    diagonal), a step size for a trajectory of `HMC_TRAJECTORY` posterior sds, starts drawn
-    from the approximation, no warmup unless ``tune`` is given (nothing left to adapt), and,
-    unless ``draws`` is given, the run length at which the penalty test's noise for a move
-    of that length is `TEST_NOISE` (the test's noise grows with the square root of the
-    iterations at a fixed budget)."""
+    clip ``b_l`` is inactive for the records under the quantile), the mass matrix from the
+    private Laplace covariance (``M^{-1}`` its diagonal), a step size for a trajectory of
+    `HMC_TRAJECTORY` posterior sds, starts drawn from the approximation, no warmup unless
+    ``tune`` is given (nothing left to adapt), and, unless ``draws`` is given, the run
+    length at which the penalty test's noise for a move of that length is `TEST_NOISE`
+    (the test's noise grows with the square root of the iterations at a fixed budget)."""
     kw = ctx["step_kwargs"]
     plan = _warm_start(model, ctx)
     chains = ctx["chains"]
@@ -320,8 +320,9 @@ def _configure_sgmcmc(model, ctx) -> ConfiguredStep:
     (`SGNHT_STEP` over its square root for DP-SGNHT, whose unit-mass momenta move ``theta``
     by ``p eta``), the full batch (``sampling_rate=1``: in the Gaussian regime the noise of
     a subsampled release, over its rate, is no smaller, and a minibatch adds its own
-    variance), starts drawn from the approximation, no warmup unless ``tune`` is given, `SGLD_DRAWS` draws unless
-    ``draws`` is given, and the target the private phases leave (`_reduced_target`)."""
+    variance), starts drawn from the approximation, no warmup unless ``tune`` is given,
+    `SGLD_DRAWS` draws unless ``draws`` is given, and the target the private phases leave
+    (`_reduced_target`)."""
     kw = ctx["step_kwargs"]
     plan = _warm_start(model, ctx)
     eps_left, delta_left = _reduced_target(plan)
