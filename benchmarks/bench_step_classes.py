@@ -12,6 +12,7 @@ Usage::
 
     python benchmarks/bench_step_classes.py                         # n = 20 000, epsilon 10
     python benchmarks/bench_step_classes.py --n 5000 --classes DPHMC --seeds 2
+    python benchmarks/bench_step_classes.py --quick      # smoke run: n = 2000, 2 classes
 """
 
 from __future__ import annotations
@@ -80,11 +81,11 @@ def run(cls_name: str, model_name: str, n: int, epsilon: float, delta: float, se
     return f"{err:8.3f} {rhat:8.3f} {draws:6d} {acc:6.3f} {rep.epsilon:7.4g} {secs:6.0f}"
 
 
-def nuts(model_name: str, n: int):
+def nuts(model_name: str, n: int, draws: int = 1000):
     model = MODELS[model_name](n, np.random.default_rng(0))
     with model, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        idata = pm.sample(1000, tune=1000, chains=2, random_seed=1, progressbar=False)
+        idata = pm.sample(draws, tune=draws, chains=2, random_seed=1, progressbar=False)
     f = _flat(idata)
     return {k: v.mean() for k, v in f.items()}, {k: v.std() for k, v in f.items()}
 
@@ -97,12 +98,15 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--classes", nargs="+", default=CLASSES)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
+    ap.add_argument("--quick", action="store_true", help="smoke run (n = 2000, 2 classes)")
     a = ap.parse_args()
+    if a.quick:
+        a.n, a.classes, a.models = 2000, ["DPSGLD", "DPHMC"], ["logistic3"]
     print(f"n = {a.n}, epsilon = {a.eps:g}, delta = {a.delta:g}, 4 chains, {a.seeds} seed(s)")
     print(f"{'class':20s} {'model':10s} {'seed':>4s} {'max err':>8s} {'max R-hat':>8s} "
           f"{'draws':>6s} {'acc':>6s} {'epsilon':>7s} {'s':>6s}")  # fmt: skip
     for m in a.models:
-        ref = nuts(m, a.n)
+        ref = nuts(m, a.n, 300 if a.quick else 1000)
         for c in a.classes:
             for s in range(a.seeds):
                 print(f"{c:20s} {m:10s} {s:4d} {run(c, m, a.n, a.eps, a.delta, s, ref)}",
