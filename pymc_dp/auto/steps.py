@@ -67,10 +67,11 @@ HMC_MIN_PREDICTED = 1000
 #: ``1 / (1 - eta P / 4)`` = 1.14 times the posterior's (`DPSGLD`), less along the others.
 SGLD_STEP = 0.5
 #: Step size of a configured DP-SGNHT over the square root of that eigenvalue (its
-#: unit-mass momenta move ``theta`` by ``p eta``: 0.1 posterior sd per step along the
+#: unit-mass momenta move ``theta`` by ``p eta``: 0.2 posterior sd per step along the
 #: stiffest direction). Each step's DP gradient noise heats the momenta by ``(sigma C
-#: eta)^2``, which the thermostat must absorb; at 0.5 the logistic3 benchmark diverged.
-SGNHT_STEP = 0.1
+#: eta)^2``, which the thermostat must absorb: at 0.5 the logistic3 benchmark diverged; at
+#: 0.1 linear3's chains mixed too slowly (R-hat 1.13-1.15 over 3 seeds, 1.03-1.10 at 0.2).
+SGNHT_STEP = 0.2
 #: Default draws per chain of a configured DP-SGLD / DP-SGNHT (no warmup: the chains start
 #: at draws from the private approximation).
 SGLD_DRAWS = 1000
