@@ -61,8 +61,8 @@ MIN_DRAWS = 50
 #: (`_precheck_hmc`). Measured on bench_auto's logistic3 at n = 20 000, 4 chains
 #: (benchmarks/bench_step_classes.py, one seed; the prediction is about twice the run
 #: length the configuration then chooses from its DP outputs): predicted 373 per chain at
-#: epsilon 40 (the run chose 178; R-hat 1.38), 1311 at epsilon 100 (626; R-hat 1.114),
-#: 2000 at epsilon 150 (1055; R-hat 1.027, max err 0.05 NUTS sd).
+#: epsilon 40 (the run chose 178; R-hat 1.38), 1314 at epsilon 100 (626; R-hat 1.114),
+#: 2210 at epsilon 150 (1055; R-hat 1.027, max err 0.05 NUTS sd).
 HMC_MIN_PREDICTED = 2000
 #: Step size of a configured DP-SGLD / DP-SGNHT over the largest eigenvalue of the private
 #: Laplace precision: on a Gaussian target the stationary variance along that direction is
