@@ -74,7 +74,10 @@ def run(cls_name: str, model_name: str, n: int, epsilon: float, delta: float, se
     secs = time.time() - t0
     dp, nuts_m, nuts_s = _flat(idata), *ref
     err = max(abs(dp[k].mean() - nuts_m[k]) / nuts_s[k] for k in nuts_m)
-    rhat = float(np.nanmax(az.rhat(idata["posterior"]).to_array().values))
+    try:  # ArviZ 0.x (PyMC 5): a Dataset of R-hats
+        rhat = float(np.nanmax(az.rhat(idata["posterior"]).to_array().values))
+    except AttributeError:  # ArviZ 1.x (PyMC 6): the run's own check (pymc_dp.diagnostics)
+        rhat = float(idata.attrs["dp_max_rhat"])
     acc = float(np.mean(idata["sample_stats"]["accepted"].values))
     rep = pymc_dp.privacy_report(idata, model=model)
     draws = idata["posterior"].sizes["draw"]
