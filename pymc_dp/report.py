@@ -160,9 +160,10 @@ class PrivacyReport:
             lines.append(
                 f"(epsilon, delta) = ({self.epsilon:.4g}, {self.delta:.3g})-DP"
                 + (
-                    f"; automatic mode: {_METHODS.get(self.method, self.method)}"
-                    if self.method
-                    else ""
+                    f"; automatic mode: {_METHODS[self.method]}"
+                    if self.method in _METHODS
+                    # a step class configured privately (`pymc_dp.auto.steps`)
+                    else (f"; {self.method}" if self.method else "")
                 )
             )
         if self.convergence and not (unconverged and self.private):

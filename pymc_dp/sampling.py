@@ -124,7 +124,8 @@ def sample(
     ----------
     draws : int, optional
         Draws per chain the result holds, as in `pymc.sample` (default 1000 with a step;
-        chosen by the predicted effective sample size in automatic mode). In automatic mode,
+        chosen by the predicted effective sample size in automatic mode and, for a step
+        class configured privately, by its configuration: see ``step``). In automatic mode,
         a number of draws predicted unusable (each penalty test's noise too large for any
         proposal to be accepted, or too few iterations for an effective sample size of 100)
         is warned about (`pymc_dp.auto.configure.RunLengthWarning`, with the predicted
@@ -138,11 +139,27 @@ def sample(
         approximation (private Fisher scoring), DP clip selection and a
         DPPenaltyMetropolis with an independence proposal and a first-order control
         variate, every phase inside the budget and in the report. A class (e.g.
-        ``pymc_dp.DPHMC``) is constructed with ``epsilon``, ``delta``, ``draws``, ``tune``,
+        ``pymc_dp.DPHMC``) with its required hyperparameters in ``step_kwargs`` (its clip
+        bounds, ...) is constructed with ``epsilon``, ``delta``, ``draws``, ``tune``,
         ``chains`` and ``step_kwargs``: its noise is calibrated so that the whole run meets
-        the target. An instance is used as it is (its own calibration).
+        the target. A class *without* them is configured privately
+        (`pymc_dp.auto.steps`): the automatic mode's private Laplace approximation and a DP
+        clip selection give the clip bounds, the step size or mass matrix and the chains'
+        starts, those phases are charged in the report, and the step gets the budget they
+        leave (the composition of every phase and every chain meets the target); values
+        given in ``step_kwargs`` win. Configured this way: ``DPPenaltyMetropolis`` (the
+        automatic mode's penalty chain), ``DPHMC`` (clip bounds from a DP quantile of the
+        per-record gradient norms, mass matrix from the private covariance, run length from
+        the test's noise unless ``draws`` is given; refused, before any data is read, where
+        its public prediction says the chains cannot converge), ``DPSGLD`` and ``DPSGNHT``
+        (biased by design). ``DPFastMH``, ``DPSubsampledPenalty``, ``DPBarker`` and
+        ``DPExpFamilyPenalty`` without their hyperparameters are refused before any data is
+        read, with a message naming the step that suits. An instance is used as it is (its
+        own calibration).
     tune : int, optional
-        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step).
+        Warmup iterations per chain, as in `pymc.sample` (default 1000 with a step; 0 for a
+        step class configured privately, whose chains start at draws from the private
+        warm start with its step size and mass matrix).
         Warmup iterations are charged. In automatic mode the independence proposal is a
         calibrated private approximation with nothing to adapt: no warmup is run whatever
         ``tune`` is, its budget goes to the draws, and the result's attributes
@@ -254,6 +271,40 @@ def sample(
         )
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
+    if inspect.isclass(step) and issubclass(step, DPStep):
+        from pymc_dp.auto.steps import check_configurable, wants_configuration
+
+        if wants_configuration(step, step_kwargs):
+            # refused here, before anything is read, when the class cannot be configured
+            epsilon, delta = _require_target(epsilon, delta, step.__name__)
+            check_configurable(
+                step,
+                step_kwargs,
+                sample_kwargs,
+                model=model,
+                epsilon=epsilon,
+                delta=delta,
+                chains=chains,
+                draws=draws,
+                tune=tune,
+                records=records,
+            )
+            return _sample_configured(
+                model,
+                step,
+                draws=draws,
+                tune=tune,
+                chains=chains,
+                epsilon=epsilon,
+                delta=delta,
+                random_seed=random_seed,
+                step_kwargs=step_kwargs,
+                keep_data=keep_data,
+                var_names=var_names,
+                idata_kwargs=idata_kwargs,
+                sample_kwargs=sample_kwargs,
+                records=records,
+            )
     draws = 1000 if draws is None else draws
     tune = 1000 if tune is None else tune
     if inspect.isclass(step):
@@ -514,6 +565,97 @@ def _sample_auto(
         idata_kwargs=idata_kwargs,
         sample_kwargs=sample_kwargs,
         presample=plan,
+    )
+
+
+def _sample_configured(
+    model,
+    cls,
+    *,
+    draws,
+    tune,
+    chains,
+    epsilon,
+    delta,
+    random_seed,
+    step_kwargs,
+    keep_data,
+    var_names,
+    idata_kwargs,
+    sample_kwargs,
+    records=None,
+):
+    """A step class without its hyperparameters: configured by the automatic mode's private
+    phases (`pymc_dp.auto.steps`), charged in the report, the step on the budget left."""
+    from pymc_dp.auto.configure import PresampleSpend
+    from pymc_dp.auto.steps import configure_step_class
+
+    epsilon, delta = _require_target(epsilon, delta, cls.__name__)
+    check_model_supported(
+        model,
+        [],
+        data_free_potentials=bool((step_kwargs or {}).get("data_free_potentials", False)),
+    )
+    _check_outputs_are_private(model, var_names, idata_kwargs)
+    if records is not None:
+        _check_records(cls, records, bool((step_kwargs or {}).get("nonprivate_diagnostics")))
+        if getattr(records, "owners", None) is not None:
+            raise ValueError(
+                f"{cls.__name__} without its hyperparameters is configured by the automatic "
+                "mode's private phases, which use the central scheme; give DaskRecords "
+                "without owners=, or the step's hyperparameters in step_kwargs"
+            )
+    # one seed for the pre-sampling mechanisms, another for pm.sample (both from random_seed)
+    seeds = np.random.SeedSequence(random_seed).spawn(2)
+    spend = PresampleSpend()
+    try:
+        config = configure_step_class(
+            cls,
+            model,
+            epsilon=epsilon,
+            delta=delta,
+            draws=draws,
+            tune=tune,
+            chains=chains,
+            step_kwargs=step_kwargs,
+            rng=np.random.default_rng(seeds[0]),
+            spend=spend,
+            records=records,
+        )
+    except BaseException as err:  # stopped part-way: charged for the releases made
+        _account_partial_run(err, [], delta, presample=spend)
+        raise
+    kwargs = dict(config.kwargs)
+    if records is not None:
+        kwargs["records"] = records
+    try:
+        with warnings.catch_warnings():
+            # checked just above (refused, or excluded by var_names): do not warn again
+            warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
+            step = cls(model=model, draws=config.draws, tune=config.tune, chains=chains, **kwargs)
+    except BaseException as err:  # after the private phases: charged for them
+        _account_partial_run(err, [], delta, presample=config.plan.spent_before_sampling())
+        raise
+    # a step calibrated for a reduced target (another accountant than the phases': delta / 2,
+    # `pymc_dp.auto.steps._reduced_target`) records the run's delta, at which the report
+    # composes every phase with the chains
+    step.target_delta = delta
+    if config.initvals:
+        sample_kwargs = {"initvals": config.initvals, **sample_kwargs}
+    seed = int(seeds[1].generate_state(1)[0]) if random_seed is not None else None
+    return _run(
+        model,
+        step,
+        draws=config.draws,
+        tune=config.tune,
+        chains=chains,
+        delta=delta,
+        random_seed=seed,
+        keep_data=keep_data,
+        var_names=var_names,
+        idata_kwargs=idata_kwargs,
+        sample_kwargs=sample_kwargs,
+        presample=config.plan,
     )
 
 

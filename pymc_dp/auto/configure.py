@@ -117,6 +117,9 @@ GRAD_PHASE = "warm start: noisy clipped gradient sums"
 OUTER_PHASE = "warm start: noisy clipped outer-product sums"
 HIST_PHASE = "warm start: noisy gradient-norm histograms"
 CLIP_PHASE = "clip selection: noisy ratio-residual histogram"
+#: The clip selection of a step class configured privately (`pymc_dp.auto.steps`): one
+#: noisy histogram of the per-record gradient norms in the model's coordinates.
+STEP_CLIP_PHASE = "clip selection: noisy gradient-norm histogram at the warm start"
 ANCHOR_PHASE = "control variate: noisy clipped gradient sum"
 SAMPLING_PHASE = "sampling (penalty tests)"
 
@@ -196,6 +199,9 @@ class AutoPlan:
     tune_requested: int | None = None
     #: what was done with it, in words (data-free)
     run_length_note: str = ""
+    #: ``warm_start_only``: the DP quantile of the per-record gradient norms in the model's
+    #: coordinates at the warm start's mean (the clip bound of a configured step class)
+    gradient_clip: float = float("nan")
 
     def spent_before_sampling(self) -> PresampleSpend:
         """Every pre-sampling release, made in full (the plan is complete)."""
@@ -477,6 +483,7 @@ def auto_configure(
     derive_residual_clip: bool = False,
     method: str = "auto",
     spend: PresampleSpend | None = None,
+    warm_start_only: bool = False,
 ) -> AutoPlan:
     """Choose and privately fit everything a DP penalty run needs.
 
@@ -549,6 +556,13 @@ def auto_configure(
         Filled in as the releases are made (the planned phases, the releases made so far):
         what an error part-way through has spent (`pymc_dp.sample` attaches it to the
         error).
+    warm_start_only : bool
+        Stop after the private Laplace approximation and one noisy histogram of the
+        per-record gradient norms in the model's coordinates at its mean (its
+        ``grad_quantile`` quantile is ``plan.gradient_clip``; phase `STEP_CLIP_PHASE`, the
+        ``clip_selection`` share): what a step class configured privately needs
+        (`pymc_dp.auto.steps`). No control variate, no sampling phase (the step's own
+        calibration takes the budget left); ``initvals`` are draws from the approximation.
 
     Returns
     -------
@@ -564,7 +578,7 @@ def auto_configure(
     vars = model.value_vars
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
     blocks = find_recentring(model, vars) if recentre else []
-    method = choose_method(method, bool(blocks))
+    method = choose_method("chain" if warm_start_only else method, bool(blocks))
     one_shot = method == "laplace"
     if one_shot and split is None:
         split = ONESHOT_SPLIT
@@ -599,10 +613,12 @@ def auto_configure(
             mu_total,
             split,
             gradient_histograms=not grad_derived,
-            residual_histogram=not (res_derived or one_shot),
+            residual_histogram=not (res_derived or one_shot or warm_start_only),
             newton_steps=newton_steps,
         )
     )
+    if warm_start_only:
+        plan.phases.append(Phase(STEP_CLIP_PHASE, _share_z(mu_total, split.clip_selection), 1))
     z = {p.name.split(":")[1].strip(): p.noise_multiplier for p in plan.phases}
     z_grad = z["noisy clipped gradient sums"]
     z_outer = z["noisy clipped outer-product sums"]
@@ -638,6 +654,8 @@ def auto_configure(
     basis = info.basis
     anchor_map = coords.transform(anchor_q, np.linalg.inv(basis))
     free = np.zeros(d, dtype=bool) if coords.rp is None else coords.rp.likelihood_free
+    if warm_start_only:
+        return _warm_start_only(plan, fns, coords, info, grid, grad_quantile, vars, ip, rng, spend)
     if one_shot:
         return _one_shot(
             plan,
@@ -801,6 +819,35 @@ def auto_configure(
     point_info = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).point_map_info
     plan.initvals = [
         _unravel(point_info, coords.to_q(mean + (chol @ rng.normal(size=d)))) for _ in range(chains)
+    ]
+    return plan
+
+
+def _share_z(mu_total: float, share: float, releases: int = 1) -> float:
+    """Noise multiplier of ``releases`` Gaussian releases sharing ``share`` of ``mu_total``."""
+    return math.sqrt(releases / (2.0 * share * mu_total))
+
+
+def _warm_start_only(plan, fns, coords, info, grid, quantile, vars, ip, rng, spend) -> AutoPlan:
+    """The warm start's result in the model's coordinates and one DP quantile of the
+    per-record gradient norms there (`auto_configure` with ``warm_start_only``)."""
+    from pymc.blocking import DictToArrayBijection
+
+    plan.laplace_mean = coords.to_q(info.mean)
+    plan.laplace_cov = coords.cov_in_q(info.mean, info.cov)
+    # one release: the histogram of ||grad l_i(q)|| at the (released) mean, in q
+    z = next(p.noise_multiplier for p in plan.phases if p.name == STEP_CLIP_PHASE)
+    counts = fns.grad_norm_counts(plan.laplace_mean, grid, None)
+    spend.release(STEP_CLIP_PHASE)
+    plan.gradient_clip, _ = noisy_histogram_quantile(
+        histogram_from_counts(plan.n, counts), grid, quantile, z, rng
+    )
+    chol = np.linalg.cholesky(info.cov)
+    point_info = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).point_map_info
+    # dispersed starts for R-hat: draws from the approximation (post-processing)
+    plan.initvals = [
+        _unravel(point_info, coords.to_q(info.mean + chol @ rng.normal(size=plan.d)))
+        for _ in range(plan.chains)
     ]
     return plan
 

@@ -196,6 +196,18 @@ def test_bench_auto_quick():
     assert float(row[-4]) <= 10.0  # the report's epsilon, never above the target
 
 
+@pytest.mark.slow
+def test_bench_step_classes_quick():
+    """The step-class goal table runs end to end: DP-SGLD configured (finite numbers, the
+    report's epsilon at most the target), DPHMC refused with its message."""
+    out = _run("bench_step_classes.py", "--quick")
+    (row,) = _rows(out, "DPSGLD")
+    err, rhat = _positive(row[3]), _positive(row[4])
+    assert err >= 0 and rhat >= 1.0 - 1e-9 and float(row[7]) <= 10.0
+    (hmc,) = _rows(out, "DPHMC")
+    assert "refused" in " ".join(hmc) and "DPHMC: pymc_dp.sample(step=DPHMC)" in out
+
+
 def test_bench_distributed_tiny():
     pytest.importorskip("distributed", reason="dask[distributed] is not installed")
     out = _run("bench_distributed.py", "--quick")
