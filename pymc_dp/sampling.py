@@ -173,7 +173,9 @@ def sample(
         Public bounds ``{name: (low, high)}`` of observed variables and ``pm.Data``
         containers, declared from domain knowledge (never from the data). Checked against
         the model's names (and, in automatic mode, its graph) before any data is read; see
-        `pymc_dp.auto.check_data_bounds`. With ``auto_kwargs={"derive_clips": True}`` the
+        `pymc_dp.auto.check_data_bounds`. Given to a step class that takes them itself
+        (DPExpFamilyPenalty) unless ``step_kwargs`` has its own. With
+        ``auto_kwargs={"derive_clips": True}`` the
         automatic mode derives its gradient clip bounds from them instead of spending budget
         on DP histograms (`pymc_dp.auto.bounds.clip_plan`; off by default, see
         docs/auto.md for the measurement).
@@ -271,6 +273,14 @@ def sample(
         )
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
+    if (
+        inspect.isclass(step)
+        and data_bounds is not None
+        and "data_bounds" in inspect.signature(step.__init__).parameters
+        and "data_bounds" not in (step_kwargs or {})
+    ):
+        # a class that takes the public bounds itself (DPExpFamilyPenalty) gets them
+        step_kwargs = {**(step_kwargs or {}), "data_bounds": data_bounds}
     if inspect.isclass(step) and issubclass(step, DPStep):
         from pymc_dp.auto.steps import check_configurable, wants_configuration
 

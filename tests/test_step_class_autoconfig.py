@@ -132,7 +132,7 @@ def test_explicit_step_kwargs_win():
         (pymc_dp.DPFastMH, "random walk"),
         (pymc_dp.DPSubsampledPenalty, "random walk"),
         (pymc_dp.DPBarker, "tempered posterior"),
-        (pymc_dp.DPExpFamilyPenalty, "not configured privately yet"),
+        (pymc_dp.DPExpFamilyPenalty, "configures itself privately only when asked"),
         (pymc_dp.DPHMC, "predicted to allow about"),
     ],
 )
@@ -216,3 +216,25 @@ def test_an_error_after_the_private_phases_carries_their_spend():
             step_kwargs={"target_accept": 2.0}, **SAMPLE,
         )  # fmt: skip
     assert err.value.releases > 0 and 0 < err.value.epsilon < 3.0
+
+
+def test_the_runs_data_bounds_reach_a_class_that_takes_them():
+    """``pymc_dp.sample(step=DPExpFamilyPenalty, data_bounds=...)``: the class bounds its
+    statistics from the run's declared bounds (before, it was refused: not configured, no
+    covariate range); its own releases and the run stay within the target."""
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, 3000)
+    y = np.clip(0.5 * x + rng.normal(0, 0.5, 3000), -3, 3)
+    with pm.Model():
+        xd = pm.Data("x", x)
+        b = pm.Normal("b", 0, 3)
+        s = pm.HalfNormal("s", 2)
+        pm.Normal("y", b * xd, s, observed=y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            idata = pymc_dp.sample(
+                30, tune=0, chains=2, step=pymc_dp.DPExpFamilyPenalty, epsilon=10, delta=1e-6,
+                data_bounds={"x": (-1, 1), "y": (-3, 3)}, random_seed=2, **SAMPLE,
+            )  # fmt: skip
+    assert idata.posterior["b"].shape == (2, 30)
+    assert pymc_dp.privacy_report(idata).epsilon <= 10.0

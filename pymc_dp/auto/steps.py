@@ -392,11 +392,14 @@ STEP_CLASSES: dict[str, ClassConfig] = {
         ),
     ),
     "DPExpFamilyPenalty": ClassConfig(
-        ("data_bounds", "stat_clip_bound"),
+        ("data_bounds", "stat_clip_bound", "centre"),
         refusal=(
-            "{name} is not configured privately yet: its clip of the sufficient statistics "
-            "(from data_bounds) makes every test's noise huge on a regression (issue 27, "
-            "item 3). Use step=None (the automatic mode) or step=pymc_dp.DPPenaltyMetropolis "
+            "{name} configures itself privately only when asked: its statistics centred at a "
+            "private centre and clipped at DP quantiles of their deviations "
+            "(step_kwargs={{'centre': 'private'}}, docs/steps/expfam.md) were measured "
+            "within 1 NUTS sd and R-hat <= 1.1 only from about n = 300 000 at epsilon 10 (a "
+            "linear regression with unknown sigma; R-hat 1.23 at n = 100 000, 1.92 at 20 000). "
+            "Use step=None (the automatic mode) or step=pymc_dp.DPPenaltyMetropolis "
             "(configured privately), or give {keys} in step_kwargs"
         ),
         alternatives=True,
@@ -418,8 +421,8 @@ def _config_of(cls: type) -> ClassConfig | None:
 def wants_configuration(cls: type, step_kwargs: Mapping[str, Any] | None) -> bool:
     """Whether `pymc_dp.sample` configures ``cls`` privately: a required hyperparameter of
     the class (`ClassConfig.required`) is missing from ``step_kwargs``. For
-    DPExpFamilyPenalty (no required one) all of ``data_bounds`` and ``stat_clip_bound``
-    missing."""
+    DPExpFamilyPenalty (no required one) all of ``data_bounds``, ``stat_clip_bound`` and
+    ``centre`` missing."""
     cfg = _config_of(cls)
     if cfg is None:
         return False
