@@ -644,17 +644,22 @@ def test_expfam_step_on_dask_draws_equal_the_in_memory_run(client):
 # -- the automatic mode (step=None): every phase reads the records through partition sums --------
 
 
-def test_automatic_mode_on_dask_equals_the_in_memory_run(client):
-    """Warm start (clipped gradient moments, gradient-norm histograms), clip selection (the
-    control variate's residual histogram), the control variate release and the penalty run:
-    with the same seed and chunks the Dask run is the in-memory run, draw for draw."""
+@pytest.mark.parametrize("method", ["chain", "laplace"])
+def test_automatic_mode_on_dask_equals_the_in_memory_run(client, method):
+    """Both strategies. Warm start (clipped gradient moments, gradient-norm histograms); the
+    chain's clip selection (the control variate's residual histogram), control variate
+    release and penalty run, or the one-shot strategy's two last releases: with the same
+    seed and chunks the Dask run is the in-memory run, draw for draw."""
     X, y = _data()
     kw = dict(epsilon=4.0, delta=1e-5, random_seed=9, draws=20, tune=0, chains=2)
     kw.update(progressbar=False, compute_convergence_checks=False)
     with _model(X, y):
-        local = pymc_dp.sample(auto_kwargs={"chunk_size": PART}, **kw)
+        local = pymc_dp.sample(auto_kwargs={"chunk_size": PART, "method": method}, **kw)
+    assert local.attrs["dp_method"] == method
     with _model(X[:10], y[:10]):
-        remote = pymc_dp.sample(records=_records(client, X, y), **kw)
+        remote = pymc_dp.sample(
+            records=_records(client, X, y), auto_kwargs={"method": method}, **kw
+        )
     v = local.posterior["b"].values
     assert np.unique(v).size > 4
     np.testing.assert_array_equal(v, remote.posterior["b"].values)

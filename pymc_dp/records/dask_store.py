@@ -115,7 +115,12 @@ def _call(fn, args, *chunk):
 
 
 def _call_prepared(fn, args, prep, *chunk):
-    prep = prep if prep is None else _aligned(prep)
+    # a list of arrays (a route's row norms) is aligned array by array, an array as one; an
+    # object (the control variate's `_Coefficients`, numpy / scipy only) is used as it is
+    if isinstance(prep, list | tuple):
+        prep = _aligned(prep)
+    elif isinstance(prep, np.ndarray):
+        prep = _aligned([prep])[0]
     return _guarded(lambda: _own_copy(fn)(*_aligned(args), prep, *_aligned(chunk)))
 
 
