@@ -199,6 +199,8 @@ class AutoPlan:
     tune_requested: int | None = None
     #: what was done with it, in words (data-free)
     run_length_note: str = ""
+    #: why the strategy differs from the structural choice, in words (DP outputs)
+    strategy_note: str = ""
     #: ``warm_start_only``: the DP quantile of the per-record gradient norms in the model's
     #: coordinates at the warm start's mean (the clip bound of a configured step class)
     gradient_clip: float = float("nan")
@@ -237,6 +239,8 @@ class AutoPlan:
         out["dp_draws_run"], out["dp_tune_run"] = int(self.draws), int(self.tune)
         if self.run_length_note:
             out["dp_auto_run_length"] = self.run_length_note
+        if self.strategy_note:
+            out["dp_auto_strategy"] = self.strategy_note
         return out
 
     def describe(self) -> str:
@@ -263,6 +267,14 @@ FREE_MOVES = 5
 
 #: Fisher-scoring steps of the warm start (public).
 NEWTON_STEPS = 10
+
+#: ``method="auto"`` on a model given the penalty chain: where the chain's predicted
+#: effective sample size (`choose_anchor_share`, from released values) is below this, the
+#: budget left goes to the one-shot strategy instead. Four times `MIN_ESS`: the prediction
+#: assumes the proposal fits the posterior and is optimistic (measured on the Poisson GLMM of
+#: `bench_auto` at epsilon 3: predicted acceptance 0.17-0.23, 0.03-0.04 run; predicted ESS
+#: 34-158, R-hat 1.6-3.3 and up to 44 % of the parameters beyond 2 of their own sds).
+ONESHOT_FALLBACK_ESS = 4.0 * MIN_ESS
 
 #: Half-width, in proposal sds, of the public box over which the penalty test's clip bound
 #: is derived from declared data bounds (`pymc_dp.auto.bounds.DerivedBounds.residual_bound`).
@@ -578,6 +590,7 @@ def auto_configure(
     vars = model.value_vars
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
     blocks = find_recentring(model, vars) if recentre else []
+    requested = method
     method = choose_method("chain" if warm_start_only else method, bool(blocks))
     one_shot = method == "laplace"
     if one_shot and split is None:
@@ -721,17 +734,44 @@ def auto_configure(
         np.sqrt(np.trace(cov) / d) if metric is None else np.linalg.norm(metric @ chol) / np.sqrt(d)
     )
 
-    def ess_of(mu_s: float) -> Prediction:
-        ind = best_independent_length(mu_s, llr_step, minimum=lo, maximum=hi)
-        if not allow_random_walk:
-            return ind
-        rw = random_walk_ess(rw_len, mu_s, 2.0 * clip * sd_scale, d)
-        return ind if ind.ess >= rw.ess else rw
+    def ess_over(lo: int, hi: int, rw_len: int) -> Callable[[float], Prediction]:
+        def ess_of(mu_s: float) -> Prediction:
+            ind = best_independent_length(mu_s, llr_step, minimum=lo, maximum=hi)
+            if not allow_random_walk:
+                return ind
+            rw = random_walk_ess(rw_len, mu_s, 2.0 * clip * sd_scale, d)
+            return ind if ind.ess >= rw.ess else rw
+
+        return ess_of
 
     mu_left = mu_total - sum(p.mu for p in plan.phases)
     mu_anchor, pred, plan.predicted_error = choose_anchor_share(
-        mu_left, cov, info.anchor_bound, ess_of, ~free, basis, max_anchor_share
+        mu_left, cov, info.anchor_bound, ess_over(lo, hi, rw_len), ~free, basis, max_anchor_share
     )
+    # what the chain could reach at the planner's own length (the draws asked for aside)
+    best = pred
+    if fixed:
+        free_lo = chains * 50
+        free_hi = max(free_lo, max_iterations)
+        best = choose_anchor_share(
+            mu_left, cov, info.anchor_bound, ess_over(free_lo, free_hi, free_hi), ~free, basis,
+            max_anchor_share,
+        )[1]  # fmt: skip
+    if requested == "auto" and best.ess < ONESHOT_FALLBACK_ESS:
+        # a chain that cannot move (item 3 of the automatic mode's design): the budget the
+        # chain would have had goes to the one-shot strategy's two last releases instead,
+        # from this warm start (the choice is post-processing of released values)
+        plan.method = "laplace"
+        plan.strategy_note = (
+            f"the penalty chain was predicted to reach an effective sample size of "
+            f"{best.ess:.0f} over {best.iterations} iterations (acceptance {best.accept:.2g}); "
+            f"below {ONESHOT_FALLBACK_ESS:.0f}, the one-shot noise-aware Laplace approximation "
+            "was used instead (auto_kwargs={'method': 'chain'} forces the chain)"
+        )
+        return _one_shot(
+            plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations,
+            start=coords.to_y(q0),
+        )  # fmt: skip
     z_anchor = math.sqrt(1.0 / (2.0 * mu_anchor))
     plan.phases.append(Phase(ANCHOR_PHASE, z_anchor, 1))
     g_exact, _ = fns.clipped_grad_moments(anchor_q, info.anchor_bound, anchor_map)
