@@ -7,7 +7,7 @@ import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
 import pytest
-from pymc.blocking import DictToArrayBijection
+from pymc.blocking import DictToArrayBijection, RaveledVars
 from scipy import sparse
 
 import pymc_dp
@@ -108,6 +108,51 @@ def test_finds_the_common_non_centred_patterns_by_structure():
         "za -> ma + sa * za",
         "zb -> mb + sb * zb",
     ]
+
+
+def test_a_shared_intercept_among_other_terms_is_the_blocks_loc():
+    """``b0 + b1 x + sd * z[g]`` (a GLMM's intercept and its random intercepts): ``b0`` is the
+    block's ``loc`` and the likelihood does not read it in the centred coordinates (the
+    direction ``b0`` up, every ``a_j`` down no record's gradient has: the one-shot strategy's
+    Newton steps converged linearly along it). Not where the sum is read elsewhere too (it
+    would read ``b0`` there), and ``b0`` not exclusive where the likelihood reads it again."""
+    rng = np.random.default_rng(2)
+    n, groups = 60, 4
+    g, x, y = rng.integers(groups, size=n), rng.normal(size=n), rng.normal(size=n)
+
+    def model(kind: str) -> pm.Model:
+        with pm.Model() as m:
+            b0, b1 = pm.Normal("b0"), pm.Normal("b1")
+            sd = pm.HalfNormal("sd")
+            z = pm.Normal("z", 0, 1, shape=groups)
+            eta = b0 + b1 * x
+            sigma = {"plain": 1.0, "sum": pm.math.exp(eta), "b0": pm.math.exp(b0)}[kind]
+            pm.Normal("y", eta + sd * z[g], sigma, observed=y)
+        return m
+
+    (plain,) = find_recentring(model("plain"))
+    assert (plain.describe(), plain.exclusive) == ("z -> b0 + sd * z", ("sd", "b0"))
+    (block,) = find_recentring(model("sum"))
+    assert (block.describe(), block.exclusive) == ("z -> sd * z", ("sd",))
+    (block,) = find_recentring(model("b0"))
+    assert (block.describe(), block.exclusive) == ("z -> b0 + sd * z", ("sd",))
+    # the likelihood in the centred coordinates: b0 moves no record's log-likelihood
+    m = model("plain")
+    rp = Recentring(m, [plain], m.value_vars, m.initial_point())
+    ll = m.compile_fn(m.observedlogp)
+    ip = m.initial_point()
+    q = DictToArrayBijection.map({v.name: ip[v.name] for v in m.value_vars}).data
+    q = q + rng.normal(size=q.size)
+    y0 = rp.forward(q)
+    moved = y0.copy()
+    moved[rp.likelihood_free] += 0.7
+    assert rp.likelihood_free.sum() == 2  # b0 and log sd
+    unravel = DictToArrayBijection.map({v.name: ip[v.name] for v in m.value_vars}).point_map_info
+
+    def at(qq):
+        return float(ll(DictToArrayBijection.rmap(RaveledVars(qq, unravel))))
+
+    assert at(rp.inverse(moved)) == pytest.approx(at(rp.inverse(y0)), rel=1e-10)
 
 
 def test_refuses_what_is_not_the_pattern():
