@@ -18,7 +18,13 @@ from scipy import optimize
 from pymc_dp._validation import check_positive, check_target
 from pymc_dp.accounting import gaussian_mu_for_epsilon
 from pymc_dp.auto.bounds import check_data_bounds, clip_plan
-from pymc_dp.auto.configure import ONESHOT_SPLIT, BudgetSplit, Phase, presample_phases
+from pymc_dp.auto.configure import (
+    ONESHOT_FALLBACK_ESS,
+    ONESHOT_SPLIT,
+    BudgetSplit,
+    Phase,
+    presample_phases,
+)
 from pymc_dp.auto.oneshot import ONESHOT_NEWTON_STEPS, choose_method
 
 __all__ = ["Plan", "plan", "predicted_mean_error", "worst_of"]
@@ -102,6 +108,11 @@ class Plan:
                 "sample size"
             )
             basis = f"{NOMINAL_ANCHOR_SHARE:.0%} of mu for the control variate"
+            lines.append(
+                "    (with method='auto', where the chain's effective sample size predicted "
+                f"after the warm start is below {ONESHOT_FALLBACK_ESS:.0f}, the rest goes to "
+                "the one-shot strategy's two last releases instead)"
+            )
         lines.insert(1, f"  strategy: {self.method} ({_METHOD_TEXT[self.method]})")
         lines.append(
             f"  predicted error of the worst of the {self.d} posterior means (median over "
