@@ -831,7 +831,9 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             if self.centre is not None:
                 rest += n * float((eta1 - eta0) @ self.centre)
             with np.errstate(all="ignore"):
-                log_a = correlated_log_acceptance(p1, p0, Y, Y, rest, sigma)
+                # (without the -sigma^2 |psi|^2 / 2 normalisation only to show its bias)
+                s_norm = sigma if self._variance_correction else 0.0
+                log_a = correlated_log_acceptance(p1, p0, Y, Y, rest, s_norm)
             if not np.isfinite(log_a):
                 log_a = -np.inf
             ok = accept(log_a, self.rng)
