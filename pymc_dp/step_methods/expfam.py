@@ -208,12 +208,23 @@ class CorrelatedNoise:
     ----------
     refreshes : float
         ``K``, the number of times per chain the noise ``u`` is renewed (its autocorrelation
-        time is about ``iterations / K`` iterations). Larger: ``sigma`` grows as
-        ``sqrt(1 + K)`` (noisier tests, shorter steps); smaller: the chain sees fewer
-        independent noises and its draws carry more of one release's error. Default 20.
+        time is about ``iterations / K`` iterations), at most. Larger: ``sigma`` grows as
+        ``sqrt(1 + K)`` and the noise move's log ratio, about
+        ``sigma sqrt(2 K / iterations) |psi|``, with it (fewer of its moves are accepted);
+        smaller: the chain sees fewer independent noises and its draws carry more of one
+        release's error. Default 20.
+    noise_target : float, optional
+        With the metric of the natural parameters (`StatCentre`, ``metric=True``), ``K`` is
+        lowered (not below 1) until the predicted std of the noise move's log ratio, over
+        the metric's Gaussian, is at most this (default 0.7; data-free given the releases
+        before the chains). None: ``K = refreshes``.
+    theta_steps : int
+        Moves of ``theta`` per iteration, given the current release (post-processing;
+        default 5).
     """
 
     refreshes: float = 20.0
+    noise_target: float | None = 0.7
     theta_steps: int = 5
 
     def __post_init__(self) -> None:
@@ -223,6 +234,9 @@ class CorrelatedNoise:
         k = self.refreshes
         if not (isinstance(k, (int, float, np.integer, np.floating)) and np.isfinite(k) and k > 0):
             raise ValueError(f"CorrelatedNoise refreshes must be a number > 0; got {k!r}")
+        v = self.noise_target
+        if v is not None and not (np.isfinite(v) and v > 0):
+            raise ValueError(f"CorrelatedNoise noise_target must be > 0 or None; got {v!r}")
 
 
 class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
@@ -445,6 +459,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             self._corr_z0, self._corr_r = z0, r
             self._corr_mu_first = GaussianEvent(z0).mu
             self._corr_mu_next = self._corr_mu_first * (1.0 - r) / (1.0 + r)
+            self.refreshes = float(min(noise.refreshes, plan.iterations_per_chain))
         self._corr_mu_released = 0.0
         self.epsilon = epsilon
         self.centring = centring
@@ -560,6 +575,40 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self.stat_noise_std = expfam_noise_std(self.noise_multiplier, self.stat_clip_bound)
         if self.nonprivate_diagnostics:
             self._clip_fraction = n_clipped / self._expfam.n_records
+        if self.correlated is not None and self._laplace is not None:
+            self._choose_refreshes()
+
+    def _choose_refreshes(self) -> None:
+        """Lower ``K`` (`CorrelatedNoise.noise_target`) from public quantities only: the
+        metric's Gaussian, ``W`` and ``b``. The privacy charge does not depend on ``K``."""
+        target = self.correlated.noise_target
+        if target is None:
+            return
+        m, L = self._laplace
+        gen = np.random.default_rng(20261126)  # data-free Monte Carlo over the metric
+        with np.errstate(all="ignore"):
+            eta_m = self._expfam.natural(m)[0]
+            psi2 = []
+            for _ in range(32):
+                d = self._expfam.natural(m + L @ gen.normal(size=m.size))[0] - eta_m
+                d = self._scale_inv_t @ d if self.centre is not None else d
+                psi2.append(float(d @ d))
+        psi = float(np.sqrt(np.nanmean(psi2)))
+        if not np.isfinite(psi):
+            return
+        iterations = self.plan.iterations_per_chain
+        k = float(self.correlated.refreshes)
+        while True:
+            z0, r = correlated_noise_schedule(self.noise_multiplier, iterations, k)
+            pred = z0 * 2.0 * self.stat_clip_bound * np.sqrt(1.0 - r * r) * psi
+            if pred <= target or k <= 1.0:
+                break
+            k = max(1.0, k / 1.25)
+        self._corr_z0, self._corr_r = z0, r
+        self._corr_mu_first = GaussianEvent(z0).mu
+        self._corr_mu_next = self._corr_mu_first * (1.0 - r) / (1.0 + r)
+        #: the K in use (public)
+        self.refreshes = k
 
     def _start_chain(self, iterations: int | None = None) -> None:
         super()._start_chain(iterations)
