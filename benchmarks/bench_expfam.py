@@ -16,12 +16,13 @@ fixed in advance), both with the same random walk (``--proposal``, default the g
 one-coordinate walk), sample the same model; their posterior means and sds are compared with a
 NUTS reference (non-private) in units of the NUTS posterior sd, printed side by side.
 
-Part 3, goal (``--goal``): the centred statistics (`pymc_dp.StatCentre`, the default with a
-target epsilon) on a linear regression with unknown sigma, ``X ~ U(-1, 1)^3``, public
-bounds ``X`` in [-1, 1] and ``y`` in [-10, 10] (the magnitude bound on ``T(x)`` is then about
-102, from ``y^2``): 4 chains through `pymc_dp.sample` at each n and epsilon, against
-``pm.sample`` NUTS on the same data; per parameter the error of the mean in NUTS sds, the sd
-ratio and R-hat, then the worst of each.
+Part 3, goal (``--goal``): the centred statistics (`pymc_dp.StatCentre`) with correlated
+releases (`pymc_dp.CorrelatedNoise`; both the defaults with a target epsilon) on a linear
+regression with unknown sigma, ``X ~ U(-1, 1)^3``, public bounds ``X`` in [-1, 1] and ``y``
+in [-10, 10] (the magnitude bound on ``T(x)`` is then about 102, from ``y^2``): 4 chains
+through `pymc_dp.sample` at each n and epsilon, against ``pm.sample`` NUTS on the same
+data; per parameter the error of the mean in NUTS sds, the sd ratio and R-hat, then the worst
+of each.
 
 Usage::
 
