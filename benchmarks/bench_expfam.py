@@ -205,7 +205,8 @@ def goal(args) -> None:
                 idata = pymc_dp.sample(
                     args.goal_draws, tune=args.goal_tune, chains=chains, cores=1,
                     step=pymc_dp.DPExpFamilyPenalty, epsilon=eps, delta=1e-6,
-                    step_kwargs={"data_bounds": bounds}, random_seed=1, progressbar=False,
+                    step_kwargs={"data_bounds": bounds}, random_seed=args.goal_seed,
+                    progressbar=False,
                 )  # fmt: skip
                 t_dp = time.perf_counter() - t0
             post = posterior_matrix(idata, k)
@@ -246,6 +247,7 @@ def main(argv=None) -> None:
     p.add_argument("--goal-eps", type=float, nargs="+", default=[10.0, 3.0])
     p.add_argument("--goal-draws", type=int, default=5000)
     p.add_argument("--goal-tune", type=int, default=500)
+    p.add_argument("--goal-seed", type=int, default=1, help="random_seed of the DP runs")
     args = p.parse_args(argv)
     if args.goal:
         print(f"PyMC {pm.__version__}")
