@@ -9,6 +9,8 @@ References
    Corollary 1.
 .. [2] Sommer, Meiser, Mohammadi (2019). Privacy loss classes: the central limit theorem in
    differential privacy. PoPETS (Lemma 12: composition of Gaussian mechanisms).
+.. [3] Deligiannidis, G., Doucet, A. and Pitt, M. K. (2018). The correlated pseudo-marginal
+   method. Journal of the Royal Statistical Society B 80(5), 839-870 (`CorrelatedNoise`).
 """
 
 from __future__ import annotations
@@ -309,6 +311,14 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         ``StatCentre(value)``). Default: ``StatCentre()`` (private centre, DP whitening and
         clip quantile, charged ``budget_share = 0.05`` of the run's ``mu``) when ``epsilon``
         is given and ``stat_clip_bound`` is not; otherwise the uncentred clip at ``C``.
+    noise : CorrelatedNoise or "fresh", optional
+        How the statistic is released at each iteration. `CorrelatedNoise` (the default with
+        ``epsilon``; needs ``draws``, ``tune``, ``chains``): one release per chain whose noise
+        then moves by Crank-Nicolson steps, one release each, with ``theta`` moved given the
+        current release (a correlated pseudo-marginal chain, exact, same privacy charge per
+        chain as the penalty test). ``"fresh"`` (the default with ``noise_multiplier``): the
+        penalty test above, a fresh release per iteration (`log_acceptance` is always this
+        test).
     noise_multiplier : float, optional
         ``z`` (noise std over sensitivity). Give either this or ``epsilon``/``delta`` with the
         planned ``draws``, ``tune`` and ``chains``.
