@@ -784,3 +784,36 @@ def test_correlated_noise_arguments_are_checked():
                 noise_multiplier=1.0, data_bounds={"X": (-1, 1), "y": (-4, 4)},
                 noise=CorrelatedNoise(),
             )  # fmt: skip
+
+
+@pytest.mark.parametrize(("z", "target"), [(2.0, 0.7), (0.05, 0.7), (2.0, None)])
+def test_correlated_refreshes_are_lowered_to_the_noise_target(z, target):
+    """K is lowered from `refreshes` (data-free, given the releases) while the predicted std
+    of the noise move's log ratio exceeds noise_target; the schedule in use is that K's."""
+    X, y = _nig_problem(n=200)
+    c = np.round(normal_linear_stats(y, X).mean(0), 1)
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(
+            noise_multiplier=z, centre=StatCentre(c, clip=50.0), draws=400, tune=100,
+            chains=1, noise=CorrelatedNoise(refreshes=40, noise_target=target),
+        )  # fmt: skip
+    z0, r = correlated_noise_schedule(z, 500, step.refreshes)
+    assert (z0, r) == (step._corr_z0, step._corr_r)
+    if target is None:
+        assert step.refreshes == 40
+        return
+    m, L = step._laplace
+    gen = np.random.default_rng(1)
+    eta_m = step._expfam.natural(m)[0]
+    psi = np.sqrt(
+        np.mean([np.sum((step._expfam.natural(m + L @ gen.normal(size=m.size))[0] - eta_m) ** 2)
+                 for _ in range(400)])
+    )  # fmt: skip
+    pred = step.correlated_noise_std * np.sqrt(1 - r * r) * psi
+    if step.refreshes < 40:  # lowered: the predicted noise is near the target or K = 1
+        assert pred < 1.5 * target or step.refreshes == 1.0
+    else:
+        assert pred < 1.5 * target
+    if z == 2.0:
+        assert step.refreshes < 40  # this much noise needs fewer renewals
