@@ -185,17 +185,25 @@ class CorrelatedNoise:
     one release $Y' = S + \sigma u'$ whose noise moves by a Crank-Nicolson step,
     $u' = r u + \sqrt{1 - r^2}\,\xi$ (`pymc_dp.kernels.expfam.correlated_release`).
     With $\psi(\theta) = W^{-T}(\eta(\theta) - \eta_0)$ ($\eta_0$ public: the natural
-    parameter at the mode of the metric) the chain on $(\theta, u)$ accepts with
+    parameter at the mode of the metric), $\hat L(\theta, Y) =
+    \exp(\psi^\top Y - \sigma^2\|\psi\|^2/2)$ is an unbiased estimator of
+    $\exp(\psi^\top S)$ over $u \sim N(0, I)$, and each iteration is a Metropolis-within-Gibbs
+    sweep of the chain on $(\theta, u)$ whose $\theta$-marginal is the exact posterior (with
+    clipping inactive), whatever ``sigma`` and ``r`` (the correlated pseudo-marginal method,
+    Deligiannidis, Doucet & Pitt 2018, JRSS B 80(5)):
 
-    $$
-    \log u < \psi'^\top Y' - \psi^\top Y - \tfrac12\sigma^2(\|\psi'\|^2 - \|\psi\|^2)
-    - n\Delta A + n\Delta\eta^\top c + \log\frac{p(\theta')}{p(\theta)}
-    $$
+    1. the noise move: the new release ``Y'`` is kept with probability
+       $\min(1, \exp(\psi(\theta)^\top (Y' - Y)))$ (the Crank-Nicolson proposal is
+       reversible for $N(0, I)$);
+    2. ``theta_steps`` random-walk moves of $\theta$ given the kept ``Y``
+       (post-processing), each accepted if
 
-    and keeps ``Y`` of the state it keeps: a correlated pseudo-marginal chain (Deligiannidis,
-    Doucet & Pitt 2018, JRSS B 80(5); `pymc_dp.kernels.expfam.correlated_log_acceptance`)
-    whose $\theta$-marginal is the exact posterior (with clipping inactive), whatever
-    ``sigma`` and ``r``.
+       $$
+       \log u < \psi'^\top Y - \psi^\top Y - \tfrac12\sigma^2(\|\psi'\|^2 - \|\psi\|^2)
+       - n\Delta A + n\Delta\eta^\top c + \log\frac{p(\theta')}{p(\theta)}
+       $$
+
+       (`pymc_dp.kernels.expfam.correlated_log_acceptance`).
 
     **Privacy.** Given the release of the current state (public), each later release is a
     Gaussian mechanism on ``S`` with sensitivity ``(1 - r) 2b`` and noise
