@@ -17,6 +17,7 @@ from pymc_dp.step_methods import (
     DPSGLD,
     DPSGNHT,
     BudgetExceededError,
+    CorrelatedNoise,
     DPBarker,
     DPExpFamilyPenalty,
     DPFastMH,
@@ -52,4 +53,5 @@ __all__ = [
     "privacy_report",
     "sample",
     "StatCentre",
+    "CorrelatedNoise",
 ]

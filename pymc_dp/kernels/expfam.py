@@ -43,6 +43,9 @@ __all__ = [
     "ExpFamily",
     "centred_clip_sum",
     "clip_stats",
+    "correlated_log_acceptance",
+    "correlated_noise_schedule",
+    "correlated_release",
     "deviation_counts_above",
     "expfam_log_acceptance",
     "expfam_noise_std",
@@ -417,3 +420,102 @@ def expfam_log_acceptance(
         - (0.5 * var if variance_correction else 0.0)
     )
     return float(log_a) if size is None else log_a
+
+
+def correlated_noise_schedule(
+    noise_multiplier: float, iterations: int, refreshes: float
+) -> tuple[float, float]:
+    r"""Noise multiplier ``z0`` of a chain's first release and correlation ``r`` of the rest.
+
+    A chain of ``iterations`` planned iterations of the penalty test with noise multiplier
+    ``z`` releases ``mu_chain = iterations / (2 z^2)``. The correlated scheme
+    (`correlated_release`) spends the same: one release of ``S`` with noise ``z0 * 2b``
+    (``mu_0 = 1 / (2 z0^2)``) and at most ``iterations`` releases
+    ``Y' = r Y + (1 - r) S + z0 2b sqrt(1 - r^2) xi``, each a Gaussian mechanism on ``S``
+    with sensitivity ``(1 - r) 2b`` and noise ``z0 2b sqrt(1 - r^2)`` given the previous
+    release, so ``mu_t = mu_0 g`` with ``g = (1 - r) / (1 + r)``. With
+    ``K = iterations * g`` (``refreshes``: the number of autocorrelation times of the noise
+    per chain), ``mu_chain = mu_0 (1 + K)``, hence ``z0 = z sqrt((1 + K) / iterations)`` and
+    ``r = (1 - g) / (1 + g)``.
+
+    Returns
+    -------
+    z0 : float
+        Noise multiplier of the first release (its noise std is ``z0 * 2b``).
+    r : float
+        Correlation of consecutive noises (``0 <= r < 1``).
+    """
+    z = float(noise_multiplier)
+    m = int(iterations)
+    if m < 1 or not (np.isfinite(z) and z > 0):
+        raise ValueError("iterations must be >= 1 and noise_multiplier > 0")
+    k = min(float(refreshes), float(m))
+    g = k / m
+    return z * float(np.sqrt((1.0 + k) / m)), (1.0 - g) / (1.0 + g)
+
+
+def correlated_release(
+    previous: np.ndarray | None,
+    stat_sum: np.ndarray,
+    r: float,
+    noise_std: float,
+    rng: np.random.Generator,
+    *,
+    start: np.ndarray | None = None,
+) -> np.ndarray:
+    r"""One release of the correlated scheme (Deligiannidis, Doucet & Pitt 2018).
+
+    ``Y = S + sigma u`` with ``u`` an auxiliary Gaussian: the first release of a chain is
+    ``S + sigma (start + xi)`` (``start`` a public shift, default 0), every later one moves
+    ``u`` by a Crank-Nicolson step, ``u' = r u + sqrt(1 - r^2) xi``, i.e.
+
+    $$ Y' = r Y + (1 - r) S + \sigma \sqrt{1 - r^2}\,\xi, \qquad \xi \sim N(0, I), $$
+
+    with ``Y`` the previous release (public once released). Given ``Y`` this is a Gaussian
+    mechanism on ``S``: replace-one sensitivity ``(1 - r)`` times that of ``S``, noise std
+    ``sigma sqrt(1 - r^2)`` (`correlated_noise_schedule`). The output is a release: never
+    compute it without charging it.
+    """
+    S = np.asarray(stat_sum, dtype=float)
+    xi = rng.normal(size=S.shape)
+    if previous is None:
+        shift = 0.0 if start is None else np.asarray(start, dtype=float)
+        return S + float(noise_std) * (shift + xi)
+    return (
+        float(r) * np.asarray(previous, dtype=float)
+        + (1.0 - float(r)) * S
+        + float(noise_std) * float(np.sqrt(1.0 - float(r) ** 2)) * xi
+    )
+
+
+def correlated_log_acceptance(
+    psi_new: np.ndarray,
+    psi: np.ndarray,
+    release_new: np.ndarray,
+    release: np.ndarray,
+    rest: float,
+    noise_std: float,
+) -> float:
+    r"""Log acceptance ratio of the correlated pseudo-marginal exponential-family test.
+
+    With ``psi(theta) = eta(theta) - eta_0`` (``eta_0`` public) and a release
+    ``Y = S + sigma u``, $\hat L(\theta, u) = \exp(\psi^\top Y - \sigma^2\|\psi\|^2/2)$ is
+    an unbiased estimator of $\exp(\psi(\theta)^\top S)$ over $u \sim N(0, I)$, so the chain
+    on $(\theta, u)$ with target $p(\theta) e^{-nA(\theta)} \hat L(\theta, u) N(u; 0, I)$
+    has the exact posterior as its $\theta$-marginal (the pseudo-marginal argument; with
+    ``u`` moved by a Crank-Nicolson step its proposal ratio cancels with ``N(u; 0, I)``:
+    Deligiannidis, Doucet & Pitt 2018, JRSS B 80(5), Sec. 2). Returns
+
+    $$ \psi'^\top Y' - \psi^\top Y - \tfrac12\sigma^2(\|\psi'\|^2 - \|\psi\|^2) + \mathrm{rest} $$
+
+    with ``rest`` the data-free part (``-n dA``, prior and proposal ratios).
+    """
+    psi_new = np.asarray(psi_new, dtype=float)
+    psi = np.asarray(psi, dtype=float)
+    s2 = float(noise_std) ** 2
+    return float(
+        psi_new @ np.asarray(release_new, dtype=float)
+        - psi @ np.asarray(release, dtype=float)
+        - 0.5 * s2 * (psi_new @ psi_new - psi @ psi)
+        + float(rest)
+    )

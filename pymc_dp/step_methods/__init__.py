@@ -2,7 +2,7 @@
 
 from pymc_dp.step_methods.barker import DPBarker
 from pymc_dp.step_methods.base import BudgetExceededError, DPStep
-from pymc_dp.step_methods.expfam import DPExpFamilyPenalty, StatCentre
+from pymc_dp.step_methods.expfam import CorrelatedNoise, DPExpFamilyPenalty, StatCentre
 from pymc_dp.step_methods.fastmh import DPFastMH
 from pymc_dp.step_methods.hmc import DPHMC
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
@@ -21,4 +21,5 @@ __all__ = [
     "DPPenaltyMetropolis",
     "DPStep",
     "StatCentre",
+    "CorrelatedNoise",
 ]

@@ -427,6 +427,52 @@ def test_exponential_family_statistic_carries_noise_z_2c(monkeypatch):
     assert_standard_normal(u, "exponential-family statistic")
 
 
+def test_correlated_exponential_family_releases_carry_their_noise(monkeypatch):
+    """DPExpFamilyPenalty with `CorrelatedNoise` releases, per chain, ``Y_0 = S + sigma
+    (sigma psi + xi)`` and then ``Y' = r Y + (1 - r) S + sigma sqrt(1 - r^2) xi`` (``S`` the
+    statistic clipped to norm ``C``). ``sigma = z0 2C`` and ``r`` are recomputed here from
+    the ``z``, plan and refreshes given (`correlated_noise_schedule`); a spy at the step's
+    releases takes ``S`` and the previous release: the rest, over its claimed std, must be
+    N(0, 1). A smaller noise or a weaker correlation than accounted fails."""
+    import pymc as pm
+
+    import pymc_dp.step_methods.expfam as expfam_step
+    from pymc_dp import CorrelatedNoise, DPExpFamilyPenalty
+    from pymc_dp.kernels.expfam import correlated_noise_schedule
+
+    calls = []
+    real = expfam_step.correlated_release
+
+    def spy(previous, stat_sum, r, noise_std, rng, *, start=None):
+        out = real(previous, stat_sum, r, noise_std, rng, start=start)
+        calls.append((previous, np.array(stat_sum), start, out))
+        return out
+
+    monkeypatch.setattr(expfam_step, "correlated_release", spy)
+    z, c, draws = 0.7, 4.0, 600
+    y = np.random.default_rng(4).normal(1.0, 2.0, 200)
+    with pm.Model():
+        pm.Normal("y", pm.Normal("mu", 0, 5), pm.HalfNormal("s", 2), observed=y)
+        step = DPExpFamilyPenalty(
+            noise_multiplier=z, stat_clip_bound=c, draws=draws, tune=0, chains=1,
+            noise=CorrelatedNoise(refreshes=30),
+        )  # fmt: skip
+        pm.sample(
+            draws=draws, tune=0, chains=1, cores=1, step=step, random_seed=2, progressbar=False,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    z0, r = correlated_noise_schedule(z, draws, 30)
+    sigma = z0 * 2.0 * c
+    u = []
+    for previous, s, start, out in calls:
+        if previous is None:
+            u.append((out - s) / sigma - start)
+        else:
+            u.append((out - r * previous - (1 - r) * s) / (sigma * np.sqrt(1 - r * r)))
+    assert sum(p is None for p, *_ in calls) == 1 and len(calls) >= draws - 1
+    assert_standard_normal(np.concatenate(u), "correlated exponential-family statistic")
+
+
 # -- the penalty tests and DP-HMC's gradients ------------------------------------------------------
 def _spy_penalty_tests(monkeypatch, module) -> list:
     """Record every penalty test ``module`` makes, with the pair of points its ratio sum was

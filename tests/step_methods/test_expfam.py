@@ -598,3 +598,222 @@ def test_data_bounds_centre_is_the_box_midpoint_statistic():
     )
     assert step.centre_mu > 0 and step._centre_releases == StatCentre("data_bounds").releases
     assert np.all(np.isfinite(idata.posterior["b"].values))
+
+
+# -- correlated releases (CorrelatedNoise): accounting, sensitivity, exactness
+from pymc_dp import CorrelatedNoise  # noqa: E402
+from pymc_dp.kernels.expfam import (  # noqa: E402
+    correlated_log_acceptance,
+    correlated_noise_schedule,
+    correlated_release,
+)
+
+
+@pytest.mark.parametrize(
+    ("z", "iterations", "refreshes"), [(82.3, 5500, 20), (0.5, 100, 20), (10.0, 7, 50), (1, 1, 3)]
+)
+def test_correlated_schedule_spends_what_the_penalty_test_spends(z, iterations, refreshes):
+    """One first release (mu_0 = 1 / (2 z0^2)) and one release per planned iteration
+    (mu_t = mu_0 (1 - r) / (1 + r)) compose to the penalty test's iterations / (2 z^2)."""
+    z0, r = correlated_noise_schedule(z, iterations, refreshes)
+    assert 0.0 <= r < 1.0
+    mu0 = 1.0 / (2.0 * z0**2)
+    assert mu0 + iterations * mu0 * (1.0 - r) / (1.0 + r) == pytest.approx(
+        iterations / (2.0 * z**2), rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("r", [0.0, 0.5, 0.993])
+def test_correlated_release_sensitivity_is_1_minus_r_times_2b_by_brute_force(r):
+    """Given the previous release (public) and the same noise draw, replacing one record by
+    adversarial values moves the next release by at most (1 - r) 2b, and a pair of neighbours
+    attains it; its noise given the previous release has std sigma sqrt(1 - r^2). So each
+    release is a Gaussian mechanism with mu = ((1 - r) 2b)^2 / (2 sigma^2 (1 - r^2)) =
+    mu_0 (1 - r) / (1 + r), the charge of `correlated_noise_schedule`."""
+    rng = np.random.default_rng(12)
+    X = rng.uniform(-1, 1, size=(50, 2))
+    T = normal_linear_stats(rng.normal(size=50), X)
+    d = T.shape[1]
+    c = T.mean(0) + 0.1 * rng.normal(size=d)
+    W = rng.normal(size=(d, d)) + 3 * np.eye(d)
+    b, sigma = 1.5, 7.0
+    previous = rng.normal(size=d) * 30.0  # any public previous release
+    base = correlated_release(previous, centred_clip_sum(T, c, b, W)[0], r, sigma, _rng(7))
+    cands = [np.zeros(d), c, c + 1e6 * np.eye(d)[0], c - 1e6 * np.eye(d)[0]]
+    for sgn in (1.0, -1.0):
+        for mag in (1e-3, 1.0, 1e3, 1e8):
+            cands += [sgn * mag * np.ones(d), sgn * mag * rng.normal(size=d)]
+    worst = 0.0
+    for i in (0, 31, 49):
+        for v in cands:
+            T2 = T.copy()
+            T2[i] = v
+            s2 = centred_clip_sum(T2, c, b, W)[0]
+            worst = max(
+                worst, np.linalg.norm(correlated_release(previous, s2, r, sigma, _rng(7)) - base)
+            )
+    u = np.linalg.solve(W, np.eye(d)[0])
+    Tp, Tm = T.copy(), T.copy()
+    Tp[0], Tm[0] = c + 1e6 * u, c - 1e6 * u
+    gap = np.linalg.norm(
+        correlated_release(previous, centred_clip_sum(Tp, c, b, W)[0], r, sigma, _rng(3))
+        - correlated_release(previous, centred_clip_sum(Tm, c, b, W)[0], r, sigma, _rng(3))
+    )
+    assert worst <= (1 - r) * 2 * b * (1 + 1e-9) + 1e-9
+    assert gap == pytest.approx((1 - r) * 2 * b, rel=1e-6)
+    # the noise given the previous release: N(0, sigma^2 (1 - r^2) I)
+    S = centred_clip_sum(T, c, b, W)[0]
+    gen = _rng(5)
+    res = np.array([correlated_release(previous, S, r, sigma, gen) for _ in range(2000)])
+    res = (res - r * previous - (1 - r) * S) / (sigma * np.sqrt(1 - r * r))
+    m = res.size
+    assert abs(res.mean()) < 5 / np.sqrt(m)
+    assert abs(res.var() - 1) < 5 * np.sqrt(2 / m)
+    mu = ((1 - r) * 2 * b) ** 2 / (2 * sigma**2 * (1 - r * r))
+    assert mu == pytest.approx((2 * b) ** 2 / (2 * sigma**2) * (1 - r) / (1 + r), rel=1e-12)
+
+
+def _rng(seed):
+    return np.random.default_rng(seed)
+
+
+def test_correlated_log_acceptance_is_the_estimators_log_ratio():
+    """exp(psi . Y - sigma^2 |psi|^2 / 2) with Y = S + sigma u is unbiased for exp(psi . S)
+    over u ~ N(0, I) (the pseudo-marginal estimator); the ratio is the difference of logs."""
+    rng = _rng(13)
+    S, psi, psi2 = rng.normal(size=4), 0.1 * rng.normal(size=4), 0.1 * rng.normal(size=4)
+    sigma = 2.0
+    Y, Y2 = S + sigma * rng.normal(size=4), S + sigma * rng.normal(size=4)
+    want = (psi2 @ Y2 - sigma**2 * psi2 @ psi2 / 2) - (psi @ Y - sigma**2 * psi @ psi / 2) + 0.3
+    assert correlated_log_acceptance(psi2, psi, Y2, Y, 0.3, sigma) == pytest.approx(want)
+    u = rng.normal(size=(400_000, 4))
+    est = np.exp((S + sigma * u) @ psi - sigma**2 * psi @ psi / 2)
+    assert est.mean() == pytest.approx(np.exp(psi @ S), abs=5 * est.std() / np.sqrt(len(u)))
+
+
+def _run_correlated_nig(*, correction=True, seed=4):
+    X, y = _nig_problem()
+    c = np.round(normal_linear_stats(y, X).mean(0), 1)
+    draws, tune = 8000, 1000
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(
+            noise_multiplier=0.3, centre=StatCentre(c, clip=50.0), draws=draws, tune=tune,
+            chains=2, noise=CorrelatedNoise(refreshes=100),
+        )  # fmt: skip
+        step._variance_correction = correction
+        idata = pm.sample(
+            draws=draws, tune=tune, chains=2, step=step, random_seed=seed, progressbar=False,
+            cores=1, compute_convergence_checks=False,
+        )  # fmt: skip
+    post = np.column_stack(
+        [idata.posterior["b"].values.reshape(-1, 3), idata.posterior["s2"].values.reshape(-1)]
+    )
+    ess = np.r_[
+        az.ess(idata, var_names=["b"])["b"].values, float(az.ess(idata, var_names=["s2"])["s2"])
+    ]
+    tm, ts = _nig_posterior(X, y, 4.0, 3.0, 2.0)
+    return step, idata, post, ess, tm, ts
+
+
+@pytest.mark.slow
+def test_correlated_noise_is_exact_against_the_closed_form():
+    """Normal-Inverse-Gamma regression, public centre, clip above every deviation: with the
+    correlated releases the draws match the closed-form posterior (MCSE from the ESS)."""
+    step, idata, post, ess, tm, ts = _run_correlated_nig()
+    # the noise is not negligible: the noise move's log ratio psi . (Y' - Y) has std
+    # sigma sqrt(1 - r^2) |psi| (psi = W^-T (eta - eta_0)) of the order of 1
+    assert float(np.median(idata.sample_stats["noise_std"].values[:, 1:])) > 0.5
+    mcse = ts / np.sqrt(ess)
+    np.testing.assert_array_less(np.abs(post.mean(0) - tm), 4 * mcse)
+    np.testing.assert_array_less(np.abs(post.std(0) / ts - 1), 5 / np.sqrt(2 * ess))
+
+
+@pytest.mark.slow
+def test_correlated_noise_without_the_normalisation_is_detectably_wrong():
+    """Power check: the same chain without the estimator's -sigma^2 |psi|^2 / 2 (then
+    exp(psi . Y) is not unbiased for exp(psi . S)) is off by many MCSEs."""
+    _, _, post, ess, tm, ts = _run_correlated_nig(correction=False)
+    err = np.abs(post.mean(0) - tm) / (ts / np.sqrt(ess))
+    sd_err = np.abs(post.std(0) / ts - 1) * np.sqrt(2 * ess)
+    assert max(err.max(), sd_err.max()) > 10
+
+
+def test_correlated_noise_charges_one_release_plus_one_per_iteration():
+    """The releases a run made (released_mu) are one first release per chain and one per
+    iteration after the start, never above the calibrated total the draws carry (dp_mu)."""
+    X, y = _nig_problem(n=200)
+    c = np.round(normal_linear_stats(y, X).mean(0), 1)
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(
+            noise_multiplier=2.0, centre=StatCentre(c, clip=50.0), draws=60, tune=20,
+            chains=2, noise=CorrelatedNoise(refreshes=5),
+        )  # fmt: skip
+        idata = pm.sample(
+            draws=60, tune=20, chains=2, step=step, random_seed=1, progressbar=False, cores=1,
+            compute_convergence_checks=False,
+        )  # fmt: skip
+    # K is lowered from 5 when the predicted noise move is too noisy (noise_target); the
+    # charge does not depend on K
+    assert 1.0 <= step.refreshes <= 5.0
+    z0, r = correlated_noise_schedule(2.0, 80, step.refreshes)
+    assert (z0, r) == (step._corr_z0, step._corr_r)
+    mu0 = 1 / (2 * z0**2)
+    tests = 2 * (80 - 1)  # the first iteration of a chain is its start draw (no release)
+    assert step.released_mu() == pytest.approx(2 * mu0 + tests * mu0 * (1 - r) / (1 + r))
+    charged = float(idata.sample_stats["dp_mu"].sum()) + 2 * 20 / (2 * 2.0**2)  # + warmup
+    assert charged == pytest.approx(2 * 80 / (2 * 2.0**2))
+    assert step.released_mu() <= charged
+
+
+def test_correlated_noise_arguments_are_checked():
+    with pytest.raises(ValueError, match="refreshes"):
+        CorrelatedNoise(refreshes=0)
+    with pytest.raises(ValueError, match="theta_steps"):
+        CorrelatedNoise(theta_steps=0)
+    X, y = _nig_problem(n=50)
+    with pm.Model():
+        _nig_model(X, y)
+        with pytest.raises(ValueError, match="noise must be"):
+            DPExpFamilyPenalty(
+                noise_multiplier=1.0, data_bounds={"X": (-1, 1), "y": (-4, 4)}, noise="x"
+            )
+        with pytest.raises(ValueError, match="planned iterations"):
+            DPExpFamilyPenalty(
+                noise_multiplier=1.0, data_bounds={"X": (-1, 1), "y": (-4, 4)},
+                noise=CorrelatedNoise(),
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize(("z", "target"), [(2.0, 0.7), (0.05, 0.7), (2.0, None)])
+def test_correlated_refreshes_are_lowered_to_the_noise_target(z, target):
+    """K is lowered from `refreshes` (data-free, given the releases) while the predicted std
+    of the noise move's log ratio exceeds noise_target; the schedule in use is that K's."""
+    X, y = _nig_problem(n=200)
+    c = np.round(normal_linear_stats(y, X).mean(0), 1)
+    with pm.Model():
+        _nig_model(X, y)
+        step = DPExpFamilyPenalty(
+            noise_multiplier=z, centre=StatCentre(c, clip=50.0), draws=400, tune=100,
+            chains=1, noise=CorrelatedNoise(refreshes=40, noise_target=target),
+        )  # fmt: skip
+    z0, r = correlated_noise_schedule(z, 500, step.refreshes)
+    assert (z0, r) == (step._corr_z0, step._corr_r)
+    if target is None:
+        assert step.refreshes == 40
+        return
+    m, L = step._laplace
+    gen = np.random.default_rng(1)
+    eta_m = step._expfam.natural(m)[0]
+    psi = np.sqrt(
+        np.mean([np.sum((step._expfam.natural(m + L @ gen.normal(size=m.size))[0] - eta_m) ** 2)
+                 for _ in range(400)])
+    )  # fmt: skip
+    pred = step.correlated_noise_std * np.sqrt(1 - r * r) * psi
+    if step.refreshes < 40:  # lowered: the predicted noise is near the target or K = 1
+        assert pred < 1.5 * target or step.refreshes == 1.0
+    else:
+        assert pred < 1.5 * target
+    if z == 2.0:
+        assert step.refreshes < 40  # this much noise needs fewer renewals
