@@ -427,6 +427,14 @@ class _Coordinates:
             return g
         return self.rp.gradient_map(q) @ (g - self.rp.grad_log_det_jacobian(q))
 
+    def prior_logp_and_grad(self, y: np.ndarray) -> tuple[float, np.ndarray]:
+        """The log prior density of ``y`` (prior of ``q`` over ``|J|``) and its gradient."""
+        q = self.to_q(y)
+        lp = float(self.fns.prior_logp_and_grad(q)[0])
+        if self.rp is not None:
+            lp -= float(self.rp.log_det_jacobian(q))
+        return lp, self.prior_grad(y)
+
     def prior_curvature(self, y: np.ndarray) -> np.ndarray:
         """Minus the Hessian of the log prior of ``y``, the recentred blocks' part replaced
         by its expectation (`Recentring.curvature_correction`)."""
@@ -654,8 +662,9 @@ def auto_configure(
         newton_steps=newton_steps,
         rng=rng,
         clip_bound_at=derived.gradient_bound if grad_derived else None,
-        hist_threshold_sds=bonferroni_sds(grid.size + 1) if one_shot else 3.0,
+        hist_threshold_sds=bonferroni_sds(grid.size + 1),
         anchor_extend_sds=ONESHOT_EXTEND_SDS if one_shot else None,
+        prior_logp_and_grad=coords.prior_logp_and_grad,
     )
     cov = info.cov
     chol = np.linalg.cholesky(cov)

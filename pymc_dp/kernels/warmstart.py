@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.optimize
 
 __all__ = [
     "HISTOGRAM_SENSITIVITY",
@@ -286,6 +287,46 @@ def prior_curvature_fd(prior_grad: Callable[[np.ndarray], np.ndarray], x: np.nda
     return 0.5 * (m + m.T)
 
 
+def conditional_prior_mode(
+    q: np.ndarray,
+    free: np.ndarray,
+    prior_logp_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]],
+) -> np.ndarray:
+    """``q`` with its ``free`` coordinates moved to the mode of the log prior given the others
+    (data-free: the likelihood does not read them, so their conditional posterior is their
+    conditional prior, and at the joint mode they sit at this conditional mode).
+
+    A Newton step with a fixed curvature can overshoot there by far: a recentred hierarchy's
+    ``log scale`` given group effects that one noisy step has spread (measured: the Poisson
+    GLMM of `bench_auto` at epsilon 3, ``log sd`` from -1.5 to 7.3 in one step, the warm
+    start never came back and the result was flagged and uselessly wide). BFGS from the
+    current values; ``q`` is returned unchanged where it does not improve the log prior.
+    """
+    q = np.asarray(q, dtype=float)
+    idx = np.flatnonzero(free)
+
+    def objective(x: np.ndarray) -> tuple[float, np.ndarray]:
+        full = q.copy()
+        full[idx] = x
+        lp, g = prior_logp_and_grad(full)
+        g = np.asarray(g, dtype=float)[idx]
+        if not (np.isfinite(lp) and np.all(np.isfinite(g))):
+            return np.inf, np.zeros_like(x)
+        return -float(lp), -g
+
+    start, _ = objective(q[idx])
+    if not np.isfinite(start):
+        return q
+    res = scipy.optimize.minimize(
+        objective, q[idx], jac=True, method="BFGS", options={"gtol": 1e-8, "maxiter": 200}
+    )
+    if not (np.all(np.isfinite(res.x)) and res.fun < start):
+        return q
+    out = q.copy()
+    out[idx] = res.x
+    return out
+
+
 def private_laplace(
     *,
     q0: np.ndarray,
@@ -310,6 +351,7 @@ def private_laplace(
     centred: bool = True,
     hist_threshold_sds: float = 3.0,
     anchor_extend_sds: float | None = None,
+    prior_logp_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]] | None = None,
 ) -> LaplaceInfo:
     """A DP Laplace approximation ``N(mean, cov)`` of the posterior by private Fisher scoring.
 
@@ -414,6 +456,11 @@ def private_laplace(
     anchor_extend_sds : float, optional
         The anchor bound (``anchor_bound``) then moves up past the bins next to it that
         hold at least this many noise sds (``extend_sds`` of `histogram_quantile`).
+
+    prior_logp_and_grad : callable, optional
+        ``q -> (log prior, its gradient)`` (data-free). Given, after each step the
+        coordinates the likelihood does not read (``likelihood_free``) are moved to their
+        conditional mode given the others (`conditional_prior_mode`): post-processing.
 
     Returns
     -------
@@ -551,6 +598,8 @@ def private_laplace(
             break
         prev = {"q": q.copy(), "g": g, "curv": curv, "centre": centre}
         q = q + step
+        if prior_logp_and_grad is not None and not data.all():
+            q = conditional_prior_mode(q, ~data, prior_logp_and_grad)
         info.path.append(q.copy())
         # the next iteration's whitening: the data block of this precision (a DP output)
         basis = curv.next_basis()
