@@ -324,7 +324,9 @@ class _SortChunk:
         order = np.argsort(idx[0], kind="stable")
         counts = np.bincount(idx[0], minlength=self.groups[0])
         offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        others = [np.ascontiguousarray(i[order]) for i, s in zip(idx, self.segment) if not s]
+        others = [
+            np.ascontiguousarray(i[order]) for i, s in zip(idx, self.segment, strict=True) if not s
+        ]
         cols = [np.ascontiguousarray(np.asarray(chunk[c]).ravel()[order]) for c in self.cols]
         return [offs, *others, *cols]
 
@@ -412,10 +414,11 @@ def build_sorted_route(graphs: RecordGraphs, compile_kwargs: dict | None = None)
 
     # Gathers with the index of the first (equal index graphs) are constant over a run.
     idx_graphs = [n.inputs[1] for n in gathers]
-    segment = tuple(
-        k == 0 or equal_computations([idx_graphs[k]], [idx_graphs[0]]) for k in range(len(gathers))
-    )
     groups = tuple(int(p.size) for p in pos_g)
+    segment = tuple(
+        k == 0 or (groups[k] == groups[0] and equal_computations([idx_graphs[k]], [idx_graphs[0]]))
+        for k in range(len(gathers))
+    )
     layout = _Layout(
         d=d,
         pieces=tuple(int(p.ravel()[0]) for p in pos_p),
