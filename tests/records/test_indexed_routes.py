@@ -6,7 +6,8 @@ matrix-valued group parameter, the same source read through two indices) takes t
 route (issue 28) where it applies and the indexed route otherwise, and each is held, with
 the sorted route tried and without it, to the clipped sums and counts of a loop over the
 records one at a time, keeping the gathers vectorised (no ``Blockwise`` in the compiled
-function): with non-finite records and with chunking. The GLM and generic routes are held to the same reference.
+function): with non-finite records and with chunking. The GLM and generic routes are held
+to the same reference.
 """
 
 from __future__ import annotations
