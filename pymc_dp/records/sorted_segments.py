@@ -205,7 +205,7 @@ def _driver_source(layout: _Layout, n_out: int) -> str:
         *[f"        q{k} = i{k}[lo:hi]" for k in other],
         "        for i in range(hi - lo):",
         *[f"            v{k} = s{k}[q{k}[i]]" for k in other],
-        f"            {', '.join(e)}{',' if n_out == 1 else ''} = f({', '.join(call_args)})",
+        f"            {', '.join(e)} = f({', '.join(call_args)})",  # one output: a scalar
         f"            sq = {' + '.join(f'{x} * {x}' for x in e)}",
     ]
     for k in range(len(g)):
@@ -361,7 +361,7 @@ def build_sorted_route(graphs: RecordGraphs, compile_kwargs: dict | None = None)
     clients = [n for n in io_toposort([x, *rows, *g_in], [one2]) if x in n.inputs]
     if any(gather_parts(n) is not None for n in clients):
         return None
-    if not clients or not all(isinstance(n.op, Subtensor) for n in clients):
+    if clients and not all(isinstance(n.op, Subtensor) for n in clients):
         return None
     pieces = [n.outputs[0] for n in clients]
     pos = _selections(x, d, [n.inputs[0] for n in gathers] + pieces)
