@@ -331,8 +331,26 @@ class _SortChunk:
         return [offs, *others, *cols]
 
 
-def build_sorted_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
-    """The sorted route of ``graphs`` (a `ClipRoute`), or None when it does not apply."""
+def build_sorted_route(
+    graphs: RecordGraphs, compile_kwargs: dict | None = None
+) -> ClipRoute | None:
+    """The sorted route of ``graphs``, or None when it does not apply (data-free).
+
+    Parameters
+    ----------
+    graphs : RecordGraphs
+        The per-record graphs of the step.
+    compile_kwargs : dict, optional
+        The user's compile options (a ``mode`` here compiles the parameter transform and the
+        packing in that mode; the loop nest is Numba in every mode).
+
+    Returns
+    -------
+    ClipRoute or None
+        ``fast(q, b, offs, *other_indices, *columns, *chunk)`` (``masked`` is the same
+        function: a non-finite record contributes 0 and counts as clipped inside the loop)
+        and ``prepare(*chunk)`` giving the sorted arrays (`_SortChunk`).
+    """
     if importlib.util.find_spec("numba") is None:
         return None
     from pymc_dp.records.segment import _selections
