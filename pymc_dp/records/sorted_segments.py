@@ -31,13 +31,14 @@ It applies when every gathered source is a vector of one entry per group (a cont
 selection of ``q``), every data array the gradient reads has one number per record, every
 shared parameter block the record reads is a single entry, and the per-record gradient is
 elementwise in those (no dot product over a record's covariates: the Poisson GLM with a
-random intercept keeps the indexed route). The records are sorted by the index of the
-first gather; every gather with the same index expression (``a[g] + b[g] x``) is
-constant over a run; a gather with another index (crossed ``a[g] + c[h]``, nested
-``c[state_of[g]]``) keeps its indexed load and store inside the loop (correct, not
-vectorised). Indices follow numpy semantics (``-1`` is the last group); an index out of
-range is an error, as in the other routes. Like every faster route, it is verified
-against the generic route on data-free stand-in records before it is used.
+random intercept keeps the indexed route). The records are sorted by the indices of all
+gathers, lexicographically (the first gather's first): every gather's index is constant
+over each run of records, so that crossed ``a[g] + c[h]`` runs over the ``(g, h)`` cells
+and nested ``a[g] + c[state_of[g]]`` over the groups ``g``, each with its values hoisted and
+its sums added once per run (many small cells make short runs, and the per-run work then
+weighs). Indices follow numpy semantics (``-1`` is the last group); an index out of range
+is an error, as in the other routes. Like every faster route, it is verified against the
+generic route on data-free stand-in records before it is used.
 
 Floating point: the sums are the same clipped sums in another summation order (per group,
 then across groups, with reassociation allowed): they differ from the indexed route's in
@@ -56,7 +57,7 @@ import numpy as np
 import pytensor
 import pytensor.scalar as ps
 import pytensor.tensor as pt
-from pytensor.graph.basic import Apply, Constant, equal_computations
+from pytensor.graph.basic import Apply, Constant
 from pytensor.graph.op import Op
 from pytensor.graph.replace import clone_replace, vectorize_graph
 from pytensor.graph.rewriting.utils import rewrite_graph
@@ -162,8 +163,8 @@ class _Layout:
     """The structure of one sorted route (hashable; part of the op's identity).
 
     ``pieces``: output position of every shared entry; ``gathers``: per gather
-    ``(segment, pos0, groups, source_id)`` (``segment``: its index is the sort index, so its
-    value is constant over a run); ``n_hoisted``, ``n_cols``: scalar inputs of the
+    ``(pos0, groups, source_id)`` (its block is ``pos0 .. pos0 + groups - 1``; gathers of
+    the same source share a ``source_id``); ``n_hoisted``, ``n_cols``: scalar inputs of the
     per-record function besides the gathered values; ``d``: length of the gradient.
     """
 
@@ -175,17 +176,22 @@ class _Layout:
 
 
 def _driver_source(layout: _Layout, n_out: int) -> str:
-    """Python source of the loop nest (compiled with Numba)."""
+    """Python source of the loop nest (compiled with Numba).
+
+    Over each run ``j`` of records (``offs[j] .. offs[j + 1] - 1``) every gather's index is
+    constant (``ri{k}[j]``): its value is loaded once, its clipped gradient accumulated in a
+    scalar and added to its group's entry after the run.
+    """
     g = layout.gathers
-    other = [k for k, (seg, *_r) in enumerate(g) if not seg]
-    args = ["hv", *[f"s{k}" for k in range(len(g))], "offs", *[f"i{k}" for k in other]]
+    K = len(g)
+    args = ["hv", *[f"s{k}" for k in range(K)], "offs", *[f"ri{k}" for k in range(K)]]
     args += [f"c{k}" for k in range(layout.n_cols)]
     P = len(layout.pieces)
     e = [f"e{k}" for k in range(n_out)]
-    ind = {k: ("j" if g[k][0] else f"q{k}[i]") for k in range(len(g))}
-    call_args = [f"v{k}" for k in range(len(g))]
+    call_args = [f"v{k}" for k in range(K)]
     call_args += [f"hv[{1 + k}]" for k in range(layout.n_hoisted)]
     call_args += [f"r{k}[i]" for k in range(layout.n_cols)]
+    same = [(k, m) for k in range(K) for m in range(k) if g[k][2] == g[m][2]]
     lines = [
         f"def sorted_segment_sum({', '.join(args)}):",
         "    b = hv[0]",
@@ -194,26 +200,21 @@ def _driver_source(layout: _Layout, n_out: int) -> str:
         *[f"    t{k} = 0.0" for k in range(P)],
         "    cnt = 0.0",
         "    for j in range(offs.shape[0] - 1):",
-        *[f"        v{k} = s{k}[j]" for k in range(len(g)) if g[k][0]],
-        *[f"        a{k} = 0.0" for k in range(len(g)) if g[k][0]],
+        *[f"        j{k} = ri{k}[j]" for k in range(K)],
+        *[f"        v{k} = s{k}[j{k}]" for k in range(K)],
+        *[f"        a{k} = 0.0" for k in range(K)],
+        # two gathers of the same source: their entries coincide where their indices do
+        *[f"        same{k}_{m} = 2.0 if j{k} == j{m} else 0.0" for k, m in same],
         "        lo = offs[j]",
         "        hi = offs[j + 1]",
         # views of the run, indexed from 0 (a loop counter known to be non-negative: no
         # wraparound of negative indices in the loads, which would keep LLVM from
         # vectorising)
         *[f"        r{k} = c{k}[lo:hi]" for k in range(layout.n_cols)],
-        *[f"        q{k} = i{k}[lo:hi]" for k in other],
         "        for i in range(hi - lo):",
-        *[f"            v{k} = s{k}[q{k}[i]]" for k in other],
-        f"            {', '.join(e)} = f({', '.join(call_args)})",  # one output: a scalar
+        f"            {', '.join(e)} = f({', '.join(call_args)})  # one output: a scalar",
         f"            sq = {' + '.join(f'{x} * {x}' for x in e)}",
-    ]
-    for k in range(len(g)):
-        for m in range(k):
-            if g[k][3] == g[m][3]:  # the same source: their entries coincide where indices do
-                same = "1.0" if g[k][0] and g[m][0] else f"({ind[k]} == {ind[m]})"
-                lines.append(f"            sq += 2.0 * e{P + k} * e{P + m} * {same}")
-    lines += [
+        *[f"            sq += same{k}_{m} * e{P + k} * e{P + m}" for k, m in same],
         "            fin = sq <= HUGE",
         "            w = min(1.0, b / np.sqrt(max(sq, 1e-300)))",
         "            w = w if fin else 0.0",
@@ -221,17 +222,13 @@ def _driver_source(layout: _Layout, n_out: int) -> str:
         # ``w * (e if fin else 0)``, not ``w * e if fin else 0``: LLVM folds the latter into
         # a conditional reduction, which it does not vectorise
         *[f"            t{k} += w * (e{k} if fin else 0.0)" for k in range(P)],
+        *[f"            a{k} += w * (e{P + k} if fin else 0.0)" for k in range(K)],
+        *[f"        out[{pos0} + j{k}] += a{k}" for k, (pos0, _gr, _sid) in enumerate(g)],
+        *[f"    out[{p}] += t{k}" for k, p in enumerate(layout.pieces)],
+        f"    out[{layout.d}] = cnt",
+        "    return out",
+        "",
     ]
-    for k, (seg, pos0, _groups, _src) in enumerate(g):
-        if seg:
-            lines.append(f"            a{k} += w * (e{P + k} if fin else 0.0)")
-        else:
-            lines.append(f"            out[{pos0} + q{k}[i]] += w * (e{P + k} if fin else 0.0)")
-    for k, (seg, pos0, _groups, _src) in enumerate(g):
-        if seg:
-            lines.append(f"        out[{pos0} + j] += a{k}")
-    lines += [f"    out[{p}] += t{k}" for k, p in enumerate(layout.pieces)]
-    lines += [f"    out[{layout.d}] = cnt", "    return out", ""]
     return "\n".join(lines)
 
 
@@ -302,17 +299,18 @@ if importlib.util.find_spec("numba") is not None:
 # -- the per-chunk sort (data-only arrays, kept where the chunk lives) --------------------------
 @dataclass
 class _SortChunk:
-    """``prepare(*chunk)`` of the sorted route: ``[offs, *other indices, *columns]``.
+    """``prepare(*chunk)`` of the sorted route: ``[offs, *run_indices, *columns]``.
 
-    The records are permuted by the sort index (stable); ``offs`` are the run boundaries
-    (``groups + 1``); each other gather's index and each data column the gradient reads
-    are permuted alike. Indices follow numpy semantics (``-J <= idx < J``); one out of
-    range raises ``IndexError`` (as the gather of the other routes does).
+    The records are sorted (stably) by the indices of all gathers, lexicographically, the
+    first gather's index first, so that every gather's index is constant over each run of
+    records; ``offs`` are the run boundaries, ``run_indices[k][j]`` gather ``k``'s index on
+    run ``j``, and each data column the gradient reads is permuted alike. Indices follow
+    numpy semantics (``-J <= idx < J``); one out of range raises ``IndexError`` (as the
+    gather of the other routes does).
     """
 
     f_idx: Any
     groups: tuple
-    segment: tuple
     cols: tuple
 
     def __call__(self, *chunk):
@@ -321,14 +319,18 @@ class _SortChunk:
             if i.size and (int(i.min()) < -groups or int(i.max()) >= groups):
                 raise IndexError("a group index of the records is out of range")
             idx[k] = np.where(i < 0, i + groups, i)
-        order = np.argsort(idx[0], kind="stable")
-        counts = np.bincount(idx[0], minlength=self.groups[0])
-        offs = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        others = [
-            np.ascontiguousarray(i[order]) for i, s in zip(idx, self.segment, strict=True) if not s
-        ]
+        order = np.lexsort(idx[::-1]) if len(idx) > 1 else np.argsort(idx[0], kind="stable")
+        idx = [i[order] for i in idx]
+        m = idx[0].size
+        start = np.zeros(m, dtype=bool)
+        start[:1] = True
+        for i in idx:
+            start[1:] |= i[1:] != i[:-1]
+        first = np.flatnonzero(start)
+        offs = np.append(first, m).astype(np.int64)
+        runs = [np.ascontiguousarray(i[first]) for i in idx]
         cols = [np.ascontiguousarray(np.asarray(chunk[c]).ravel()[order]) for c in self.cols]
-        return [offs, *others, *cols]
+        return [offs, *runs, *cols]
 
 
 def build_sorted_route(
@@ -347,7 +349,7 @@ def build_sorted_route(
     Returns
     -------
     ClipRoute or None
-        ``fast(q, b, offs, *other_indices, *columns, *chunk)`` (``masked`` is the same
+        ``fast(q, b, offs, *run_indices, *columns, *chunk)`` (``masked`` is the same
         function: a non-finite record contributes 0 and counts as clipped inside the loop)
         and ``prepare(*chunk)`` giving the sorted arrays (`_SortChunk`).
     """
@@ -430,19 +432,12 @@ def build_sorted_route(
     ]
     composite = ps.Composite(ins, outs)
 
-    # Gathers with the index of the first (equal index graphs) are constant over a run.
-    idx_graphs = [n.inputs[1] for n in gathers]
     groups = tuple(int(p.size) for p in pos_g)
-    segment = tuple(
-        k == 0 or (groups[k] == groups[0] and equal_computations([idx_graphs[k]], [idx_graphs[0]]))
-        for k in range(len(gathers))
-    )
     layout = _Layout(
         d=d,
         pieces=tuple(int(p.ravel()[0]) for p in pos_p),
         gathers=tuple(
-            (bool(s), int(p[0]), gr, int(sid))
-            for s, p, gr, sid in zip(segment, pos_g, groups, source_ids, strict=True)
+            (int(p[0]), gr, int(sid)) for p, gr, sid in zip(pos_g, groups, source_ids, strict=True)
         ),
         n_hoisted=len(scal.hoisted),
         n_cols=len(used_rows),
@@ -453,20 +448,18 @@ def build_sorted_route(
     bound = pt.dscalar("grad_clip_bound")
     hv = pt.stack([bound, *[pt.reshape(v, ()) for v, _ in scal.hoisted]])
     offs = pt.vector("offs", dtype="int64")
-    other_idx = [pt.vector(f"idx{k}", dtype="int64") for k, s in enumerate(segment) if not s]
+    run_idx = [pt.vector(f"run_idx{k}", dtype="int64") for k in range(len(gathers))]
     cols = [pt.vector(f"col{k}", dtype=r.type.dtype) for k, r in enumerate(used_rows)]
     srcs = [n.inputs[0] for n in gathers]
-    res = op(hv, *srcs, offs, *other_idx, *cols)
+    res = op(hv, *srcs, offs, *run_idx, *cols)
     total, count = res[:d], pt.cast(res[d], "int64")
     ck = dict(compile_kwargs or {})
     kw = {"on_unused_input": "ignore", "kind": "route"}
-    fast = compile_function([x, bound, offs, *other_idx, *cols, *batch], [total, count], ck, **kw)
+    fast = compile_function([x, bound, offs, *run_idx, *cols, *batch], [total, count], ck, **kw)
     # The data-only per-chunk arrays: the indices of every gather (vectorised over the
     # records), the sort, the permuted columns.
     to_batch = dict(zip(rows, batch, strict=True))
-    v_idx = unbatch_gathers(vectorize_graph(idx_graphs, to_batch))
+    v_idx = unbatch_gathers(vectorize_graph([n.inputs[1] for n in gathers], to_batch))
     f_idx = compile_function(list(batch), [pt.flatten(i, ndim=1) for i in v_idx], ck, **kw)
-    prepare = _SortChunk(
-        f_idx=f_idx, groups=groups, segment=segment, cols=tuple(rows.index(r) for r in used_rows)
-    )
+    prepare = _SortChunk(f_idx=f_idx, groups=groups, cols=tuple(rows.index(r) for r in used_rows))
     return ClipRoute(name="sorted", fast=fast, masked=fast, prepare=prepare)

@@ -4,8 +4,8 @@ Held to a loop over the records one at a time (each record's gradient clipped al
 every index pattern it serves, with the records in group order and shuffled (the clipped
 sum does not depend on the order; only the summation order changes, so the two agree to
 rounding), with non-finite records, with chunking, in another PyTensor mode, and to the
-indexed route it replaces. The structure of the loop (which gathers are constant over a
-run of the sort index) is checked per pattern.
+indexed route it replaces. The runs of the loop (one per cell of the gathers' indices)
+are checked per pattern.
 """
 
 from __future__ import annotations
@@ -73,16 +73,15 @@ def _model(pattern: str, D: dict) -> pm.Model:
     return m
 
 
-#: Per pattern: whether each gather (in graph order) is constant over a run of the sort
-#: index (the first gather's index) or keeps its own index inside the loop.
-RUNS = {
-    "intercepts": (True,),
-    "slopes": (True, True),
-    "crossed": (True, False),
-    "nested": (True, False),
-    "noncentred": (True,),
-    "same_source": (True, False),
-    "negative_index": (True, False),
+#: Per pattern: the gathers of the likelihood (the records are sorted by all their indices).
+GATHERS = {
+    "intercepts": 1,
+    "slopes": 2,
+    "crossed": 2,
+    "nested": 2,
+    "noncentred": 1,
+    "same_source": 2,
+    "negative_index": 2,
 }
 
 
@@ -114,19 +113,22 @@ def _assert_same(a, b):
     np.testing.assert_allclose(a[0], b[0], rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("pattern", list(RUNS))
+@pytest.mark.parametrize("pattern", list(GATHERS))
 def test_sorted_route_matches_a_per_record_loop_in_both_orders(pattern):
     got = {}
     for order in ("sorted", "shuffled"):
         fns, q = _fns(_model(pattern, _data(order=order)))
         assert fns.clipped_grad_sum(q, 1.0) is not None
         assert fns.gradient_route == "sorted"
+        route = fns._c.grad_clipped["route"]
         (op,) = [
-            n.op
-            for n in fns._c.grad_clipped["route"].fast.maker.fgraph.toposort()
-            if isinstance(n.op, SortedSegmentSum)
+            n.op for n in route.fast.maker.fgraph.toposort() if isinstance(n.op, SortedSegmentSum)
         ]
-        assert tuple(gather[0] for gather in op.layout.gathers) == RUNS[pattern]
+        assert len(op.layout.gathers) == GATHERS[pattern]
+        # every run is one cell of the gathers' indices, and no cell is split over two runs
+        offs, *runs = route.prepared(list(fns._records._arrays))[: 1 + GATHERS[pattern]]
+        assert offs[0] == 0 and offs[-1] == N and np.all(np.diff(offs) > 0)
+        assert len(set(zip(*runs, strict=True))) == offs.size - 1
         for bound in (0.05, 1.0, 1e6):
             got[order, bound] = fns.clipped_grad_sum(q, bound)
             ref = _loop_reference(fns, q, bound)
