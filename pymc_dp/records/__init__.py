@@ -14,7 +14,7 @@ methods work in, as functions of one flat parameter vector ``q``:
 
 The modules follow the data flow, and raw data values enter only in the store:
 
-==================  ========================================================================
+=================== ========================================================================
 ``errors``          `ModelNotSupportedError`
 ``graph_facts``     graph facts from structure and static shapes (data nodes, ``n``, reads)
 ``guards``          what is refused and why (model support, privacy policy)
@@ -29,11 +29,14 @@ The modules follow the data flow, and raw data values enter only in the store:
                     reference of the clipped sum, the check of a route on stand-ins
 ``gathers``         ``theta[g_i]`` kept one vectorised gather (lift, un-Blockwise)
 ``segment``         the indexed route (group-indexed models: segment sums)
-``routes``          graphs -> compiled functions: generic, GLM and indexed routes (registry)
+``sorted_segments`` the sorted route (records sorted by group once per chunk, one
+                    vectorised loop per group: a generated Numba loop nest)
+``routes``          graphs -> compiled functions: generic, GLM, sorted, indexed and blocks
+                    routes (registry)
 ``store``           where records live (`InMemoryRecords`: chunks, take, map-reduce)
 ``runtime``         `RecordFunctions` (routes mapped over a store), `RecordSource`
 ``build``           orchestration: `build_record_functions`
-==================  ========================================================================
+=================== ========================================================================
 
 Per-record gradients are built without ``pytensor.gradient.jacobian`` (which needs ``n x n``
 memory or a scan over records): the likelihood graph is rewritten to the graph of a single

@@ -36,6 +36,7 @@ from pymc_dp.records.gathers import unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
 from pymc_dp.records.rewrite import lift_switches
 from pymc_dp.records.segment import build_segment_route
+from pymc_dp.records.sorted_segments import build_sorted_route
 
 __all__ = [
     "GRADIENT_ROUTES",
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 #: Faster clipped-gradient routes, tried in order after the generic one is built.
-GRADIENT_ROUTES = ("GLM fast", "indexed", "blocks")
+GRADIENT_ROUTES = ("GLM fast", "sorted", "indexed", "blocks")
 
 
 def compile_prior(graphs: RecordGraphs, compile_kwargs: dict | None = None):
@@ -109,6 +110,10 @@ def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
         (``prepare``) and cached, and the clipped sum of the block is ``M^T (w v)``: the same
         passes over the data as the gradient of the summed log-likelihood. Blocks that do not
         factorise (an intercept, a scale) are handled like the generic route.
+    ``"sorted"``
+        Group-indexed models whose per-record gradient is elementwise in one number per
+        record and per group: the records of each chunk sorted by group once, one
+        vectorised loop per group (`pymc_dp.records.sorted_segments`).
     ``"indexed"``
         Group-indexed models (``theta[g_i]``): `pymc_dp.records.segment`.
     ``"blocks"``
@@ -232,6 +237,7 @@ def build_blocks_route(graphs: RecordGraphs, compile_kwargs: dict | None = None)
 
 _BUILDERS = {
     "GLM fast": build_glm_route,
+    "sorted": build_sorted_route,
     "indexed": build_segment_route,
     "blocks": build_blocks_route,
 }

@@ -789,7 +789,8 @@ class RecordFunctions:
 
     @property
     def gradient_route(self) -> str:
-        """Route of `clipped_grad_sum`: ``"GLM fast"``, ``"indexed"``, ``"generic"`` or
+        """Route of `clipped_grad_sum`: ``"GLM fast"``, ``"sorted"``, ``"indexed"``,
+        ``"blocks"``, ``"generic"`` or
         ``"not compiled"`` (the gradient functions are compiled on first use). Structural,
         not data-dependent: a faster route is chosen on data-free stand-in records."""
         fs = self._c.grad_clipped

@@ -2,10 +2,12 @@
 
 Every index pattern a PyMC user writes (varying intercepts, slopes, crossed ``a[g] + b[h]``,
 nested ``a[g] + c[state_of[g]]``, non-centred ``mu + sd * z[g]``, indices in ``pm.Data``, a
-matrix-valued group parameter, the same source read through two indices) takes the indexed
-route, keeps the gathers vectorised (no ``Blockwise`` in the compiled function), and gives
-the clipped sums and counts of a loop over the records one at a time: with non-finite
-records and with chunking. The GLM and generic routes are held to the same reference.
+matrix-valued group parameter, the same source read through two indices) takes the sorted
+route (issue 28) where it applies and the indexed route otherwise, and each is held, with
+the sorted route tried and without it, to the clipped sums and counts of a loop over the
+records one at a time, keeping the gathers vectorised (no ``Blockwise`` in the compiled
+function): with non-finite records and with chunking. The GLM and generic routes are held
+to the same reference.
 """
 
 from __future__ import annotations
@@ -83,6 +85,19 @@ def _model(pattern: str, D: dict) -> pm.Model:
     return m
 
 
+#: Patterns the sorted route (`pymc_dp.records.sorted_segments`) serves; the others (a
+#: matrix-valued group parameter, a dot product over a record's covariates) take the
+#: indexed route whichever routes are tried.
+SORTED = (
+    "intercepts",
+    "slopes",
+    "crossed",
+    "nested",
+    "noncentred_data",
+    "same_source",
+    "negative_index",
+)
+
 PATTERNS = (
     "intercepts",
     "slopes",
@@ -94,6 +109,22 @@ PATTERNS = (
     "negative_index",
     "poisson",
 )
+
+
+@pytest.fixture(params=["sorted", "indexed"])
+def routes_tried(request, monkeypatch):
+    """Every route (the sorted route first), or every route but the sorted one (so that the
+    indexed route is held to the same reference on the patterns the sorted one serves)."""
+    from pymc_dp.records import routes
+
+    if request.param == "indexed":
+        kept = tuple(r for r in routes.GRADIENT_ROUTES if r != "sorted")
+        monkeypatch.setattr(routes, "GRADIENT_ROUTES", kept)
+    return request.param
+
+
+def _expected_route(pattern: str, routes_tried: str) -> str:
+    return "sorted" if routes_tried == "sorted" and pattern in SORTED else "indexed"
 
 
 def _fns(model, chunk_size=None):
@@ -126,13 +157,13 @@ def _assert_same(a, b):
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_indexed_route_matches_a_per_record_loop(pattern):
+def test_indexed_route_matches_a_per_record_loop(pattern, routes_tried):
     D = _data()
     model = _model(pattern, D)
     fns, q0 = _fns(model)
     q = q0 + 0.3 * np.sin(np.arange(q0.size) + 1.0)
     assert fns.clipped_grad_sum(q, 1.0) is not None
-    assert fns.gradient_route == "indexed"
+    assert fns.gradient_route == _expected_route(pattern, routes_tried)
     fast = fns._c.grad_clipped["route"].fast
     assert not [n for n in fast.maker.fgraph.toposort() if isinstance(n.op, Blockwise)]
     for bound in (0.05, 1.0, 1e6):
@@ -149,7 +180,7 @@ def test_indexed_route_matches_a_per_record_loop(pattern):
 
 
 @pytest.mark.parametrize("pattern", ["intercepts", "noncentred_data", "crossed"])
-def test_non_finite_records_contribute_zero_and_count_as_clipped(pattern):
+def test_non_finite_records_contribute_zero_and_count_as_clipped(pattern, routes_tried):
     D = _data()
     D["y"] = D["y"].copy()
     D["y"][[4, 30]] = 1e200  # (y - mu)^2 overflows: the gradient in log s is inf
@@ -158,7 +189,7 @@ def test_non_finite_records_contribute_zero_and_count_as_clipped(pattern):
     q = q0 + 0.1
     g, k = fns.clipped_grad_sum(q, 1.0)
     assert np.all(np.isfinite(g))
-    assert fns.gradient_route == "indexed"
+    assert fns.gradient_route == _expected_route(pattern, routes_tried)
     _assert_same((g, k), _loop_reference(fns, q, 1.0))
     ref_g, ref_k = _loop_reference(fns, q, 1e6)
     assert ref_k == 2  # only the two non-finite records exceed a huge bound
@@ -279,7 +310,7 @@ def test_hierarchical_dphmc_step_ships_to_spawned_workers():
     point = model.initial_point()
     for _ in range(3):
         point, _ = step.step(point)
-    assert step._fns.gradient_route == "indexed"
+    assert step._fns.gradient_route == "sorted"
     clone = cloudpickle.loads(cloudpickle.dumps(step))
     p1, p2 = dict(point), dict(point)
     for _ in range(3):

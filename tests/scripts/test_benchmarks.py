@@ -148,7 +148,7 @@ def test_bench_models_tiny():
             pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
             assert _ratio_of_printed(pkg, ref, ratio), r
         assert all("agree True" in r for r in rows if r.startswith("function"))
-    assert "route indexed" in out and "route blocks" in out
+    assert "route sorted" in out and "route indexed" in out and "route blocks" in out
 
 
 def test_bench_models_floor_tiny():
@@ -180,7 +180,7 @@ def test_bench_models_scaling_tiny():
     for r in rows:
         chunk, ms, ns, peak = r.split("|")[1].split()[-4:]
         assert _positive(ms) and _positive(ns) and float(peak) >= 0.0
-    assert "route indexed" in out and "route blocks" in out
+    assert "route sorted" in out and "route blocks" in out
 
 
 @pytest.mark.slow

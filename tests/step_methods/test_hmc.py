@@ -248,6 +248,77 @@ def test_exact_normal_mean_1d():
     )
 
 
+@pytest.mark.slow
+def test_exact_varying_intercepts_on_the_sorted_route():
+    """Issue 28: a group-indexed model takes the sorted route (records sorted by group once
+    per chunk); with clipping inactive the draws follow the closed-form posterior of every
+    group's intercept, ``y_i ~ N(a[g_i], 1)``, ``a_j ~ N(0, 10^2)`` (conjugate normal)."""
+    rng = np.random.default_rng(4)
+    groups, n = 3, 60
+    g = rng.integers(0, groups, n)
+    y = rng.normal(np.array([-1.0, 0.5, 2.0])[g], 1.0)
+    with pm.Model():
+        a = pm.Normal("a", 0.0, 10.0, shape=groups)
+        pm.Normal("y", a[g], 1.0, observed=y)
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=50.0,
+            grad_clip_bound=50.0,
+            llr_noise_multiplier=0.03,
+            grad_noise_multiplier=0.05,
+            n_leapfrog=5,
+            nonprivate_diagnostics=True,
+        )
+        assert step._fns.clipped_grad_sum(np.zeros(groups), 1.0) is not None
+        assert step._fns.gradient_route == "sorted"
+        idata = pm.sample(2500, tune=500, chains=4, cores=1, step=step, random_seed=5, **SAMPLE)
+    _check_no_clipping_and_noise_on(idata)
+    prec = np.bincount(g, minlength=groups) + 1.0 / 10.0**2
+    mean = np.bincount(g, weights=y, minlength=groups) / prec
+    draws = posterior_array(idata, "a")
+    for j in range(groups):
+        dist = stats.norm(mean[j], 1.0 / np.sqrt(prec[j]))
+        assert_matches_distribution(draws[..., j], dist, label=f"a{j}")
+
+
+def test_sorted_route_changes_dphmc_draws_by_rounding_only(monkeypatch):
+    """The sorted route and the indexed route give the same clipped sums in another
+    summation order: DPHMC's draws from the same seed agree to rounding over a short chain
+    (the mechanisms, their noise draws and their order are unchanged)."""
+    from pymc_dp.records import routes
+
+    rng = np.random.default_rng(2)
+    g, x = rng.integers(0, 4, 200), rng.uniform(-1, 1, 200)
+    y = rng.normal(size=200)
+    with pm.Model() as model:
+        a = pm.Normal("a", 0, 1, shape=4)
+        b = pm.Normal("b", 0, 1, shape=4)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", a[g] + b[g] * x, s, observed=y)
+    kw = dict(
+        llr_clip_bound=1.0,
+        grad_clip_bound=2.0,  # some records clipped
+        llr_noise_multiplier=1.0,
+        grad_noise_multiplier=1.0,
+        n_leapfrog=4,
+        step_size=0.05,
+    )
+    chains = {}
+    for tried in (
+        routes.GRADIENT_ROUTES,
+        tuple(r for r in routes.GRADIENT_ROUTES if r != "sorted"),
+    ):
+        monkeypatch.setattr(routes, "GRADIENT_ROUTES", tried)
+        with model:
+            step = pymc_dp.DPHMC(rng=np.random.default_rng(9), **kw)
+        point, draws = model.initial_point(), []
+        for _ in range(8):
+            point, _ = step.step(point)
+            draws.append(np.concatenate([np.ravel(point[k]) for k in sorted(point)]))
+        chains[step._fns.gradient_route] = np.array(draws)
+    assert set(chains) == {"sorted", "indexed"}
+    np.testing.assert_allclose(chains["sorted"], chains["indexed"], rtol=1e-9, atol=1e-12)
+
+
 def correlated_normal_model(n: int = 100, d: int = 10, prior_sd: float = 10.0, seed: int = 3):
     """x_i ~ MvNormal(theta, Sigma) with a fixed correlated Sigma, theta ~ N(0, prior_sd^2 I).
 
