@@ -92,10 +92,18 @@ def _flat2(g, m):
     return pt.flatten(g, ndim=2) if g.ndim >= 2 else g[:, None]
 
 
-def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
-    """The indexed route of ``graphs`` (a `ClipRoute`), or None when it does not apply."""
-    x, rows, batch = graphs.x, graphs.rows, graphs.batch
-    d = graphs.ndim
+def data_gathers(graphs: RecordGraphs, *, vector_sources: bool = False):
+    """The one-record graph with its gathers of ``q`` by a data index made inputs, or None.
+
+    Returns ``(one, gathers, g_in, one2, clients)``: the one-record graph with the gathers
+    lifted (`lift_gathers`), the gather nodes, the inputs that replace their values, the
+    graph ``one2`` with them replaced and the nodes of ``one2`` that still read ``q``
+    directly; None when there is no such gather, a gather's source reads data or its index
+    is not one element per record (``vector_sources``: or its source is not a vector), or
+    ``q`` is still gathered after the replacement. Structure only: the indexed and the
+    sorted routes (`pymc_dp.records.sorted_segments`) start here.
+    """
+    x, rows = graphs.x, graphs.rows
     one = lift_gathers(graphs.one_record)
     row_set = set(rows)
     gathers = []
@@ -109,6 +117,8 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
             continue  # not a parameter gather with a data index
         if src_anc & row_set or idx.type.shape != (1,):
             return None
+        if vector_sources and src.type.ndim != 1:
+            return None
         gathers.append(node)
     if not gathers:
         return None  # nothing indexed: the GLM or generic route
@@ -119,6 +129,17 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
     clients = [n for n in io_toposort([x, *rows, *g_in], [one2]) if x in n.inputs]
     if any(gather_parts(n) is not None for n in clients):
         return None
+    return one, gathers, g_in, one2, clients
+
+
+def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None):
+    """The indexed route of ``graphs`` (a `ClipRoute`), or None when it does not apply."""
+    x, rows, batch = graphs.x, graphs.rows, graphs.batch
+    d = graphs.ndim
+    found = data_gathers(graphs)
+    if found is None:
+        return None
+    one, gathers, g_in, one2, clients = found
     if clients and all(isinstance(n.op, Subtensor) for n in clients):
         pieces = [n.outputs[0] for n in clients]
     else:

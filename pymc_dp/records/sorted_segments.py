@@ -59,15 +59,15 @@ import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pytensor.graph.basic import Apply, Constant
 from pytensor.graph.op import Op
-from pytensor.graph.replace import clone_replace, vectorize_graph
+from pytensor.graph.replace import vectorize_graph
 from pytensor.graph.rewriting.utils import rewrite_graph
-from pytensor.graph.traversal import ancestors, io_toposort
+from pytensor.graph.traversal import ancestors
 from pytensor.tensor.elemwise import CAReduce, DimShuffle, Elemwise
 from pytensor.tensor.subtensor import Subtensor
 
 from pymc_dp.records.backend import compile_function
 from pymc_dp.records.clipping import ClipRoute
-from pymc_dp.records.gathers import gather_parts, lift_gathers, unbatch_gathers
+from pymc_dp.records.gathers import unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
 
 __all__ = ["SortedSegmentSum", "build_sorted_route"]
@@ -355,32 +355,14 @@ def build_sorted_route(
     """
     if importlib.util.find_spec("numba") is None:
         return None
-    from pymc_dp.records.segment import _selections
+    from pymc_dp.records.segment import _selections, data_gathers
 
     x, rows, batch = graphs.x, graphs.rows, graphs.batch
     d = graphs.ndim
-    one = lift_gathers(graphs.one_record)
-    row_set = set(rows)
-    gathers = []
-    for node in io_toposort([x, *rows], [one]):
-        parts = gather_parts(node)
-        if parts is None:
-            continue
-        src, idx = parts
-        idx_anc, src_anc = set(ancestors([idx])), set(ancestors([src]))
-        if x in idx_anc or x not in src_anc or not (idx_anc & row_set):
-            continue
-        if src_anc & row_set or idx.type.shape != (1,) or src.type.ndim != 1:
-            return None
-        gathers.append(node)
-    if not gathers:
+    found = data_gathers(graphs, vector_sources=True)
+    if found is None:
         return None
-    g_out = [n.outputs[0] for n in gathers]
-    g_in = [v.type(f"gathered{k}") for k, v in enumerate(g_out)]
-    one2 = clone_replace(one, replace=dict(zip(g_out, g_in, strict=True)))
-    clients = [n for n in io_toposort([x, *rows, *g_in], [one2]) if x in n.inputs]
-    if any(gather_parts(n) is not None for n in clients):
-        return None
+    one, gathers, g_in, one2, clients = found
     if clients and not all(isinstance(n.op, Subtensor) for n in clients):
         return None
     pieces = [n.outputs[0] for n in clients]
