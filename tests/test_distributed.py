@@ -26,7 +26,7 @@ from pymc_dp.distributed import DaskRecords, RecordsLostError  # noqa: E402
 from pymc_dp.report import _get_group as _group  # noqa: E402
 
 N, PART = 1200, 300
-RUN = dict(draws=12, tune=8, chains=2, progressbar=False, compute_convergence_checks=False)
+RUN = dict(draws=8, tune=4, chains=2, progressbar=False, compute_convergence_checks=False)
 PLAN = {k: RUN[k] for k in ("draws", "tune", "chains")}  # the run a step is calibrated for
 
 
@@ -174,7 +174,7 @@ def test_minibatch_step_on_dask_draws_equal_the_in_memory_run(client, step, kwar
     np.testing.assert_array_equal(b_local, remote.posterior["b"].values)
     a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
     assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
-    assert a.releases == 2 * (12 + 8)  # one release per iteration, in both runs
+    assert a.releases == 2 * (8 + 4)  # one release per iteration, in both runs
     if step is pymc_dp.DPFastMH:  # both branches ran: minibatch rows and the full batch
         full = _group(remote, "sample_stats")["full_batch"].values
         assert full.any() and not full.all()
@@ -377,7 +377,7 @@ def test_data_sharing_report_gives_each_owners_epsilon_and_the_noise_variance(cl
     # every owner sees every release at the central scheme's noise multiplier
     assert rep.owner_epsilons == (rep.epsilon,) * 3
     assert rep.epsilon == pytest.approx(rep_c.epsilon, rel=1e-12) and rep.epsilon <= 3.0
-    assert rep.releases == rep_c.releases == 2 * (12 + 8)
+    assert rep.releases == rep_c.releases == 2 * (8 + 4)
     st = _group(idata, "sample_stats")
     step_z = np.sqrt(1.0 / (2.0 * float(st["dp_mu"].values.flat[0])))
     expected_sd = np.sqrt(3) * step_z * 2 * 5.0 * st["step_norm"].values
@@ -436,7 +436,7 @@ def test_dphmc_data_sharing_report_gives_each_owners_epsilon_and_the_noise_varia
     assert rep.owners == 3 and rep.noise_variance_factor == 3
     assert rep.owner_epsilons == (rep.epsilon,) * 3
     assert rep.epsilon == pytest.approx(rep_c.epsilon, rel=1e-12) and rep.epsilon <= 3.0
-    assert rep.releases == rep_c.releases == 2 * (12 + 8) * (3 + 2)
+    assert rep.releases == rep_c.releases == 2 * (8 + 4) * (3 + 2)
     assert "Algorithm 2" in rep.mechanism and "3 owners" in str(rep)
     st = _group(idata, "sample_stats")
     assert np.unique(idata.posterior["b"].values).size > 4  # the chains moved
@@ -518,7 +518,7 @@ def test_lost_worker_is_recovered_by_dask_and_the_run_is_unchanged(process_clien
         assert rep.releases == sum(step._fns.released.values())
         releases.append(rep.releases)
     np.testing.assert_array_equal(draws[0], draws[1])
-    assert releases[0] == releases[1] == 2 * (12 + 8) * (2 + 2)
+    assert releases[0] == releases[1] == 2 * (8 + 4) * (2 + 2)
 
 
 def _scattered_records(client, X, y):
