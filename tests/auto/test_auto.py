@@ -435,11 +435,15 @@ def test_auto_configure_spends_exactly_the_budget():
 
 
 @pytest.mark.slow
-def test_control_variate_release_carries_its_calibrated_noise():
+def test_control_variate_release_carries_its_calibrated_noise(monkeypatch):
     """The released gradient sum at the anchor differs from the exact clipped sum by
     N(0, (2 b z)^2) per coordinate (whitened coordinates), z the phase's noise multiplier:
     standardised over 25
     seeds x 3 coordinates its sd is 1 within sampling error (a dropped or halved noise fails)."""
+    import copy
+
+    import pymc_dp.records
+
     rng = np.random.default_rng(7)
     x = rng.uniform(-1, 1, (300, 2))
     y = x @ np.array([0.5, -1.0]) + 0.2 + rng.normal(0, 0.5, 300)
@@ -447,7 +451,17 @@ def test_control_variate_release_carries_its_calibrated_noise():
         a = pm.Normal("a", 0, 3)
         b = pm.Normal("b", 0, 3, shape=2)
         pm.Normal("y", a + pm.math.dot(x, b), 0.5, observed=y)
-    fns, _ = build_record_functions(model, model.value_vars, model.initial_point())
+    fns, extra = build_record_functions(model, model.value_vars, model.initial_point())
+
+    def compiled_once(m, vars, ip, **kw):
+        # the 25 configurations read one model: its record functions (noise-free, no rng)
+        # are compiled once; each configuration gets a copy with its own release counts
+        assert m is model and kw == {"chunk_size": None, "records": None}, kw
+        c = copy.copy(fns)
+        c.released = {"llr": 0, "grad": 0}
+        return c, extra
+
+    monkeypatch.setattr(pymc_dp.records, "build_record_functions", compiled_once)
     z = []
     for seed in range(25):
         cfg = auto_configure(
