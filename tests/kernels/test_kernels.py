@@ -196,3 +196,33 @@ def test_tuna_terms_add_over_parts():
     assert (kept, n_clipped) == (keep.sum(), np.count_nonzero(np.abs(r) > c * M)) != (60, 0)
     halves = [tuna_terms(r[s], c[s], u[s], C, lam, M) for s in (slice(0, 25), slice(25, 60))]
     assert halves[0][0][0] + halves[1][0][0] == pytest.approx(ell, rel=1e-12)
+
+
+def test_conditional_prior_mode_is_the_gaussian_conditional_mode():
+    """The free block goes to ``mu_f + S_fd S_dd^-1 (x_d - mu_d)`` under a correlated
+    Gaussian prior (closed form); the other coordinates stay; a point where the prior is not
+    finite, or a free block already at its mode, comes back unchanged."""
+    from pymc_dp.kernels.warmstart import conditional_prior_mode
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(4, 4))
+    cov = a @ a.T + 4 * np.eye(4)
+    prec, mu = np.linalg.inv(cov), np.array([0.5, -1.0, 2.0, 0.0])
+
+    def logp(x):
+        r = x - mu
+        return -0.5 * float(r @ prec @ r), -(prec @ r)
+
+    free = np.array([False, True, False, True])
+    x = np.array([1.3, 7.0, -0.4, -9.0])
+    out = conditional_prior_mode(x, free, logp)
+    d, f = ~free, free
+    want = mu[f] + cov[np.ix_(f, d)] @ np.linalg.solve(cov[np.ix_(d, d)], x[d] - mu[d])
+    np.testing.assert_allclose(out[f], want, rtol=1e-6, atol=1e-8)
+    np.testing.assert_array_equal(out[d], x[d])
+    np.testing.assert_allclose(conditional_prior_mode(out, free, logp), out, atol=1e-8)
+
+    def not_finite(x):
+        return -np.inf, np.zeros_like(x)
+
+    np.testing.assert_array_equal(conditional_prior_mode(x, free, not_finite), x)
