@@ -421,19 +421,20 @@ class _Coordinates:
 
     def prior_grad(self, y: np.ndarray) -> np.ndarray:
         """Gradient in ``y`` of the log prior density of ``y`` (prior of ``q`` over ``|J|``)."""
-        q = self.to_q(y)
-        g = self.fns.prior_logp_and_grad(q)[1]
-        if self.rp is None:
-            return g
-        return self.rp.gradient_map(q) @ (g - self.rp.grad_log_det_jacobian(q))
+        return self._prior(y, with_logp=False)[1]
 
     def prior_logp_and_grad(self, y: np.ndarray) -> tuple[float, np.ndarray]:
         """The log prior density of ``y`` (prior of ``q`` over ``|J|``) and its gradient."""
+        return self._prior(y, with_logp=True)
+
+    def _prior(self, y: np.ndarray, with_logp: bool) -> tuple[float, np.ndarray]:
         q = self.to_q(y)
-        lp = float(self.fns.prior_logp_and_grad(q)[0])
-        if self.rp is not None:
-            lp -= float(self.rp.log_det_jacobian(q))
-        return lp, self.prior_grad(y)
+        lp, g = self.fns.prior_logp_and_grad(q)
+        if self.rp is None:
+            return float(lp), g
+        if with_logp:  # the log-determinant only where the density is wanted
+            lp = float(lp) - float(self.rp.log_det_jacobian(q))
+        return float(lp), self.rp.gradient_map(q) @ (g - self.rp.grad_log_det_jacobian(q))
 
     def prior_curvature(self, y: np.ndarray) -> np.ndarray:
         """Minus the Hessian of the log prior of ``y``, the recentred blocks' part replaced

@@ -214,11 +214,12 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
             if add is None or not (_is_op(add, ps.Add) and len(add.inputs) == 2):
                 locs.add(None)
                 continue
-            other = _strip(add.inputs[1 - users[0][1]])
+            raw = add.inputs[1 - users[0][1]]
+            other = _strip(raw)
             if other in sampled and other.ndim == 0:
                 locs.add(other)
             else:  # ``(loc + x b) + scale * z``: a shared intercept among other terms
-                loc_in, adds_in = _additive_loc(add.inputs[1 - users[0][1]], sampled, clients)
+                loc_in, adds_in = _additive_loc(raw, sampled, clients)
                 locs.add(loc_in)
                 chain_adds.update(adds_in)
         loc = locs.pop() if len(locs) == 1 else None

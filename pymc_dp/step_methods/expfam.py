@@ -473,10 +473,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self.correlated = noise
         if noise is not None:
             # one release plus one per planned iteration spend what the penalty test would
-            z0, r = correlated_noise_schedule(z, plan.iterations_per_chain, noise.refreshes)
-            self._corr_z0, self._corr_r = z0, r
-            self._corr_mu_first = GaussianEvent(z0).mu
-            self._corr_mu_next = self._corr_mu_first * (1.0 - r) / (1.0 + r)
+            self._set_schedule(z, plan.iterations_per_chain, noise.refreshes)
             self.refreshes = float(min(noise.refreshes, plan.iterations_per_chain))
         self._corr_mu_released = 0.0
         self.epsilon = epsilon
@@ -622,11 +619,17 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             if pred <= target or k <= 1.0:
                 break
             k = max(1.0, k / 1.25)
+        self._set_schedule(self.noise_multiplier, iterations, k)
+        #: the K in use (public)
+        self.refreshes = k
+
+    def _set_schedule(self, z: float, iterations: int, refreshes: float) -> None:
+        """The correlated releases' ``z0`` and ``r`` (`correlated_noise_schedule`) and the
+        privacy-loss parameter of a chain's first release and of each one after it."""
+        z0, r = correlated_noise_schedule(z, iterations, refreshes)
         self._corr_z0, self._corr_r = z0, r
         self._corr_mu_first = GaussianEvent(z0).mu
         self._corr_mu_next = self._corr_mu_first * (1.0 - r) / (1.0 + r)
-        #: the K in use (public)
-        self.refreshes = k
 
     def _start_chain(self, iterations: int | None = None) -> None:
         super()._start_chain(iterations)
@@ -868,7 +871,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             ref = self._laplace[0] if self._laplace is not None else q
             with np.errstate(all="ignore"):
                 self._eta_ref = self._expfam.natural(ref)[0]
-        S_w = self._stat_sum_w if self.centre is not None else self._stat_sum
+        S_w, _ = self._whitened_stats()
         sigma, r = self.correlated_noise_std, self._corr_r
         eta0, A0, lp0 = self._point(q)
         p0 = self._psi(eta0)
