@@ -21,6 +21,7 @@ from pymc_dp.auto.bounds import check_data_bounds, clip_plan
 from pymc_dp.auto.configure import (
     ONESHOT_FALLBACK_ESS,
     ONESHOT_SPLIT,
+    WARM_START_GROWTH,
     BudgetSplit,
     Phase,
     presample_phases,
@@ -90,7 +91,7 @@ class Plan:
         ]
         for p in self.phases:
             lines.append(
-                f"    {p.name}: {p.releases} releases, noise multiplier {p.noise_multiplier:.4g}"
+                f"    {p.name}: {p.releases} releases, {p.multiplier_text()}"
                 f" ({100 * p.mu / self.mu_total:.1f}% of mu)"
             )
         if self.method == "laplace":
@@ -233,7 +234,7 @@ def plan(
         split,
         gradient_histograms=sources.get("warm-start gradient clip") != "data_bounds",
         residual_histogram=not one_shot and sources.get("penalty-test clip") != "data_bounds",
-        **({"newton_steps": ONESHOT_NEWTON_STEPS} if one_shot else {}),
+        **({"newton_steps": ONESHOT_NEWTON_STEPS} if one_shot else {"growth": WARM_START_GROWTH}),
     )
     z_of = _oneshot_z if one_shot else _nominal_anchor_z
     err = predicted_mean_error(n, d, z_of(mu)) * worst_of(d)

@@ -296,6 +296,31 @@ def test_presample_phases_take_their_shares_of_mu():
         BudgetSplit(warm_start=0.7, histograms=0.1)
 
 
+def test_growing_warm_start_phases_compose_to_their_shares():
+    """With ``growth`` each warm-start phase lists one multiplier per iteration, growing
+    shares of the phase; the releases at those multipliers compose (Gaussian mus add) to
+    exactly the phase's mu, the one its single ``noise_multiplier`` is accounted at; the
+    phases' total is the same as with equal shares."""
+    from pymc_dp.kernels.warmstart import growing_schedule
+
+    mu = gaussian_mu_for_epsilon(3.0, 1e-6)
+    split = BudgetSplit()
+    equal = presample_phases(mu, split, newton_steps=4)
+    grown = presample_phases(mu, split, newton_steps=4, growth=1.3)
+    assert all(p.schedule is None for p in equal)
+    assert [p.name for p in grown] == [p.name for p in equal]
+    w = growing_schedule(5, 1.3)
+    for p, q in zip(grown, equal, strict=True):
+        assert p.noise_multiplier == pytest.approx(q.noise_multiplier, rel=1e-12)
+        if p.releases == 1:  # the clip selection: one release, no schedule
+            assert p.schedule is None
+            continue
+        z = np.array(p.schedule)
+        assert z.size == p.releases == 5 and np.all(np.diff(z) < 0)  # less noise later
+        assert np.sum(0.5 / z**2) == pytest.approx(p.mu, rel=1e-12)
+        np.testing.assert_allclose((1 / z**2) / np.sum(1 / z**2), w, rtol=1e-12)
+
+
 def test_anchor_share_minimises_the_predicted_error():
     """choose_anchor_share against a brute-force grid of the same prediction."""
     from pymc_dp.auto.configure import choose_anchor_share, tilt_sd

@@ -276,24 +276,18 @@ def _gdp_mu(epsilon: float, delta: float) -> float:
     return float(brentq(lambda mu: _gdp_epsilon(mu, delta) - epsilon, 1e-3, 50.0, xtol=1e-14))
 
 
-def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
-    """``pymc_dp.sample(step=None)`` on a tiny model. Every normal draw of the pre-sampling
-    mechanisms and of the penalty tests is traced: the scalar factors it is multiplied by
-    are the std of the noise it becomes. Each release's sensitivity comes from the data read
+def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float):
+    """``pymc_dp.sample(step=None)`` on a tiny model with every normal draw of its
+    mechanisms traced (`_TracingGenerator`) and each release's sensitivity from the data read
     just before it (spies on the record functions): a histogram's ``sqrt 2``, a clipped sum's
     ``2 b``, an outer-product sum's ``sqrt 2 b'^2``, a ratio clipped to ``[-B, B]``: ``2 B``.
-    ``std / sensitivity`` is the noise multiplier actually used; Gaussian mechanisms with
-    multipliers ``z_k`` compose to mu-GDP with ``mu^2 = sum_k z_k^-2`` (Dong, Roth & Su 2022,
-    Corollary 3.3). The report's epsilon must be that composition's, to 1e-6 relative, and
-    each warm-start phase's multiplier the one of its share of the budget, computed here from
-    (epsilon, delta) by the same closed form."""
+    Returns ``(z, idata, report)``, ``z`` the noise multipliers actually used by kind, in
+    order (``std / sensitivity``)."""
     import pymc as pm
 
     import pymc_dp
     import pymc_dp.auto as auto
     import pymc_dp.step_methods.penalty as penalty_step
-    from pymc_dp.auto import BudgetSplit
-    from pymc_dp.auto.configure import NEWTON_STEPS
     from pymc_dp.records.runtime import RecordFunctions
 
     log: list = []
@@ -331,7 +325,6 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
     )
     spy("clipped_residual_ratio_sum", lambda q1, q0, bound, *a, **k: ("ratio", bound))
 
-    epsilon, delta = 3.0, 1e-5
     x = np.random.default_rng(0).normal(1.5, 1.0, 500)
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 10.0)
@@ -339,7 +332,7 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
         idata = pymc_dp.sample(
             epsilon=epsilon, delta=delta, chains=2, cores=1, random_seed=3, progressbar=False,
             compute_convergence_checks=False,
-            auto_kwargs={"max_iterations": 400, "method": "chain"},
+            auto_kwargs={"max_iterations": 400, "method": method},
         )  # fmt: skip
     report = pymc_dp.privacy_report(idata, model=model, attach=False)
 
@@ -362,10 +355,28 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
         else:
             assert shape == (1, 1), shape
             z["outer-product sum"].append(what["scale"] / (SQRT2 * last["moments"][1] ** 2))
-    z = {k: np.array(v) for k, v in z.items()}
-    mu_gdp = float(np.sqrt(sum(np.sum(v**-2.0) for v in z.values())))
-    assert report.epsilon == pytest.approx(_gdp_epsilon(mu_gdp, delta), rel=1e-6)
-    assert report.epsilon <= epsilon and _gdp_epsilon(mu_gdp, delta) <= epsilon * (1 + 1e-9)
+    return {k: np.array(v) for k, v in z.items()}, idata, report
+
+
+def _composed_epsilon(z: dict, delta: float) -> float:
+    """Gaussian mechanisms with multipliers ``z_k`` compose to mu-GDP with ``mu^2 = sum_k
+    z_k^-2`` (Dong, Roth & Su 2022, Corollary 3.3): its epsilon at ``delta``."""
+    return _gdp_epsilon(float(np.sqrt(sum(np.sum(v**-2.0) for v in z.values()))), delta)
+
+
+def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
+    """The penalty chain (``method="chain"``), every release traced (`_traced_automatic_run`).
+    The report's epsilon must be the composition of the multipliers actually used, to 1e-6
+    relative, and each warm-start release's multiplier the one of its share of the budget,
+    computed here from (epsilon, delta) by the same closed form: iteration ``j`` of the
+    warm start gets ``w_j`` of each of its phases, shares growing by ``WARM_START_GROWTH``."""
+    from pymc_dp.auto import BudgetSplit
+    from pymc_dp.auto.configure import NEWTON_STEPS, WARM_START_GROWTH
+
+    epsilon, delta = 3.0, 1e-5
+    z, idata, report = _traced_automatic_run(monkeypatch, "chain", epsilon, delta)
+    assert report.epsilon == pytest.approx(_composed_epsilon(z, delta), rel=1e-6)
+    assert report.epsilon <= epsilon and _composed_epsilon(z, delta) <= epsilon * (1 + 1e-9)
 
     # the release counts: the warm start's iterations (a histogram, a gradient sum and an
     # outer-product sum each), the clip selection's histogram, the control variate's
@@ -379,10 +390,43 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
     mu2, split = _gdp_mu(epsilon, delta) ** 2, BudgetSplit()
     hist, clip = split.histograms * mu2, split.clip_selection * mu2
     sums = split.warm_start / 2 * mu2  # half to the gradient sums, half to the outer products
-    np.testing.assert_allclose(z["histogram"][:k], np.sqrt(k / hist), rtol=1e-9)
+    w = WARM_START_GROWTH ** np.arange(k)
+    w /= w.sum()
+    assert WARM_START_GROWTH > 1.0 and w[-1] > 2.0 * w[0]  # the budget grows over the iterations
+    np.testing.assert_allclose(z["histogram"][:k], np.sqrt(1 / (w * hist)), rtol=1e-9)
     np.testing.assert_allclose(z["histogram"][k], np.sqrt(1 / clip), rtol=1e-9)
-    np.testing.assert_allclose(z["gradient sum"][:k], np.sqrt(k / sums), rtol=1e-9)
-    np.testing.assert_allclose(z["outer-product sum"], np.sqrt(k / sums), rtol=1e-9)
+    np.testing.assert_allclose(z["gradient sum"][:k], np.sqrt(1 / (w * sums)), rtol=1e-9)
+    np.testing.assert_allclose(z["outer-product sum"], np.sqrt(1 / (w * sums)), rtol=1e-9)
+
+
+def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
+    """The one-shot strategy (``method="laplace"``), every release traced. Its warm start's
+    iterations share each phase equally: every histogram, gradient sum and outer-product sum
+    must carry the multiplier of its share, computed here from (epsilon, delta); the two last
+    gradient sums share what is left equally; the report's epsilon is the composition of
+    all of them, and the whole budget."""
+    from pymc_dp.auto.configure import ONESHOT_SPLIT
+    from pymc_dp.auto.oneshot import ONESHOT_NEWTON_STEPS
+
+    epsilon, delta = 3.0, 1e-5
+    z, idata, report = _traced_automatic_run(monkeypatch, "laplace", epsilon, delta)
+    assert idata.attrs["dp_method"] == "laplace"
+    assert report.epsilon == pytest.approx(_composed_epsilon(z, delta), rel=1e-6)
+    assert report.epsilon == pytest.approx(epsilon, rel=1e-6)
+
+    k = ONESHOT_NEWTON_STEPS + 1
+    assert z["histogram"].size == k and z["outer-product sum"].size == k
+    assert z["gradient sum"].size == k + 2 and z["penalty test"].size == 0
+    w = np.full(k, 1.0 / k)
+    mu2, split = _gdp_mu(epsilon, delta) ** 2, ONESHOT_SPLIT
+    sums = split.warm_start / 2 * mu2
+    np.testing.assert_allclose(z["histogram"], np.sqrt(1 / (w * split.histograms * mu2)), rtol=1e-9)
+    np.testing.assert_allclose(z["gradient sum"][:k], np.sqrt(1 / (w * sums)), rtol=1e-9)
+    np.testing.assert_allclose(z["outer-product sum"], np.sqrt(1 / (w * sums)), rtol=1e-9)
+    left = (1.0 - split.warm_start - split.histograms) * mu2
+    # (calibrated to the target to 1e-6: its multiplier nudged up until the composition fits)
+    np.testing.assert_allclose(z["gradient sum"][k:], np.sqrt(2 / left), rtol=1e-6)
+    assert np.all(z["gradient sum"][k:] >= np.sqrt(2 / left) * (1 - 1e-12))
 
 
 # -- the exponential-family statistic ------------------------------------------------------------

@@ -105,23 +105,30 @@ def test_residual_of_a_record_impossible_at_both_points_warns_nothing(capfd):
 
 
 def test_automatic_mode_prints_the_same_for_neighbouring_datasets(capfd, caplog):
-    """The automatic mode (warm start, clip selection, control variate, chains) on D and D'
-    under ``simplefilter("error")``: the same printed, logged and warned text."""
+    """The automatic mode (warm start, then the one-shot releases or the chain's) on D and D'
+    under ``simplefilter("error")``: the same printed, logged and warned text. pymc_dp's own
+    convergence warnings are let through and not compared: whether one fires is a
+    post-processing of the noisy releases (a DP output, which may differ between D and D';
+    on this 200-record model at epsilon 2 the one-shot check fired on D only)."""
     caplog.set_level(logging.DEBUG)
     seen = []
     for y in _neighbours():
         caplog.clear()
         with _poisson(y), warnings.catch_warnings():
             warnings.simplefilter("error")
+            warnings.filterwarnings("ignore", category=pymc_dp.ConvergenceWarning)
             idata = pymc_dp.sample(
                 epsilon=2.0, delta=1e-5, chains=2, cores=1, random_seed=5,
                 auto_kwargs={"max_iterations": 400}, **SAMPLE,
             )  # fmt: skip
         assert "warm start" in idata.attrs["dp_phases"]
         out = capfd.readouterr()
-        # (PyTensor's compile timings at DEBUG depend on its cache, not on the data)
+        # (PyTensor's compile timings and Numba's compiler at DEBUG, and the compile
+        # directory's lock, depend on what is cached already, not on the data)
         logged = "\n".join(
-            r.getMessage() for r in caplog.records if not r.name.startswith("pytensor")
+            r.getMessage()
+            for r in caplog.records
+            if not r.name.startswith(("pytensor", "numba", "filelock"))
         )
         seen.append(_masked("\n".join([out.out, out.err, logged])))
     assert seen[0] == seen[1]
