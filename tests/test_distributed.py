@@ -212,14 +212,15 @@ def test_minibatch_step_on_dask_draws_equal_the_in_memory_run(client, step, kwar
 
 
 class _Spy:
-    """Wraps `DaskStore._gather`: keeps every result that reached the driver from a worker."""
+    """Wraps `DaskStore._receive`: keeps every partition result that reached the driver from
+    an actor."""
 
     def __init__(self, real):
         self.real, self.returned = real, []
 
-    def __call__(self, store, futures):
-        out = self.real(store, futures)
-        self.returned.extend(out)
+    def __call__(self, store, pairs):
+        out = self.real(store, pairs)
+        self.returned.extend(r for _, r in out)
         return out
 
 
@@ -229,8 +230,8 @@ def test_minibatch_workers_return_sums_only_and_no_counts(client, monkeypatch):
     from pymc_dp.kernels.subsampled_penalty import clipped_moments, merge_moments
     from pymc_dp.records import dask_store
 
-    spy = _Spy(dask_store.DaskStore._gather)
-    monkeypatch.setattr(dask_store.DaskStore, "_gather", lambda self, f: spy(self, f))
+    spy = _Spy(dask_store.DaskStore._receive)
+    monkeypatch.setattr(dask_store.DaskStore, "_receive", lambda self, f: spy(self, f))
     X, y = _data()
     kw = {"batch_size": 200, "clip_bound": 5.0, "noise_multiplier": 1.0}
     with _model(X[:10], y[:10]):
