@@ -3,25 +3,28 @@
 On a ``LocalCluster`` with 2 worker processes (one thread each) this script measures, for the
 banana model of the DP-HMC paper (d = 2, generic route):
 
-* the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 2`` released sums) and of
+* the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 1`` computed sums, the
+  gradient at the start kept from the last trajectory, `pymc_dp.records.GradSumMemo`) and of
   DPPenaltyMetropolis (1 released sum) at each ``n``, in one process (``chunk_size`` = the
   partition size) and with ``DaskRecords`` (the same partitions on the 2 workers);
 * the per-iteration time of DPSGLD with a Poisson minibatch of expected size ``B`` (1
   released sum; the indices are drawn on the driver and only the partitions holding some
   of them read those rows), in one process and with ``DaskRecords``;
 * the fixed cost ``R`` of one round trip: one released sum over records of 1 row per
-  partition (the per-call overhead of submitting the partition tasks and gathering their
-  sums);
+  partition (the per-call overhead: one message to every worker's actor holding its
+  partitions, and their partition sums back; `pymc_dp.records.dask_store`);
 
 and fits the model ``T(W, n) = c n / W + k R`` of an iteration on ``W`` workers, with ``c``
 the single-process compute time per record and iteration (from the largest ``n``) and ``k``
-the released sums per iteration (``L + 2`` for DPHMC, 1 for the penalty step); for the
+the computed sums per iteration (``L + 1`` for DPHMC, 1 for the penalty step); for the
 minibatch step ``T(W, B) = c_B B / W + R`` with ``c_B`` its single-process time per
 minibatch record (independent of ``n``). Printed: the
 measurements, the model's prediction for ``W = 2`` next to the measured Dask time (how well
 the model fits here), and its prediction for ``n = 10^9`` on ``W = 100`` workers.
 
-Timings are medians of ``--iterations`` iterations after two warm-up iterations. The host's
+``ratio`` is one process / Dask (below 1: the cluster run is slower), ``Dask/1 proc`` its
+inverse (issue 28's goal: at most 2 at ``n = 10^6`` on 2 workers). Timings are medians of
+``--iterations`` iterations after two warm-up iterations. The host's
 cores are shared by the driver and the workers (and by anything else running): on a
 2-core machine two workers cannot both run at full speed while the driver waits, so the
 measured speed-up is a lower bound of what separate machines give.
@@ -51,7 +54,7 @@ import pymc_dp  # noqa: E402
 from pymc_dp.distributed import DaskRecords  # noqa: E402
 from pymc_dp.experiments.models import banana  # noqa: E402
 
-L = 5  # leapfrog steps of DPHMC: L + 2 released sums per iteration
+L = 5  # leapfrog steps of DPHMC: L + 1 computed sums (round trips) per iteration
 B = 1000  # expected minibatch of DPSGLD (1 released sum per iteration)
 PARTITIONS = 4  # partitions of the records (2 per worker)
 
@@ -163,11 +166,11 @@ def main(argv: list[str] | None = None) -> None:
     print()
     head = (
         f"{'step':<20} {'n':>11} | {'1 process s/iter':>16} {'Dask s/iter':>12} "
-        f"{'ratio':>7} | {'model W=2':>10}"
+        f"{'ratio':>7} | {'model W=2':>10} | {'Dask/1 proc':>11}"
     )
     print(head)
     print("-" * len(head))
-    k = {"DPHMC": L + 2, "DPPenaltyMetropolis": 1}
+    k = {"DPHMC": L + 1, "DPPenaltyMetropolis": 1}
     n_max = max(args.sizes)
     c = {name: t1 / n for name, n, t1, _ in rows if n == n_max}
     mb = f"DPSGLD (B={B})"  # minibatch: the work is B rows, whatever n
@@ -177,7 +180,10 @@ def main(argv: list[str] | None = None) -> None:
             model_w = c[name] * B / args.workers + rt
         else:
             model_w = c[name] * n / args.workers + k[name] * rt
-        print(f"{name:<20} {n:>11,d} | {t1:>16.4g} {tw:>12.4g} {t1 / tw:>#7.3g} | {model_w:>10.4g}")
+        print(
+            f"{name:<20} {n:>11,d} | {t1:>16.4g} {tw:>12.4g} {t1 / tw:>#7.3g} | "
+            f"{model_w:>10.4g} | {tw / t1:>11.3g}"
+        )
     print()
     print("model T(W, n) = c n / W + k R  (c from the single-process run at the largest n)")
     for name in k:
