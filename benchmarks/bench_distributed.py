@@ -23,7 +23,11 @@ measurements, the model's prediction for ``W = 2`` next to the measured Dask tim
 the model fits here), and its prediction for ``n = 10^9`` on ``W = 100`` workers.
 
 ``ratio`` is one process / Dask (below 1: the cluster run is slower), ``Dask/1 proc`` its
-inverse (issue 28's goal: at most 2 at ``n = 10^6`` on 2 workers). Timings are medians of
+inverse (issue 28's goal: at most 2 at ``n = 10^6`` on 2 workers). ``CPU s/iter`` is the
+CPU time per iteration (mean over the timed iterations) of the one process, and of the
+driver plus every worker process for Dask: on a host whose cores are busy with other work
+the wall times mostly measure how much CPU the processes were given, the CPU times what
+the work cost. Timings are medians of
 ``--iterations`` iterations after two warm-up iterations. The host's
 cores are shared by the driver and the workers (and by anything else running): on a
 2-core machine two workers cannot both run at full speed while the driver waits, so the
@@ -95,16 +99,24 @@ def _steps(model, records, chunk):
     return {"DPHMC": hmc, "DPPenaltyMetropolis": pen, f"DPSGLD (B={B})": sgld}
 
 
-def _per_iteration(step, model, iterations: int) -> float:
+def _per_iteration(step, model, iterations: int, client=None) -> tuple[float, float]:
     point = model.initial_point()
     for _ in range(2):  # warm-up: compilation on the workers, first shipping
         point, _ = step.step(point)
     times = []
+    workers = _workers_cpu(client)
+    own = time.process_time()
     for _ in range(iterations):
         t = time.perf_counter()
         point, _ = step.step(point)
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    own = time.process_time() - own
+    return statistics.median(times), (own + _workers_cpu(client) - workers) / iterations
+
+
+def _workers_cpu(client) -> float:
+    """CPU seconds used so far by every worker process (0 without a client)."""
+    return 0.0 if client is None else sum(client.run(time.process_time).values())
 
 
 def _round_trip(client, model_small, iterations: int) -> float:
@@ -151,9 +163,9 @@ def main(argv: list[str] | None = None) -> None:
             local = _steps(full.model, None, chunk)
             remote = _steps(banana(n=10, seed=0).model, recs, chunk)
             for name in local:
-                t1 = _per_iteration(local[name], full.model, args.iterations)
-                tw = _per_iteration(remote[name], small.model, args.iterations)
-                rows.append((name, n, t1, tw))
+                t1, cpu1 = _per_iteration(local[name], full.model, args.iterations)
+                tw, cpuw = _per_iteration(remote[name], small.model, args.iterations, client)
+                rows.append((name, n, t1, tw, cpu1, cpuw))
             del local, remote, recs, full, x
     print(
         f"LocalCluster: {args.workers} worker processes x 1 thread; {PARTITIONS} partitions; "
@@ -166,23 +178,24 @@ def main(argv: list[str] | None = None) -> None:
     print()
     head = (
         f"{'step':<20} {'n':>11} | {'1 process s/iter':>16} {'Dask s/iter':>12} "
-        f"{'ratio':>7} | {'model W=2':>10} | {'Dask/1 proc':>11}"
+        f"{'ratio':>7} | {'model W=2':>10} | {'Dask/1 proc':>11} | "
+        f"{'CPU s/iter: 1 proc':>18} {'Dask':>9}"
     )
     print(head)
     print("-" * len(head))
     k = {"DPHMC": L + 1, "DPPenaltyMetropolis": 1}
     n_max = max(args.sizes)
-    c = {name: t1 / n for name, n, t1, _ in rows if n == n_max}
+    c = {name: t1 / n for name, n, t1, *_ in rows if n == n_max}
     mb = f"DPSGLD (B={B})"  # minibatch: the work is B rows, whatever n
-    c[mb] = min(t1 for name, _, t1, _ in rows if name == mb) / B
-    for name, n, t1, tw in rows:
+    c[mb] = min(t1 for name, _, t1, *_ in rows if name == mb) / B
+    for name, n, t1, tw, cpu1, cpuw in rows:
         if name == mb:
             model_w = c[name] * B / args.workers + rt
         else:
             model_w = c[name] * n / args.workers + k[name] * rt
         print(
             f"{name:<20} {n:>11,d} | {t1:>16.4g} {tw:>12.4g} {t1 / tw:>#7.3g} | "
-            f"{model_w:>10.4g} | {tw / t1:>11.3g}"
+            f"{model_w:>10.4g} | {tw / t1:>11.3g} | {cpu1:>18.4g} {cpuw:>9.4g}"
         )
     print()
     print("model T(W, n) = c n / W + k R  (c from the single-process run at the largest n)")
