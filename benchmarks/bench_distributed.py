@@ -27,8 +27,12 @@ inverse (issue 28's goal: at most 2 at ``n = 10^6`` on 2 workers). ``CPU s/iter`
 CPU time per iteration (mean over the timed iterations) of the one process, and of the
 driver plus every worker process for Dask: on a host whose cores are busy with other work
 the wall times mostly measure how much CPU the processes were given, the CPU times what
-the work cost. Timings are medians of
-``--iterations`` iterations after two warm-up iterations. The host's
+the work cost. Dask starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also
+turns off glibc's adaptive mmap threshold: every large temporary array of a per-record
+function is then a fresh ``mmap`` (about 12 000 page faults per released sum at ``n =
+10^6``, twice the workers' CPU time here); ``--glibc-malloc`` starts them without it.
+
+Timings are medians of ``--iterations`` iterations after two warm-up iterations. The host's
 cores are shared by the driver and the workers (and by anything else running): on a
 2-core machine two workers cannot both run at full speed while the driver waits, so the
 measured speed-up is a lower bound of what separate machines give.
@@ -47,9 +51,11 @@ import statistics
 import time
 import warnings
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+for _var in _THREADS:
     os.environ.setdefault(_var, "1")
 
+import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
@@ -143,11 +149,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of n")
     ap.add_argument("--iterations", type=int, default=None, help="timed iterations per point")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--glibc-malloc",
+        action="store_true",
+        help="start the workers without Dask's MALLOC_TRIM_THRESHOLD_=65536 (glibc's "
+        "default allocator settings, as in the one process)",
+    )
     args = ap.parse_args(argv)
     args.sizes = args.sizes or ([2_000] if args.quick else [1_000_000, 10_000_000])
     args.iterations = args.iterations or (1 if args.quick else 3)
     small = banana(n=10, seed=0)
     rows = []
+    if args.glibc_malloc:  # Dask's default without MALLOC_TRIM_THRESHOLD_
+        dask.config.set({"distributed.nanny.pre-spawn-environ": dict.fromkeys(_THREADS, 1)})
+    environ = dask.config.get("distributed.nanny.pre-spawn-environ")
     with (
         LocalCluster(
             n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
@@ -170,7 +185,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"LocalCluster: {args.workers} worker processes x 1 thread; {PARTITIONS} partitions; "
         f"host: {os.cpu_count()} cores, load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; workers' MALLOC_TRIM_THRESHOLD_: "
+        f"{environ.get('MALLOC_TRIM_THRESHOLD_', 'unset (glibc default)')}"
     )
     print(
         f"round trip R (one released sum, {PARTITIONS} partitions of 1 record): {rt * 1e3:.2f} ms"
