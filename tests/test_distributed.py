@@ -266,13 +266,12 @@ def test_a_function_failing_on_a_worker_names_only_its_type(client):
 
 def test_closing_the_store_releases_its_actors(client):
     """One actor per worker, started by the first read of the records (the step's start
-    checks); `DaskStore.close` releases them."""
-    from pymc_dp.records.dask_store import PartitionActor
+    checks); `DaskStore.close` releases them (other tests' actors may come and go on the
+    shared cluster meanwhile: only this store's are counted)."""
 
-    def actors(dask_worker=None):
-        return sum(isinstance(a, PartitionActor) for a in dask_worker.state.actors.values())
+    def held(dask_worker=None):
+        return list(dask_worker.state.actors)
 
-    before = sum(client.run(actors).values())
     X, y = _data()
     with _model(X[:10], y[:10]):
         step = pymc_dp.DPPenaltyMetropolis(
@@ -280,14 +279,15 @@ def test_closing_the_store_releases_its_actors(client):
         )
     store = step._fns.records
     step._fns.clipped_loglik_ratio_sum(np.zeros(2), np.ones(2), 0.5)
-    assert list(client.run(actors).values()) != [0, 0]
-    assert sum(client.run(actors).values()) == before + 2
+    mine = {h.future.key for h in store._actors}
+    where = {w: mine & set(keys) for w, keys in client.run(held).items()}
+    assert len(mine) == 2 and all(len(k) == 1 for k in where.values())  # one per worker
     store.close()
     for _ in range(100):  # the scheduler releases the actors' keys asynchronously
-        if sum(client.run(actors).values()) == before:
+        if not mine & {k for keys in client.run(held).values() for k in keys}:
             break
         time.sleep(0.05)
-    assert sum(client.run(actors).values()) == before
+    assert not mine & {k for keys in client.run(held).values() for k in keys}
 
 
 def _alive(pid: int) -> bool:
