@@ -9,7 +9,7 @@ order, so the sums are the same numbers as those of `InMemoryRecords` with
 ``chunk_size`` equal to the partition size.
 
 *The per-iteration protocol* (issue 28): a released sum must not cost a scheduler round
-trip (submitting a task per partition and gathering its result costs ~10-20 ms however
+trip (submitting a task per partition and gathering its result cost 11-43 ms however
 small the partitions). On first use the store starts one Dask actor (`PartitionActor`) per
 worker, holding the partitions that worker already has (a partition is moved only to
 balance the partitions between the workers). An actor keeps, for the whole run, the
@@ -18,7 +18,7 @@ the data-only per-partition arrays a route prepares (the GLM route's row norms, 
 sorted route's order, the control variate's anchor gradients). A released sum is then one
 message from the driver to every actor, straight to the worker (no scheduler), carrying
 the function's token and the parameter vectors; every actor evaluates the function on
-each of its partitions in its own thread and answers with the partition sums. The
+each of its partitions (in the worker's actor thread) and answers with the partition sums. The
 minibatch releases send each actor only the indices of the rows its partitions hold.
 
 In the *data-sharing* mode of Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2, the
