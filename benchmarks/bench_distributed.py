@@ -3,23 +3,34 @@
 On a ``LocalCluster`` with 2 worker processes (one thread each) this script measures, for the
 banana model of the DP-HMC paper (d = 2, generic route):
 
-* the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 2`` released sums) and of
+* the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 1`` computed sums, the
+  gradient at the start kept from the last trajectory, `pymc_dp.records.GradSumMemo`) and of
   DPPenaltyMetropolis (1 released sum) at each ``n``, in one process (``chunk_size`` = the
   partition size) and with ``DaskRecords`` (the same partitions on the 2 workers);
 * the per-iteration time of DPSGLD with a Poisson minibatch of expected size ``B`` (1
   released sum; the indices are drawn on the driver and only the partitions holding some
   of them read those rows), in one process and with ``DaskRecords``;
 * the fixed cost ``R`` of one round trip: one released sum over records of 1 row per
-  partition (the per-call overhead of submitting the partition tasks and gathering their
-  sums);
+  partition (the per-call overhead: one message to every worker's actor holding its
+  partitions, and their partition sums back; `pymc_dp.records.dask_store`);
 
 and fits the model ``T(W, n) = c n / W + k R`` of an iteration on ``W`` workers, with ``c``
 the single-process compute time per record and iteration (from the largest ``n``) and ``k``
-the released sums per iteration (``L + 2`` for DPHMC, 1 for the penalty step); for the
+the computed sums per iteration (``L + 1`` for DPHMC, 1 for the penalty step); for the
 minibatch step ``T(W, B) = c_B B / W + R`` with ``c_B`` its single-process time per
 minibatch record (independent of ``n``). Printed: the
 measurements, the model's prediction for ``W = 2`` next to the measured Dask time (how well
 the model fits here), and its prediction for ``n = 10^9`` on ``W = 100`` workers.
+
+``ratio`` is one process / Dask (below 1: the cluster run is slower), ``Dask/1 proc`` its
+inverse (issue 28's goal: at most 2 at ``n = 10^6`` on 2 workers). ``CPU s/iter`` is the
+CPU time per iteration (mean over the timed iterations) of the one process, and of the
+driver plus every worker process for Dask: on a host whose cores are busy with other work
+the wall times mostly measure how much CPU the processes were given, the CPU times what
+the work cost. Dask starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also
+turns off glibc's adaptive mmap threshold: every large temporary array of a per-record
+function is then a fresh ``mmap`` (about 12 000 page faults per released sum at ``n =
+10^6``, twice the workers' CPU time here); ``--glibc-malloc`` starts them without it.
 
 Timings are medians of ``--iterations`` iterations after two warm-up iterations. The host's
 cores are shared by the driver and the workers (and by anything else running): on a
@@ -40,9 +51,11 @@ import statistics
 import time
 import warnings
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+_THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+for _var in _THREADS:
     os.environ.setdefault(_var, "1")
 
+import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 import numpy as np  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
@@ -51,7 +64,7 @@ import pymc_dp  # noqa: E402
 from pymc_dp.distributed import DaskRecords  # noqa: E402
 from pymc_dp.experiments.models import banana  # noqa: E402
 
-L = 5  # leapfrog steps of DPHMC: L + 2 released sums per iteration
+L = 5  # leapfrog steps of DPHMC: L + 1 computed sums (round trips) per iteration
 B = 1000  # expected minibatch of DPSGLD (1 released sum per iteration)
 PARTITIONS = 4  # partitions of the records (2 per worker)
 
@@ -92,16 +105,24 @@ def _steps(model, records, chunk):
     return {"DPHMC": hmc, "DPPenaltyMetropolis": pen, f"DPSGLD (B={B})": sgld}
 
 
-def _per_iteration(step, model, iterations: int) -> float:
+def _per_iteration(step, model, iterations: int, client=None) -> tuple[float, float]:
     point = model.initial_point()
     for _ in range(2):  # warm-up: compilation on the workers, first shipping
         point, _ = step.step(point)
     times = []
+    workers = _workers_cpu(client)
+    own = time.process_time()
     for _ in range(iterations):
         t = time.perf_counter()
         point, _ = step.step(point)
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    own = time.process_time() - own
+    return statistics.median(times), (own + _workers_cpu(client) - workers) / iterations
+
+
+def _workers_cpu(client) -> float:
+    """CPU seconds used so far by every worker process (0 without a client)."""
+    return 0.0 if client is None else sum(client.run(time.process_time).values())
 
 
 def _round_trip(client, model_small, iterations: int) -> float:
@@ -128,11 +149,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=None, help="values of n")
     ap.add_argument("--iterations", type=int, default=None, help="timed iterations per point")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--glibc-malloc",
+        action="store_true",
+        help="start the workers without Dask's MALLOC_TRIM_THRESHOLD_=65536 (glibc's "
+        "default allocator settings, as in the one process)",
+    )
     args = ap.parse_args(argv)
     args.sizes = args.sizes or ([2_000] if args.quick else [1_000_000, 10_000_000])
     args.iterations = args.iterations or (1 if args.quick else 3)
     small = banana(n=10, seed=0)
     rows = []
+    if args.glibc_malloc:  # Dask's default without MALLOC_TRIM_THRESHOLD_
+        dask.config.set({"distributed.nanny.pre-spawn-environ": dict.fromkeys(_THREADS, 1)})
+    environ = dask.config.get("distributed.nanny.pre-spawn-environ")
     with (
         LocalCluster(
             n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None
@@ -148,14 +178,15 @@ def main(argv: list[str] | None = None) -> None:
             local = _steps(full.model, None, chunk)
             remote = _steps(banana(n=10, seed=0).model, recs, chunk)
             for name in local:
-                t1 = _per_iteration(local[name], full.model, args.iterations)
-                tw = _per_iteration(remote[name], small.model, args.iterations)
-                rows.append((name, n, t1, tw))
+                t1, cpu1 = _per_iteration(local[name], full.model, args.iterations)
+                tw, cpuw = _per_iteration(remote[name], small.model, args.iterations, client)
+                rows.append((name, n, t1, tw, cpu1, cpuw))
             del local, remote, recs, full, x
     print(
         f"LocalCluster: {args.workers} worker processes x 1 thread; {PARTITIONS} partitions; "
         f"host: {os.cpu_count()} cores, load average at the end "
-        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}"
+        f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}; workers' MALLOC_TRIM_THRESHOLD_: "
+        f"{environ.get('MALLOC_TRIM_THRESHOLD_', 'unset (glibc default)')}"
     )
     print(
         f"round trip R (one released sum, {PARTITIONS} partitions of 1 record): {rt * 1e3:.2f} ms"
@@ -163,21 +194,25 @@ def main(argv: list[str] | None = None) -> None:
     print()
     head = (
         f"{'step':<20} {'n':>11} | {'1 process s/iter':>16} {'Dask s/iter':>12} "
-        f"{'ratio':>7} | {'model W=2':>10}"
+        f"{'ratio':>7} | {'model W=2':>10} | {'Dask/1 proc':>11} | "
+        f"{'CPU s/iter: 1 proc':>18} {'Dask':>9}"
     )
     print(head)
     print("-" * len(head))
-    k = {"DPHMC": L + 2, "DPPenaltyMetropolis": 1}
+    k = {"DPHMC": L + 1, "DPPenaltyMetropolis": 1}
     n_max = max(args.sizes)
-    c = {name: t1 / n for name, n, t1, _ in rows if n == n_max}
+    c = {name: t1 / n for name, n, t1, *_ in rows if n == n_max}
     mb = f"DPSGLD (B={B})"  # minibatch: the work is B rows, whatever n
-    c[mb] = min(t1 for name, _, t1, _ in rows if name == mb) / B
-    for name, n, t1, tw in rows:
+    c[mb] = min(t1 for name, _, t1, *_ in rows if name == mb) / B
+    for name, n, t1, tw, cpu1, cpuw in rows:
         if name == mb:
             model_w = c[name] * B / args.workers + rt
         else:
             model_w = c[name] * n / args.workers + k[name] * rt
-        print(f"{name:<20} {n:>11,d} | {t1:>16.4g} {tw:>12.4g} {t1 / tw:>#7.3g} | {model_w:>10.4g}")
+        print(
+            f"{name:<20} {n:>11,d} | {t1:>16.4g} {tw:>12.4g} {t1 / tw:>#7.3g} | "
+            f"{model_w:>10.4g} | {tw / t1:>11.3g} | {cpu1:>18.4g} {cpuw:>9.4g}"
+        )
     print()
     print("model T(W, n) = c n / W + k R  (c from the single-process run at the largest n)")
     for name in k:

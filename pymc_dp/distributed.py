@@ -16,10 +16,13 @@ stand-in of the same dtype and trailing shape). Give the records to a step
     idata = pymc_dp.sample(step=pymc_dp.DPHMC, records=records, ...)
 
 Every full-data read then runs where the partitions live: the per-record functions are
-compiled once on the driver, shipped to the workers once, evaluated on each partition, and a
-worker returns only partition sums (the clipped gradient sum, the clipped log-likelihood-ratio
-sum); the driver adds the noise. With the same seed, draws equal those of a single-process
-run with ``chunk_size`` equal to the partition size.
+compiled once on the driver and sent once to a long-lived Dask actor on every worker
+(`pymc_dp.records.dask_store.PartitionActor`), which holds that worker's partitions for the
+whole run; a released sum is one message to each actor (no scheduler round trip), which
+evaluates the function on its partitions and returns only partition sums (the clipped
+gradient sum, the clipped log-likelihood-ratio sum); the driver adds the noise. With the
+same seed, draws equal those of a single-process run with ``chunk_size`` equal to the
+partition size.
 
 **Data-sharing** (``owners=...``; Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2): each data
 owner (a group of partitions) adds its own Gaussian noise to its own clipped

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 
 import numpy as np
 import pymc as pm
@@ -159,6 +160,173 @@ def test_sorted_route_on_dask_gives_the_in_memory_sums(client):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+# -- the per-iteration protocol (issue 28): actors, one message per worker per released sum ----
+
+
+def _every_release(fns, idx):
+    """Every sum the runtime releases (and the start check), at fixed public arguments; the
+    residual sums at two anchors, so that the first anchor's arrays are forgotten."""
+    from pymc_dp.kernels.subsampled_penalty import clipped_moments, merge_moments
+
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
+    m = np.array([[1.5, 0.2], [0.0, 0.7]])
+    fns.check_start(q0)
+    out = {
+        "llr": fns.clipped_loglik_ratio_sum(q1, q0, 0.3),
+        "grad": fns.clipped_grad_sum(q1, 0.4),
+        "residual": fns.clipped_residual_ratio_sum(q1, q0, 0.05, q0, 0.5),
+        "residual2": fns.clipped_residual_ratio_sum(q0, q1, 0.05, q1, 0.5, transform=m),
+        "moments": fns.clipped_grad_moments(q1, 0.4, transform=m, outer_bound=0.3, centre=q0),
+        "norm_counts": fns.grad_norm_counts(q1, np.linspace(0.05, 2.0, 7)),
+        "grad_rows": fns.clipped_grad_sum_subset(q1, 0.4, idx),
+        "ratio_rows": fns.ratio_subset_terms(
+            q1, q0, idx, clipped_moments, merge_moments, params=(0.05,)
+        ),
+    }
+    return out
+
+
+def _flatten(v):
+    if isinstance(v, tuple | list):
+        return [x for item in v for x in _flatten(item)]
+    return [np.asarray(v, dtype=float)]
+
+
+def test_actor_protocol_gives_the_in_memory_sums_of_every_release(client, monkeypatch):
+    """Each released sum (every kind the steps and the automatic mode use) is the in-memory
+    store's number with the same chunks, exactly: the same compiled functions, the same
+    partitions, the partition sums added in partition order. After the first calls (actors
+    started, functions sent), a released sum submits no task (no scheduler round trip) and
+    sends one message to each actor."""
+    from pymc_dp.records import dask_store
+
+    X, y = _data()
+    idx = np.random.default_rng(5).integers(0, N, size=450)  # repeats, every partition
+    kw = dict(llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0)
+    kw["grad_noise_multiplier"] = 1.0
+    with _model(X, y):
+        local = pymc_dp.DPHMC(chunk_size=PART, **kw)
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.DPHMC(records=_records(client, X, y), **kw)
+    want = _every_release(local._fns, idx)
+    _every_release(remote._fns, idx)  # warm-up: actors started, functions sent
+
+    calls = {"submit": 0, "map": 0, "rows": 0}
+    real_submit = client.submit
+
+    def submit(*a, **k):
+        calls["submit"] += 1
+        return real_submit(*a, **k)
+
+    for name in ("map", "rows"):
+        real = getattr(dask_store.PartitionActor, name)
+
+        def counted(self, *a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(self, *a)
+
+        monkeypatch.setattr(dask_store.PartitionActor, name, counted)
+    monkeypatch.setattr(client, "submit", submit)
+    got = _every_release(remote._fns, idx)
+    store = remote._fns.records
+    n_actors = len(store._actors)
+    assert n_actors == 2 and sorted(j for h in store._actors for j in h.index) == [0, 1, 2, 3]
+    assert calls["submit"] == 0
+    assert calls["map"] == 7 * n_actors and calls["rows"] == 2 * n_actors
+    # the residual sums use prepared per-partition arrays (the anchor gradients, kept on the
+    # actors, forgotten at the second anchor); the sorted route test below a route's own
+    assert local._fns.gradient_route == remote._fns.gradient_route
+    for key in want:
+        if key in ("moments", "norm_counts"):  # no count of clipped records
+            w, g = _flatten(want[key]), _flatten(got[key])
+        else:  # (sums, count of clipped records): the count stays on the workers (0)
+            w, g = _flatten(want[key][0]), _flatten(got[key][0])
+            assert all(np.all(c == 0) for c in _flatten(got[key][1])), key
+        assert len(w) == len(g)
+        for a, b in zip(w, g, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=key)
+    assert want["norm_counts"].sum() > 0 and got["residual"][0] != got["residual2"][0]
+
+
+def _fails_on_the_data(*chunk):
+    """A per-chunk function that fails with record values in its message."""
+    raise ValueError(f"secret record value {float(np.asarray(chunk[0]).ravel()[0])!r}")
+
+
+def test_a_function_failing_on_a_worker_names_only_its_type(client):
+    X, y = _data()
+    recs = _records(client, X, y)
+    store = recs.store_for(["X", "y"], [(np.dtype("float64"), (2,)), (np.dtype("int64"), ())])
+    with pytest.raises(RuntimeError, match=r"failed \(RemoteTaskError\)") as info:
+        store.map_reduce(_fails_on_the_data, lambda a, b: b, None)
+    text = str(info.value) + repr(info.value.__cause__) + repr(info.value.__context__)
+    assert "secret" not in text and repr(float(X[0, 0])) not in text
+    store.close()
+
+
+def test_closing_the_store_releases_its_actors(client):
+    """One actor per worker, started by the first read of the records (the step's start
+    checks); `DaskStore.close` releases them (other tests' actors may come and go on the
+    shared cluster meanwhile: only this store's are counted)."""
+
+    def held(dask_worker=None):
+        return list(dask_worker.state.actors)
+
+    X, y = _data()
+    with _model(X[:10], y[:10]):
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0, noise_multiplier=1.0, records=_records(client, X, y)
+        )
+    store = step._fns.records
+    step._fns.clipped_loglik_ratio_sum(np.zeros(2), np.ones(2), 0.5)
+    mine = {h.future.key for h in store._actors}
+    where = {w: mine & set(keys) for w, keys in client.run(held).items()}
+    assert len(mine) == 2 and all(len(k) == 1 for k in where.values())  # one per worker
+    store.close()
+    for _ in range(100):  # the scheduler releases the actors' keys asynchronously
+        if not mine & {k for keys in client.run(held).values() for k in keys}:
+            break
+        time.sleep(0.05)
+    assert not mine & {k for keys in client.run(held).values() for k in keys}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "zombie" not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to see the processes")
+def test_the_cluster_shuts_down_cleanly_after_a_run_on_actors():
+    """A run on worker processes, then the cluster closed: no worker or nanny process is
+    left behind (the actors die with their workers)."""
+    import multiprocessing
+
+    X, y = _data()
+    with _cluster(processes=True) as c:
+        workers = list(c.run(os.getpid).values())
+        nannies = [p.pid for p in multiprocessing.active_children()]
+        with _model(X[:10], y[:10]):
+            idata = pymc_dp.sample(
+                step=pymc_dp.DPPenaltyMetropolis,
+                epsilon=5.0,
+                delta=1e-5,
+                step_kwargs={"clip_bound": 5.0},
+                records=_records(c, X, y),
+                random_seed=2,
+                **RUN,
+            )
+    assert idata.posterior["b"].shape == (2, 8, 2)
+    assert len(workers) == 2 and nannies
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in workers + nannies) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers + nannies)
+    assert not [p for p in multiprocessing.active_children() if p.pid in nannies]
+
+
 # -- minibatch steps: indices drawn on the driver, only the selected rows' sums come back -------
 
 MINIBATCH_STEPS = [  # (step, step_kwargs, epsilon of the run)
@@ -212,14 +380,15 @@ def test_minibatch_step_on_dask_draws_equal_the_in_memory_run(client, step, kwar
 
 
 class _Spy:
-    """Wraps `DaskStore._gather`: keeps every result that reached the driver from a worker."""
+    """Wraps `DaskStore._receive`: keeps every partition result that reached the driver from
+    an actor."""
 
     def __init__(self, real):
         self.real, self.returned = real, []
 
-    def __call__(self, store, futures):
-        out = self.real(store, futures)
-        self.returned.extend(out)
+    def __call__(self, store, pairs):
+        out = self.real(store, pairs)
+        self.returned.extend(r for _, r in out)
         return out
 
 
@@ -229,8 +398,8 @@ def test_minibatch_workers_return_sums_only_and_no_counts(client, monkeypatch):
     from pymc_dp.kernels.subsampled_penalty import clipped_moments, merge_moments
     from pymc_dp.records import dask_store
 
-    spy = _Spy(dask_store.DaskStore._gather)
-    monkeypatch.setattr(dask_store.DaskStore, "_gather", lambda self, f: spy(self, f))
+    spy = _Spy(dask_store.DaskStore._receive)
+    monkeypatch.setattr(dask_store.DaskStore, "_receive", lambda self, f: spy(self, f))
     X, y = _data()
     kw = {"batch_size": 200, "clip_bound": 5.0, "noise_multiplier": 1.0}
     with _model(X[:10], y[:10]):

@@ -1,32 +1,47 @@
 """Records on a Dask cluster: a store with the operations of `InMemoryRecords`.
 
 `DaskStore` holds row-partitioned, persisted dask arrays (one partition = one chunk of
-records) and runs the runtime's per-chunk functions where the partitions live: each
-function is shipped to the cluster once (pickled, as the result of a task, so a lost copy
-is recomputed like any other key; every worker thread compiles its own copy on first use),
-every call sends only the parameter vectors,
-and a worker returns only what the function returns for its partition -- a clipped sum and
-a count (the count is 0 unless the step publishes non-private diagnostics), or one bit for
-the start and finiteness checks. The driver combines the partition results in partition
+records) and runs the runtime's per-chunk functions where the partitions live, a worker
+returning only what the function returns for its partition -- a clipped sum and a count
+(the count is 0 unless the step publishes non-private diagnostics), or one bit for the
+start and finiteness checks. The driver combines the partition results in partition
 order, so the sums are the same numbers as those of `InMemoryRecords` with
 ``chunk_size`` equal to the partition size.
 
-In the *data-sharing* mode of Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2, each
-data owner (a group of partitions) adds its own Gaussian noise to its own contribution
-before it leaves the owner (`DaskStore.owner_sums`): the driver never sees an owner's
-sum without that owner's noise.
+*The per-iteration protocol* (issue 28): a released sum must not cost a scheduler round
+trip (submitting a task per partition and gathering its result cost 11-43 ms however
+small the partitions). On first use the store starts one Dask actor (`PartitionActor`) per
+worker, holding the partitions that worker already has (a partition is moved only to
+balance the partitions between the workers). An actor keeps, for the whole run, the
+partitions, the compiled per-chunk functions (each sent to it once, as pickled bytes) and
+the data-only per-partition arrays a route prepares (the GLM route's row norms, the
+sorted route's order, the control variate's anchor gradients). A released sum is then one
+message from the driver to every actor, straight to the worker (no scheduler), carrying
+the function's token and the parameter vectors; every actor evaluates the function on
+each of its partitions (in the worker's actor thread) and answers with the partition sums. The
+minibatch releases send each actor only the indices of the rows its partitions hold.
+
+In the *data-sharing* mode of Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2, the
+owners' noisy sums (`DaskStore.owner_sums`) still run as tasks (one task per partition and
+one per owner, which adds its own noise where its partitions' sums are; the driver never
+sees an owner's sum without that owner's noise): an actor answers the driver, so it could
+not hand a partition sum to another owner's noise without showing it to the driver.
 
 Per-record values never leave a worker: `chunks` and `take` refuse.
 
 A worker lost during a run is handled by Dask: the partitions it held are recomputed from
-their source (the graph of the persisted arrays). When that is impossible (data scattered
-to the lost worker, or a task that failed too often), the run stops with
-`RecordsLostError`; a task that fails on a worker stops it with a message that names only
-the type of the error (its text could hold record values).
+their source (the graph of the persisted arrays); an actor lost with its worker is started
+again, on a live worker, from the same partitions, and the sums it had not returned are
+asked of the new actor (a sum is deterministic: asking again releases nothing more, and
+the sums the other actors returned are kept, not asked again). When the partitions cannot
+be recomputed (data scattered to the lost worker, or a task that failed too often), the run
+stops with `RecordsLostError`; a function that fails on a worker stops it with a message
+that names only the type of the error (its text could hold record values).
 """
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import threading
 import uuid
@@ -124,15 +139,6 @@ def _call_prepared(fn, args, prep, *chunk):
     return _guarded(lambda: _own_copy(fn)(*_aligned(args), prep, *_aligned(chunk)))
 
 
-def _call_rows(fn, args, local, row_args, *chunk):
-    def run():
-        uniq, inverse = unique_rows(np.asarray(local))
-        rows = [np.asarray(a)[uniq] for a in chunk]
-        return _own_copy(fn)(*_aligned(args), inverse, tuple(_aligned(row_args)), *rows)
-
-    return _guarded(run)
-
-
 def _all_finite(flags, *chunk) -> bool:
     for a, check in zip(chunk, flags, strict=True):
         a = np.asarray(a)
@@ -159,6 +165,127 @@ def _owner_sum(reduce, init, noise_std: float, seed, *parts):
     rng = np.random.default_rng(seed)
     noise = rng.normal(size=np.shape(total)) * noise_std
     return total + (noise if np.ndim(total) else float(noise))
+
+
+class PartitionActor:
+    """Worker-side state of the per-iteration protocol: a Dask actor holding partitions.
+
+    Started by `DaskStore` (``client.submit(PartitionActor, ..., actor=True)``) on the
+    worker that holds its partitions; it lives as long as the store. Its methods run in the
+    worker's actor thread, one call at a time, so every compiled function it loads is
+    called by one thread only. Every method returns partition results only (what the
+    runtime's per-chunk functions return: sums, counts, one bit), never a per-record value;
+    a failure is re-raised as `RemoteTaskError` naming only its type.
+
+    Parameters
+    ----------
+    index : sequence of int
+        The numbers of the partitions it holds.
+    n_arrays : int
+        Arrays per partition.
+    *flat : numpy.ndarray
+        The partitions' arrays, partition after partition (Dask passes the persisted
+        partitions' values, read where they live).
+    """
+
+    def __init__(self, index: Sequence[int], n_arrays: int, *flat) -> None:
+        self._index = [int(j) for j in index]
+        self._parts = {
+            j: tuple(_aligned(list(flat[k * n_arrays : (k + 1) * n_arrays])))
+            for k, j in enumerate(self._index)
+        }
+        self._fns: dict[str, Any] = {}
+        self._prepared: dict[str, dict[int, Any]] = {}
+
+    def _load(self, shipped):
+        """The function of ``shipped = (token, pickled bytes or None)``; the bytes come with
+        the first call that uses the token (and are compiled then), later calls send None."""
+        token, blob = shipped
+        if token not in self._fns:
+            if blob is None:
+                raise KeyError("function not loaded")  # a protocol error: no data involved
+            self._fns[token] = pickle.loads(blob)
+        return self._fns[token]
+
+    def _prepare(self, shipped, j: int, chunk):
+        token = shipped[0]
+        cache = self._prepared.setdefault(token, {})
+        if j not in cache:
+            cache[j] = self._load(shipped)(*chunk)
+        return cache[j]
+
+    def map(self, fn, args: tuple, prepare=None) -> list:
+        """``[(j, fn(*args, [prepared_j,] *partition_j)) for every partition j held]``."""
+        return _guarded(self._map, fn, args, prepare)
+
+    def _map(self, fn, args, prepare):
+        f, args, out = self._load(fn), _aligned(args), []
+        for j in self._index:
+            chunk = self._parts[j]
+            if prepare is None:
+                out.append((j, f(*args, *chunk)))
+            else:
+                out.append((j, f(*args, self._prepare(prepare, j, chunk), *chunk)))
+        return out
+
+    def rows(self, fn, args: tuple, requests: list) -> list:
+        """``[(j, fn(*args, inverse, row_args, *rows)) for (j, local, row_args) in requests]``:
+        the rows ``local`` of partition ``j`` (each distinct one read once)."""
+        return _guarded(self._rows, fn, args, requests)
+
+    def _rows(self, fn, args, requests):
+        f, args, out = self._load(fn), _aligned(args), []
+        for j, local, row_args in requests:
+            uniq, inverse = unique_rows(np.asarray(local))
+            rows = [np.asarray(a)[uniq] for a in self._parts[j]]
+            out.append((j, f(*args, inverse, tuple(_aligned(row_args)), *rows)))
+        return out
+
+    def forget(self, token: str) -> None:
+        """Drop a function and its prepared per-partition arrays."""
+        self._fns.pop(token, None)
+        self._prepared.pop(token, None)
+
+
+class _Held:
+    """Driver-side handle of one `PartitionActor`: its partitions and the tokens it has."""
+
+    __slots__ = ("actor", "future", "index", "tokens")
+
+    def __init__(self, future, index: list[int]) -> None:
+        self.future = future
+        self.actor = future.result()
+        self.index = index
+        self.tokens: set[str] = set()
+
+
+_LOST = ("CancelledError", "FutureCancelledError", "FuturesCancelledError", "KilledWorker")
+
+#: Times a call is retried after its actor was lost with its worker (each time on a new actor).
+_MAX_RESTARTS = 3
+
+
+def _lost_error(kind: str) -> RecordsLostError:
+    return RecordsLostError(
+        f"a partition of the records was lost with a Dask worker and could not be "
+        f"recomputed from its source ({kind}); the run stopped. Give DaskRecords "
+        "arrays built from a recomputable source (dask.array.from_array, from_zarr, "
+        "...) rather than data scattered to one worker"
+    )
+
+
+def _task_error(kind: str) -> RuntimeError:
+    return RuntimeError(
+        f"a task on a Dask worker failed ({kind}); its message is not shown because it "
+        "could contain record values. Reproduce the failure on stand-in data"
+    )
+
+
+def _actor_lost(err: BaseException) -> bool:
+    """Whether an actor call failed because its worker is gone (not because of the data)."""
+    if isinstance(err, OSError) or type(err).__name__ in _LOST:
+        return True
+    return isinstance(err, RuntimeError) and "Actor was lost" in str(err)
 
 
 class DaskStore:
@@ -208,6 +335,8 @@ class DaskStore:
         self._shipped: dict[int, tuple[Any, Any]] = {}
         self._prepared: dict[int, tuple[Any, list]] = {}
         self._owner_calls = 0
+        self._blobs: dict[int, tuple[Any, str, bytes]] = {}
+        self._actors: list[_Held] | None = None
 
     def __getstate__(self):
         raise RemoteRecordsError(
@@ -253,7 +382,7 @@ class DaskStore:
         (a task whose result it is, so a lost copy is recomputed like any other key)."""
         key = id(fn)
         if key not in self._shipped:
-            shipped = (uuid.uuid4().hex, pickle.dumps(fn))
+            shipped = self._pickled(fn)
             self._shipped[key] = (fn, self._client.submit(_identity, shipped, pure=False))
         return self._shipped[key][1]
 
@@ -263,20 +392,155 @@ class DaskStore:
             return self._client.gather(futures)
         except Exception as err:  # noqa: BLE001 - classified below, its text is not shown
             failure = err
-        lost = isinstance(failure, CancelledError) or type(failure).__name__ == "KilledWorker"
+        lost = isinstance(failure, CancelledError) or type(failure).__name__ in _LOST
         kind = type(failure).__name__
         failure = None  # drop the worker's exception (its text could hold record values)
         if lost:
-            raise RecordsLostError(
-                f"a partition of the records was lost with a Dask worker and could not be "
-                f"recomputed from its source ({kind}); the run stopped. Give DaskRecords "
-                "arrays built from a recomputable source (dask.array.from_array, from_zarr, "
-                "...) rather than data scattered to one worker"
+            raise _lost_error(kind)
+        raise _task_error(kind)
+
+    # -- the actor protocol ------------------------------------------------------------------------
+    def _pickled(self, fn) -> tuple[str, bytes]:
+        """``(token, pickled bytes)`` of ``fn``, made once per object (kept alive here)."""
+        key = id(fn)
+        if key not in self._blobs:
+            self._blobs[key] = (fn, uuid.uuid4().hex, pickle.dumps(fn))
+        return self._blobs[key][1:]
+
+    def _start_actor(self, index: list[int], worker: str | None) -> _Held:
+        """A `PartitionActor` holding the partitions ``index`` (on ``worker`` if it lives)."""
+        flat = [f for j in index for f in self._parts[j]]
+        failure = None
+        try:
+            fut = self._client.submit(
+                PartitionActor,
+                index,
+                len(self._parts[0]),
+                *flat,
+                actor=True,
+                pure=False,
+                **({} if worker is None else {"workers": [worker], "allow_other_workers": True}),
             )
-        raise RuntimeError(
-            f"a task on a Dask worker failed ({kind}); its message is not shown because it "
-            "could contain record values. Reproduce the failure on stand-in data"
-        )
+            return _Held(fut, index)
+        except Exception as err:  # noqa: BLE001 - classified below, its text is not shown
+            failure = err
+        kind = type(failure).__name__
+        lost = _actor_lost(failure)
+        failure = None  # the text of a failed read of the partitions could hold values
+        raise _lost_error(kind) if lost else _task_error(kind)
+
+    def _placement(self) -> list[tuple[str | None, list[int]]]:
+        """Which partitions each actor holds: the partitions a worker has stay there, as
+        evenly spread as their count allows (public: placement, not values)."""
+        from distributed import wait
+
+        failure = None
+        try:
+            wait([f for p in self._parts for f in p])
+            who = self._client.who_has([p[0] for p in self._parts])
+            workers = sorted(self._client.scheduler_info()["workers"])
+        except Exception as err:  # noqa: BLE001 - classified below
+            failure = err
+        if failure is not None:
+            kind = type(failure).__name__
+            lost = _actor_lost(failure)
+            failure = None
+            raise _lost_error(kind) if lost else _task_error(kind)
+        if not workers:
+            return [(None, list(range(self.n_partitions)))]
+        cap = -(-self.n_partitions // len(workers))
+        mine: dict[str, list[int]] = {w: [] for w in workers}
+        rest = []
+        for j, p in enumerate(self._parts):
+            holders = [w for w in who.get(p[0].key, ()) if w in mine and len(mine[w]) < cap]
+            (mine[holders[0]] if holders else rest).append(j)
+        for j in rest:
+            min(mine.values(), key=len).append(j)
+        return [(w, sorted(js)) for w, js in mine.items() if js]
+
+    def _actor_pool(self) -> list[_Held]:
+        if self._actors is None:
+            self._actors = [self._start_actor(js, w) for w, js in self._placement()]
+        return self._actors
+
+    def _restart(self, i: int) -> None:
+        """Start actor ``i`` again (its worker was lost) on the live worker with the fewest
+        actors; Dask recomputes the lost partitions from their source."""
+        old = self._actors[i]
+        try:
+            workers = sorted(self._client.scheduler_info()["workers"])
+        except Exception:  # noqa: BLE001 - the scheduler is unreachable: place anywhere
+            workers = []
+        used = [getattr(h.actor, "_address", None) for k, h in enumerate(self._actors) if k != i]
+        worker = min(workers, key=used.count) if workers else None
+        self._actors[i] = self._start_actor(old.index, worker)
+
+    def _on_actors(self, method: str, make_args: Callable[[_Held, Callable], tuple | None]):
+        """Call ``method`` of every actor at once (one message each, straight to its
+        worker) and return ``{partition: result}``.
+
+        ``make_args(held, ship)`` gives the call's arguments for one actor (None: nothing
+        for it to do); ``ship(fn)`` is ``fn``'s token, with its bytes if that actor has not
+        loaded it yet. An actor lost with its worker is started again and asked again (at
+        most `_MAX_RESTARTS` times); a function that fails on a worker stops the run.
+        """
+        self._check_client()
+        pool = self._actor_pool()
+        results: dict[int, Any] = {}
+        todo = list(range(len(pool)))
+        for _attempt in range(_MAX_RESTARTS + 1):
+            sent = []
+            for i in todo:
+                held, new = self._actors[i], set()
+
+                def ship(fn, held=held, new=new):
+                    token, blob = self._pickled(fn)
+                    new.add(token)
+                    return (token, None if token in held.tokens else blob)
+
+                args = make_args(held, ship)
+                if args is None:
+                    continue
+                try:
+                    fut = getattr(held.actor, method)(*args)
+                except Exception as err:  # noqa: BLE001 - the actor's worker is gone
+                    fut = err
+                sent.append((i, held, new, fut))
+            failed, failure = [], None
+            for i, held, new, fut in sent:
+                try:
+                    if isinstance(fut, BaseException):
+                        raise fut
+                    out = fut.result()
+                except Exception as err:  # noqa: BLE001 - classified below, text not shown
+                    failure = err
+                if failure is not None:
+                    lost, kind = _actor_lost(failure), type(failure).__name__
+                    failure = None  # its text could hold record values
+                    if not lost:
+                        raise _task_error(kind)
+                    failed.append(i)
+                    continue
+                held.tokens |= new
+                results.update(self._receive(out))
+            if not failed:
+                return results
+            for i in failed:
+                self._restart(i)
+            todo = failed
+        raise _lost_error("the worker holding an actor was lost repeatedly")
+
+    def _receive(self, out: list) -> list:
+        """The ``(partition, result)`` pairs an actor returned: partition results only."""
+        return out
+
+    def close(self) -> None:
+        """Release the actors (and with them the functions and prepared arrays they hold).
+
+        Optional: they are released too when the store is garbage-collected."""
+        actors, self._actors = self._actors, None
+        if actors and getattr(self._client, "status", None) == "running":
+            self._client.cancel([h.future for h in actors])
 
     def _prepare_futures(self, prepare) -> list:
         key = id(prepare)
@@ -292,11 +556,20 @@ class DaskStore:
         """Drop the per-partition arrays of ``prepare`` from the cluster (if any)."""
         entry = self._prepared.pop(id(prepare), None)
         shipped = self._shipped.pop(id(prepare), None)
+        blob = self._blobs.pop(id(prepare), None)
         futures = (entry[1] if entry is not None else []) + (
             [shipped[1]] if shipped is not None else []
         )
-        if futures and getattr(self._client, "status", None) == "running":
+        running = getattr(self._client, "status", None) == "running"
+        if futures and running:
             self._client.cancel(futures)
+        if blob is not None and running:
+            token = blob[1]
+            for held in self._actors or []:
+                if token in held.tokens:
+                    held.tokens.discard(token)
+                    with contextlib.suppress(Exception):  # a lost actor holds nothing
+                        held.actor.forget(token)
 
     def _partition_futures(self, fn, args, prepare) -> list:
         self._check_client()
@@ -326,10 +599,14 @@ class DaskStore:
         Like `InMemoryRecords.map_reduce`; ``fn`` and ``prepare`` are shipped to the cluster
         once per object (keep them alive), the ``prepare`` results stay on the workers.
         """
-        results = self._gather(self._partition_futures(fn, args, prepare))
+        args = tuple(args)
+        if prepare is None:
+            out = self._on_actors("map", lambda held, ship: (ship(fn), args))
+        else:
+            out = self._on_actors("map", lambda held, ship: (ship(fn), args, ship(prepare)))
         acc = init
-        for r in results:
-            acc = reduce(acc, r)
+        for j in range(self.n_partitions):
+            acc = reduce(acc, out[j])
         return acc
 
     def map_reduce_rows(
@@ -352,16 +629,19 @@ class DaskStore:
         """
         starts = np.concatenate([[0], np.cumsum(self.partition_sizes)[:-1]])
         split = split_rows(idx, tuple(row_args), starts, self.n_records)
-        self._check_client()
-        f = self._ship(fn)
-        futs = [
-            self._client.submit(_call_rows, f, tuple(args), local, ra, *self._parts[j], pure=False)
-            for j, local, ra in split
-        ]
-        results = self._gather(futs) if futs else []
+        if not split:
+            return init
+        args = tuple(args)
+        wanted = {j: (j, local, ra) for j, local, ra in split}
+
+        def make_args(held, ship):
+            mine = [wanted[j] for j in held.index if j in wanted]
+            return (ship(fn), args, mine) if mine else None
+
+        out = self._on_actors("rows", make_args)
         acc = init
-        for r in results:
-            acc = reduce(acc, r)
+        for j in sorted(wanted):
+            acc = reduce(acc, out[j])
         return acc
 
     def owner_sums(
