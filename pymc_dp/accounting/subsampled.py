@@ -31,7 +31,7 @@ import functools
 from collections.abc import Iterable
 
 from ._validation import check_delta, check_positive
-from .calibration import Bisect, events_epsilon, expand, solve
+from .calibration import Bisect, expand, solve
 from .events import PoissonSubsampledGaussian, WORSubsampledGaussian
 from .gaussian import gaussian_epsilon
 
@@ -97,7 +97,7 @@ def poisson_subsampled_gaussian_epsilon(
     )
     any_event = False
     for ev in events:
-        acc.compose(ev.dp_event())
+        acc.compose(to_dp_event(ev))
         any_event = True
     if not any_event:
         return 0.0
@@ -117,7 +117,7 @@ def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], del
     )
     any_event = False
     for ev in events:
-        acc.compose(ev.dp_event())
+        acc.compose(to_dp_event(ev))
         any_event = True
     if not any_event:
         return 0.0
@@ -130,16 +130,17 @@ def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], del
 _MIN_NOISE_MULTIPLIER = 0.2
 
 
-def _calibrate(events_of, delta: float, epsilon: float) -> float:
+def _calibrate(events_of, accountant, delta: float, epsilon: float) -> float:
     """Smallest noise multiplier (to 0.1 % relative) whose epsilon does not exceed ``epsilon``.
 
     The returned multiplier always satisfies the target (bisection keeps the feasible end).
-    It is never below ``_MIN_NOISE_MULTIPLIER``. ``events_of(sigma)``: the run's events.
+    It is never below ``_MIN_NOISE_MULTIPLIER``. ``events_of(sigma)``: the run's events, of
+    one type, composed by ``accountant(events, delta)`` (the registry's accountant of that
+    type).
     """
-    eps_of_sigma = events_epsilon(events_of, delta)
 
     def ok(sigma: float) -> bool:
-        return eps_of_sigma(sigma) <= epsilon
+        return accountant(events_of(sigma), delta) <= epsilon
 
     def too_much(sigma: float) -> None:
         if sigma > 1e6:
@@ -173,7 +174,10 @@ def calibrate_poisson_subsampled_noise(
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_delta(delta)
     return _calibrate(
-        lambda s: [PoissonSubsampledGaussian(s, sampling_rate, count)], delta, epsilon
+        lambda s: [PoissonSubsampledGaussian(s, sampling_rate, count)],
+        poisson_subsampled_gaussian_epsilon,
+        delta,
+        epsilon,
     )
 
 
@@ -184,4 +188,9 @@ def calibrate_wor_subsampled_noise(
     """Noise multiplier so that ``count`` WOR-subsampled Gaussians are (epsilon, delta)-DP."""
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_delta(delta)
-    return _calibrate(lambda s: [WORSubsampledGaussian(s, n, batch_size, count)], delta, epsilon)
+    return _calibrate(
+        lambda s: [WORSubsampledGaussian(s, n, batch_size, count)],
+        wor_subsampled_gaussian_epsilon,
+        delta,
+        epsilon,
+    )
