@@ -76,6 +76,19 @@ def to_dp_event(event: PoissonSubsampledGaussian | WORSubsampledGaussian):
     return dpa.SelfComposedDpEvent(sampled, event.count)
 
 
+def _compose(
+    acc, events: Iterable[PoissonSubsampledGaussian | WORSubsampledGaussian], delta: float
+) -> float:
+    """Epsilon at ``delta`` of ``events`` composed by the dp-accounting accountant ``acc``."""
+    any_event = False
+    for ev in events:
+        acc.compose(to_dp_event(ev))
+        any_event = True
+    if not any_event:
+        return 0.0
+    return float(acc.get_epsilon(delta))
+
+
 def poisson_subsampled_gaussian_epsilon(
     events: Iterable[PoissonSubsampledGaussian], delta: float
 ) -> float:
@@ -95,13 +108,7 @@ def poisson_subsampled_gaussian_epsilon(
         neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE,
         value_discretization_interval=_PLD_DISCRETISATION,
     )
-    any_event = False
-    for ev in events:
-        acc.compose(to_dp_event(ev))
-        any_event = True
-    if not any_event:
-        return 0.0
-    return float(acc.get_epsilon(delta))
+    return _compose(acc, events, delta)
 
 
 def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], delta: float) -> float:
@@ -115,13 +122,7 @@ def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], del
     acc = dpa.rdp.RdpAccountant(
         orders=_RDP_ORDERS, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
     )
-    any_event = False
-    for ev in events:
-        acc.compose(to_dp_event(ev))
-        any_event = True
-    if not any_event:
-        return 0.0
-    return float(acc.get_epsilon(delta))
+    return _compose(acc, events, delta)
 
 
 #: Smallest noise multiplier the calibration considers. Below it the PLD discretisation of
