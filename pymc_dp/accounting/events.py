@@ -41,7 +41,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ._validation import (
+from pymc_dp._validation import (
     check_count,
     check_mechanism_delta,
     check_nonnegative,

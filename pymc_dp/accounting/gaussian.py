@@ -34,7 +34,8 @@ from typing import Literal, overload
 import numpy as np
 from scipy import optimize, special
 
-from ._validation import check_delta, check_nonnegative, check_positive, check_positive_int
+from pymc_dp._validation import check_delta, check_nonnegative, check_positive, check_positive_int
+
 from .calibration import Nudge, calibrate, solve
 from .events import GaussianEvent
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._validation import check_delta
+from pymc_dp._validation import check_delta
+
 from .barker import dp_barker_epsilon
 from .events import (
     ApproxDPEvent,

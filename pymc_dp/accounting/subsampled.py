@@ -30,7 +30,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from ._validation import check_delta, check_positive
+from pymc_dp._validation import check_delta, check_positive
+
 from .calibration import Bisect, expand, solve
 from .events import PoissonSubsampledGaussian, WORSubsampledGaussian
 from .gaussian import gaussian_epsilon
