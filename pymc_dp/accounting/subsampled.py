@@ -43,6 +43,7 @@ __all__ = [
     "wor_subsampled_gaussian_epsilon",
     "calibrate_poisson_subsampled_noise",
     "calibrate_wor_subsampled_noise",
+    "to_dp_event",
 ]
 
 # PLD discretisation: smaller is tighter and slower; the estimate is pessimistic either way.
