@@ -193,7 +193,7 @@ def penalty_runner(
     released value, the same on D and D').
 
     The clipped log-likelihood ratios are computed by the real per-record model functions of
-    the two datasets (`pymc_dp.model.RecordFunctions`); the noise and the decision by
+    the two datasets (`pymc_dp.records.RecordFunctions`); the noise and the decision by
     the step's kernel. Published outputs: the accept bit and the ``accept`` stat (the noisy
     acceptance probability). ``noise_scale`` and ``clip`` exist to build deliberately broken
     variants (noise smaller than claimed; clipping removed) that the audit must catch.

@@ -25,7 +25,7 @@ import math
 import numpy as np
 from scipy import special
 
-from ._validation import check_count, check_delta, check_mechanism_delta, check_nonnegative
+from pymc_dp._validation import check_count, check_delta, check_mechanism_delta, check_nonnegative
 
 __all__ = ["compose_approx_dp"]
 

@@ -16,14 +16,15 @@ Two searches, `solve` runs either:
   or integer midpoints); the feasible end is returned.
 
 `expand` finds brackets; `calibrate` is `solve` for ``epsilon_of(x) <=
-epsilon``, and `events_epsilon` turns a ``parameter -> events`` function into
-``epsilon_of`` through `pymc_dp.accounting.registry.compose_epsilon`.
+epsilon``. The searches know no accountant (this module imports no other accounting
+module): ``epsilon_of`` is the caller's, an accountant of one event type or, for events of
+any registered types, `pymc_dp.accounting.registry.events_epsilon`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +32,6 @@ __all__ = [
     "Bisect",
     "Nudge",
     "calibrate",
-    "events_epsilon",
     "expand",
     "solve",
 ]
@@ -138,12 +138,3 @@ def expand(
 def calibrate(epsilon_of: Callable[[Any], float], epsilon: float, search: Nudge | Bisect) -> Any:
     """The parameter whose ``epsilon_of`` is at most ``epsilon`` (never above it)."""
     return solve(lambda x: epsilon_of(x) <= epsilon, search)
-
-
-def events_epsilon(
-    events_of: Callable[[Any], Iterable[object]], delta: float
-) -> Callable[[Any], float]:
-    """``x -> epsilon at delta of the events events_of(x)`` (any registered event types)."""
-    from .registry import compose_epsilon
-
-    return lambda x: compose_epsilon(events_of(x), delta)

@@ -41,7 +41,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ._validation import (
+from pymc_dp._validation import (
     check_count,
     check_mechanism_delta,
     check_nonnegative,
@@ -197,12 +197,6 @@ class PoissonSubsampledGaussian:
         object.__setattr__(self, "sampling_rate", q)
         object.__setattr__(self, "count", check_positive_int(self.count, "count"))
 
-    def dp_event(self):
-        """The same event in dp-accounting's terms (imports dp-accounting)."""
-        from .subsampled import to_dp_event
-
-        return to_dp_event(self)
-
 
 @dataclass(frozen=True)
 class WORSubsampledGaussian:
@@ -236,12 +230,6 @@ class WORSubsampledGaussian:
         object.__setattr__(self, "n", n)
         object.__setattr__(self, "batch_size", b)
         object.__setattr__(self, "count", check_positive_int(self.count, "count"))
-
-    def dp_event(self):
-        """The same event in dp-accounting's terms (imports dp-accounting)."""
-        from .subsampled import to_dp_event
-
-        return to_dp_event(self)
 
 
 @dataclass(frozen=True)

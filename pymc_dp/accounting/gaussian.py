@@ -34,8 +34,9 @@ from typing import Literal, overload
 import numpy as np
 from scipy import optimize, special
 
-from ._validation import check_delta, check_nonnegative, check_positive, check_positive_int
-from .calibration import Nudge, calibrate, events_epsilon, solve
+from pymc_dp._validation import check_delta, check_nonnegative, check_positive, check_positive_int
+
+from .calibration import Nudge, calibrate, solve
 from .events import GaussianEvent
 
 __all__ = [
@@ -332,7 +333,7 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, releases: int) -> f
     k = check_positive_int(releases, "releases")
     m = gaussian_mu_for_epsilon(eps, d)
     return calibrate(
-        events_epsilon(lambda z: [GaussianEvent(z, k)], d),
+        lambda z: gaussian_epsilon(GaussianEvent(z, k).mu, d),
         eps,
         Nudge(math.sqrt(k / (2.0 * m)), 1.0 + _NUDGE, _MAX_NUDGES, "calibrate_noise_multiplier"),
     )

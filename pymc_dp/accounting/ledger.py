@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from scipy import optimize, special
 
-from ._validation import check_delta, check_nonnegative
+from pymc_dp._validation import check_delta, check_nonnegative
+
 from .approx import KOVCurve
 from .events import ApproxDPEvent, GaussianEvent
 from .gaussian import gaussian_delta, gaussian_epsilon

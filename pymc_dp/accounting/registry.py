@@ -9,13 +9,20 @@ Theorem 3.16 [DworkRoth2014]: valid, if not the tightest split).
 
 Adding a mechanism: an event class in `.events`, its accountant, one `register`
 line below. Unsupported events raise before anything is computed.
+
+This is the one module that knows every accountant: the events are plain data (they import
+no accountant), the calibrator (`.calibration`) imports no accounting module, and an
+accountant imports the events and the calibrator, never this registry. The accounting
+modules' imports form no circle (checked by the tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from ._validation import check_delta
+from pymc_dp._validation import check_delta
+
 from .barker import dp_barker_epsilon
 from .events import (
     ApproxDPEvent,
@@ -28,7 +35,7 @@ from .events import (
 from .ledger import PrivacyLedger
 from .subsampled import poisson_subsampled_gaussian_epsilon, wor_subsampled_gaussian_epsilon
 
-__all__ = ["EpsilonFunction", "accountant_for", "compose_epsilon", "register"]
+__all__ = ["EpsilonFunction", "accountant_for", "compose_epsilon", "events_epsilon", "register"]
 
 #: ``f(events, delta) -> epsilon`` of a list of events of the types registered with it.
 EpsilonFunction = Callable[[Sequence[object], float], float]
@@ -70,6 +77,17 @@ def compose_epsilon(events: Iterable[object], delta: float) -> float:
     for fn in sorted(groups, key=order.index):
         total += float(fn(groups[fn], share))
     return total
+
+
+def events_epsilon(
+    events_of: Callable[[Any], Iterable[object]], delta: float
+) -> Callable[[Any], float]:
+    """``x -> epsilon at delta of the events events_of(x)`` (any registered event types).
+
+    The ``epsilon_of`` of `pymc_dp.accounting.calibration.calibrate` for a mechanism
+    described by its events: ``calibrate(events_epsilon(events_of, delta), epsilon, search)``.
+    """
+    return lambda x: compose_epsilon(events_of(x), delta)
 
 
 def _ledger_epsilon(events: Sequence[object], delta: float) -> float:

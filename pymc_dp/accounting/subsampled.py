@@ -30,8 +30,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable
 
-from ._validation import check_delta, check_positive
-from .calibration import Bisect, events_epsilon, expand, solve
+from pymc_dp._validation import check_delta, check_positive
+
+from .calibration import Bisect, expand, solve
 from .events import PoissonSubsampledGaussian, WORSubsampledGaussian
 from .gaussian import gaussian_epsilon
 
@@ -42,6 +43,7 @@ __all__ = [
     "wor_subsampled_gaussian_epsilon",
     "calibrate_poisson_subsampled_noise",
     "calibrate_wor_subsampled_noise",
+    "to_dp_event",
 ]
 
 # PLD discretisation: smaller is tighter and slower; the estimate is pessimistic either way.
@@ -76,6 +78,19 @@ def to_dp_event(event: PoissonSubsampledGaussian | WORSubsampledGaussian):
     return dpa.SelfComposedDpEvent(sampled, event.count)
 
 
+def _compose(
+    acc, events: Iterable[PoissonSubsampledGaussian | WORSubsampledGaussian], delta: float
+) -> float:
+    """Epsilon at ``delta`` of ``events`` composed by the dp-accounting accountant ``acc``."""
+    any_event = False
+    for ev in events:
+        acc.compose(to_dp_event(ev))
+        any_event = True
+    if not any_event:
+        return 0.0
+    return float(acc.get_epsilon(delta))
+
+
 def poisson_subsampled_gaussian_epsilon(
     events: Iterable[PoissonSubsampledGaussian], delta: float
 ) -> float:
@@ -95,13 +110,7 @@ def poisson_subsampled_gaussian_epsilon(
         neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE,
         value_discretization_interval=_PLD_DISCRETISATION,
     )
-    any_event = False
-    for ev in events:
-        acc.compose(ev.dp_event())
-        any_event = True
-    if not any_event:
-        return 0.0
-    return float(acc.get_epsilon(delta))
+    return _compose(acc, events, delta)
 
 
 def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], delta: float) -> float:
@@ -115,13 +124,7 @@ def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], del
     acc = dpa.rdp.RdpAccountant(
         orders=_RDP_ORDERS, neighboring_relation=dpa.NeighboringRelation.REPLACE_ONE
     )
-    any_event = False
-    for ev in events:
-        acc.compose(ev.dp_event())
-        any_event = True
-    if not any_event:
-        return 0.0
-    return float(acc.get_epsilon(delta))
+    return _compose(acc, events, delta)
 
 
 #: Smallest noise multiplier the calibration considers. Below it the PLD discretisation of
@@ -130,16 +133,17 @@ def wor_subsampled_gaussian_epsilon(events: Iterable[WORSubsampledGaussian], del
 _MIN_NOISE_MULTIPLIER = 0.2
 
 
-def _calibrate(events_of, delta: float, epsilon: float) -> float:
+def _calibrate(events_of, accountant, delta: float, epsilon: float) -> float:
     """Smallest noise multiplier (to 0.1 % relative) whose epsilon does not exceed ``epsilon``.
 
     The returned multiplier always satisfies the target (bisection keeps the feasible end).
-    It is never below ``_MIN_NOISE_MULTIPLIER``. ``events_of(sigma)``: the run's events.
+    It is never below ``_MIN_NOISE_MULTIPLIER``. ``events_of(sigma)``: the run's events, of
+    one type, composed by ``accountant(events, delta)`` (the registry's accountant of that
+    type).
     """
-    eps_of_sigma = events_epsilon(events_of, delta)
 
     def ok(sigma: float) -> bool:
-        return eps_of_sigma(sigma) <= epsilon
+        return accountant(events_of(sigma), delta) <= epsilon
 
     def too_much(sigma: float) -> None:
         if sigma > 1e6:
@@ -173,7 +177,10 @@ def calibrate_poisson_subsampled_noise(
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_delta(delta)
     return _calibrate(
-        lambda s: [PoissonSubsampledGaussian(s, sampling_rate, count)], delta, epsilon
+        lambda s: [PoissonSubsampledGaussian(s, sampling_rate, count)],
+        poisson_subsampled_gaussian_epsilon,
+        delta,
+        epsilon,
     )
 
 
@@ -184,4 +191,9 @@ def calibrate_wor_subsampled_noise(
     """Noise multiplier so that ``count`` WOR-subsampled Gaussians are (epsilon, delta)-DP."""
     epsilon = check_positive(epsilon, "epsilon")
     delta = check_delta(delta)
-    return _calibrate(lambda s: [WORSubsampledGaussian(s, n, batch_size, count)], delta, epsilon)
+    return _calibrate(
+        lambda s: [WORSubsampledGaussian(s, n, batch_size, count)],
+        wor_subsampled_gaussian_epsilon,
+        delta,
+        epsilon,
+    )

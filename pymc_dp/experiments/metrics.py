@@ -35,6 +35,14 @@ def _as_2d(name: str, x) -> np.ndarray:
     return a
 
 
+def _as_pair(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` and ``y`` as arrays of shape (m, d) and (m', d): two samples to compare."""
+    x, y = _as_2d("x", x), _as_2d("y", y)
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have the same dimension; got {x.shape[1]}, {y.shape[1]}")
+    return x, y
+
+
 def _rng(rng) -> np.random.Generator:
     return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
@@ -58,9 +66,7 @@ def median_heuristic(
     -------
     float
     """
-    x, y = _as_2d("x", x), _as_2d("y", y)
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must have the same dimension; got {x.shape[1]}, {y.shape[1]}")
+    x, y = _as_pair(x, y)
     if n_pairs is None:
         d = np.sqrt(((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)).ravel()
     else:
@@ -123,9 +129,7 @@ def mmd(
     -------
     float
     """
-    x, y = _as_2d("x", x), _as_2d("y", y)
-    if x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must have the same dimension; got {x.shape[1]}, {y.shape[1]}")
+    x, y = _as_pair(x, y)
     if int(max_points) != max_points or max_points < 2:
         raise ValueError(f"max_points must be an integer >= 2; got {max_points!r}")
     g = _rng(rng)

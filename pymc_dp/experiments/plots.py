@@ -27,6 +27,15 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: str | Path, dpi: int) -> Path:
+    """Lay out ``fig``, write it to ``path`` and close it; returns the path."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=dpi)
+    _pyplot().close(fig)
+    return path
+
+
 def plot_metrics(rows: list[dict], path: str | Path) -> Path:
     """MMD (both scales) and mean error vs epsilon per method (mean +- sd); writes a PNG.
 
@@ -71,11 +80,7 @@ def plot_metrics(rows: list[dict], path: str | Path) -> Path:
     counts = sorted({len(v) for g in groups.values() for v in g.values()})
     reps = str(counts[0]) if len(counts) == 1 else f"{counts[0]} to {counts[-1]}"
     fig.suptitle(f"{model}: mean $\\pm$ sd over {reps} repeat(s)")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=120)
 
 
 def plot_posteriors(
@@ -121,11 +126,7 @@ def plot_posteriors(
         ax.set_xlabel(r"$\theta_1$")
         ax.set_ylabel(r"$\theta_2$")
     fig.suptitle(f"{sel[0]['model']}: posterior draws at $\\epsilon$ = {float(epsilon):g}")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, dpi=110)
 
 
 def make_figures(

@@ -323,7 +323,7 @@ def dphmc_transition(
     llr_clip_bound, llr_noise_multiplier : float
         ``b_l`` and ``z_l``.
     clipped_grad_sum, prior_logp_and_grad, clipped_loglik_ratio_sum : callable
-        The model's per-record functions (`pymc_dp.model.RecordFunctions`).
+        The model's per-record functions (`pymc_dp.records.RecordFunctions`).
     owners : int
         ``K > 0``: the data-sharing scheme (Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2):
         every release is the sum of the ``K`` owners' contributions, each with the owner's

@@ -36,6 +36,9 @@ The modules follow the data flow, and raw data values enter only in the store:
 ``store``           where records live (`InMemoryRecords`: chunks, take, map-reduce)
 ``runtime``         `RecordFunctions` (routes mapped over a store), `RecordSource`
 ``build``           orchestration: `build_record_functions`
+``expfam``          exponential-family structure from the graph (sufficient statistics,
+                    natural parameters) and its chunked clipped-statistic passes, for
+                    `pymc_dp.DPExpFamilyPenalty`
 =================== ========================================================================
 
 Per-record gradients are built without ``pytensor.gradient.jacobian`` (which needs ``n x n``

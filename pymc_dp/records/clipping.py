@@ -34,6 +34,7 @@ __all__ = [
     "factor_rows",
     "mask_rows",
     "reference_clipped_sum",
+    "squared_row_norms",
     "verify_route",
     "weighted_sum",
 ]
@@ -102,6 +103,27 @@ def factor_rows(block, x):
         return None
     v = pt.mul(*rest) if rest else pt.ones((1, 1))
     return full[0], v[:, 0]
+
+
+def squared_row_norms(blocks, split):
+    """Per-record squared norms of gradient blocks, the factorised ones from prepared norms.
+
+    ``split[j]`` is `factor_rows` of ``blocks[j]``: None (the norm is ``sum(b^2, axis=1)``)
+    or ``(M, v)`` (the norm is ``v^2 ||m_i||^2``, with ``||m_i||^2`` a vector input
+    ``row_sqK`` computed from the data-only ``M`` once per chunk). Returns ``(terms,
+    row_sq_in, row_sq_out)``: a squared-norm term per block, the inputs ``row_sqK`` and the
+    graphs that prepare them.
+    """
+    terms, row_sq_in, row_sq_out = [], [], []
+    for b, f in zip(blocks, split, strict=True):
+        if f is None:
+            terms.append(pt.sum(pt.sqr(b), axis=1))
+        else:
+            r = pt.vector(f"row_sq{len(row_sq_in)}", dtype="float64")
+            row_sq_in.append(r)
+            row_sq_out.append(pt.cast(pt.sum(pt.sqr(f[0]), axis=1), "float64"))
+            terms.append(pt.sqr(f[1]) * r)
+    return terms, row_sq_in, row_sq_out
 
 
 class LazyFunction:

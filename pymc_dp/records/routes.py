@@ -29,6 +29,7 @@ from pymc_dp.records.clipping import (
     clip_weights,
     factor_rows,
     mask_rows,
+    squared_row_norms,
     verify_route,
     weighted_sum,
 )
@@ -198,15 +199,7 @@ def build_glm_route(
     if not any(split) and name == "GLM fast":
         return None
     bound = pt.dscalar("grad_clip_bound")
-    row_sq_in, row_sq_out, sq_terms = [], [], []
-    for b, f in zip(blocks, split, strict=True):
-        if f is None:
-            sq_terms.append(pt.sum(pt.sqr(b), axis=1))
-        else:
-            r = pt.vector(f"row_sq{len(row_sq_in)}", dtype="float64")
-            row_sq_in.append(r)
-            row_sq_out.append(pt.cast(pt.sum(pt.sqr(f[0]), axis=1), "float64"))
-            sq_terms.append(pt.sqr(f[1]) * r)
+    sq_terms, row_sq_in, row_sq_out = squared_row_norms(blocks, split)
     finite, w, n_clipped = clip_weights(pt.add(*sq_terms), bound)
 
     def clipped(masked):

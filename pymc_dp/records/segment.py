@@ -51,6 +51,7 @@ from pymc_dp.records.clipping import (
     clip_weights,
     factor_rows,
     mask_rows,
+    squared_row_norms,
     weighted_sum,
 )
 from pymc_dp.records.gathers import gather_parts, lift_gathers, unbatch_gathers
@@ -196,16 +197,7 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
             b = rewrite_graph(b, include=("canonicalize",), exclude=("constant_folding",))
             f = factor_rows(b, x)
         split.append(f)
-    row_sq_in, row_sq_out = [], []
-    sq = []
-    for b, f in zip(blocks_p, split, strict=True):
-        if f is None:
-            sq.append(pt.sum(pt.sqr(b), axis=1))
-        else:
-            r = pt.vector(f"row_sq{len(row_sq_in)}", dtype="float64")
-            row_sq_in.append(r)
-            row_sq_out.append(pt.cast(pt.sum(pt.sqr(f[0]), axis=1), "float64"))
-            sq.append(pt.sqr(f[1]) * r)
+    sq, row_sq_in, row_sq_out = squared_row_norms(blocks_p, split)
     sq += [pt.sum(pt.sqr(b), axis=1) for b in blocks_g]
     for k in range(len(gathers)):
         for j in range(k):

@@ -2,7 +2,7 @@
 
 A DP step is a thin PyMC `ArrayStepShared`: it wires a
 pure kernel (`pymc_dp.kernels`) to the per-record model functions
-(`pymc_dp.model`), declares its sampler stats, and records in every iteration the
+(`pymc_dp.records`), declares its sampler stats, and records in every iteration the
 privacy it spent (data-free constants), from which `pymc_dp.privacy_report` composes the
 spend of a whole run. The step never does privacy math beyond calling
 `pymc_dp.accounting`.

@@ -24,7 +24,6 @@ import numpy as np
 import pymc as pm
 
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
-from pymc_dp.expfam import ExpFamilyModel, find_expfam_structure
 from pymc_dp.kernels.expfam import (
     correlated_log_acceptance,
     correlated_noise_schedule,
@@ -42,6 +41,7 @@ from pymc_dp.kernels.warmstart import (
     histogram_from_counts,
     noisy_histogram_quantile,
 )
+from pymc_dp.records.expfam import ExpFamilyModel, find_expfam_structure
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
@@ -297,7 +297,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     clipped statistics.
 
     The likelihood's form is found from the PyMC model (see
-    `pymc_dp.expfam.SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
+    `pymc_dp.records.expfam.SUPPORTED_FORMS`): a Normal likelihood whose mean is affine in
     covariates (with a scale that may be unknown), or, without covariates, Normal, Bernoulli,
     Binomial (known trials), Poisson, Exponential, Gamma (known shape), Categorical, MvNormal
     (known covariance). Other models are refused with

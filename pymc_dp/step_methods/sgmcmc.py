@@ -645,7 +645,7 @@ def sgld_runner(
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """One DPSGLD iteration from ``q`` on neighbouring datasets D and D' (for the audit).
 
-    ``fns_d``, ``fns_d2`` are `pymc_dp.model.RecordFunctions` of the two datasets.
+    ``fns_d``, ``fns_d2`` are `pymc_dp.records.RecordFunctions` of the two datasets.
     Vectorised over trials: Poisson masks, the real clipped per-record gradients, the step's
     kernels (`noisy_gradient`,
     `sgld_update`). Published output: the new position

@@ -77,6 +77,132 @@ def test_never_imports_pymc_or_pytensor():
         assert name.split(".")[0] not in {"pymc", "pytensor", "pymc_dp"}, name
 
 
+def _accounting_imports(path: pathlib.Path) -> tuple[set[str], set[str]]:
+    """(accounting modules imported at module level, ... inside a function or class).
+
+    Modules by file stem; an import of the package itself (``import pymc_dp.accounting``,
+    ``from pymc_dp.accounting import compose_epsilon``) is an import of ``__init__``.
+    """
+    stems = {p.stem for p in path.parent.glob("*.py")}
+    package = "pymc_dp.accounting"
+
+    def resolve(dotted: str) -> str | None:
+        """The accounting module an absolute dotted name lies in (None: outside)."""
+        if dotted == package:
+            return "__init__"
+        if not dotted.startswith(package + "."):
+            return None
+        first = dotted[len(package) + 1 :].split(".")[0]
+        return first if first in stems else "__init__"
+
+    def named(node: ast.AST) -> set[str | None]:
+        if isinstance(node, ast.Import):
+            return {resolve(a.name) for a in node.names}
+        if not isinstance(node, ast.ImportFrom):
+            return set()
+        if node.level > 1:
+            return set()  # above the package: pymc_dp._validation and the like
+        base = package if node.level == 1 else node.module or ""
+        if node.level == 1 and node.module:
+            return {resolve(f"{package}.{node.module}")}
+        if base == package:  # ``from . import x`` / ``from pymc_dp.accounting import x``
+            return {resolve(f"{package}.{a.name}") for a in node.names}
+        return {resolve(base)}
+
+    top: set[str | None] = set()
+    nested: set[str | None] = set()
+    tree = ast.parse(path.read_text())
+    module_level = {id(n) for n in tree.body}
+    for node in ast.walk(tree):
+        (top if id(node) in module_level else nested).update(named(node))
+    return top - {None}, nested - {None}  # type: ignore[return-value]
+
+
+def _import_circle(graph: dict[str, set[str]]) -> tuple[str, ...] | None:
+    """A cycle of ``graph`` (module -> the modules it imports) as a path, or None."""
+    done: set[str] = set()
+
+    def visit(name: str, path: tuple[str, ...]) -> tuple[str, ...] | None:
+        if name in path:
+            return (*path[path.index(name) :], name)
+        if name in done:
+            return None
+        for dep in sorted(graph.get(name, ())):
+            found = visit(dep, (*path, name))
+            if found:
+                return found
+        done.add(name)
+        return None
+
+    for name in sorted(graph):
+        found = visit(name, ())
+        if found:
+            return found
+    return None
+
+
+def test_accounting_imports_form_no_circle():
+    """Events are data, the calibrator knows no accountant, only the registry knows them all.
+
+    Every import between accounting modules is at module level (none hidden in a function,
+    the old way around a circle), and the graph of those imports has no cycle.
+    """
+    root = pathlib.Path(acc.__file__).parent
+    graph = {}
+    for path in root.glob("*.py"):
+        top, nested = _accounting_imports(path)
+        assert not nested, f"{path.name} imports {sorted(nested)} inside a function"
+        graph[path.stem] = top
+    assert {"events", "calibration", "registry", "__init__"} <= set(graph)
+    assert not graph["events"], graph["events"]
+    assert not graph["calibration"], graph["calibration"]
+    assert all("registry" not in deps for name, deps in graph.items() if name != "__init__")
+
+    circle = _import_circle(graph)
+    assert circle is None, "import circle: " + " -> ".join(circle or ())
+
+
+def test_the_circle_check_sees_every_form_of_import(tmp_path):
+    """The parser behind the no-circle test reads every import that could close a circle."""
+    for stem in ("events", "ledger", "gaussian", "registry", "subsampled", "barker"):
+        (tmp_path / f"{stem}.py").write_text("")
+    src = (
+        "from __future__ import annotations\n"
+        "import math\n"
+        "from .._validation import check_delta\n"
+        "from .events import GaussianEvent\n"
+        "import pymc_dp.accounting.ledger\n"
+        "from pymc_dp.accounting import gaussian\n"
+        "def f():\n"
+        "    from .registry import compose_epsilon\n"
+        "    from . import subsampled\n"
+        "    from pymc_dp.accounting.barker import dp_barker_epsilon\n"
+        "class C:\n"
+        "    from pymc_dp.accounting import compose_epsilon\n"
+    )
+    path = tmp_path / "m.py"
+    path.write_text(src)
+    top, nested = _accounting_imports(path)
+    assert top == {"events", "ledger", "gaussian"}
+    assert nested == {"registry", "subsampled", "barker", "__init__"}
+    # ... and the cycle search finds the old circle, and none in a tree.
+    old = {
+        "registry": {"ledger", "subsampled", "barker", "events"},
+        "ledger": {"gaussian", "events"},
+        "gaussian": {"calibration", "events"},
+        "calibration": {"registry"},
+        "events": {"subsampled"},
+        "subsampled": {"calibration", "events"},
+    }
+    circle = _import_circle(old)
+    assert circle is not None and circle[0] == circle[-1]
+    assert all(b in old[a] for a, b in zip(circle, circle[1:], strict=False))
+    old["calibration"] = set()
+    assert _import_circle(old) == ("events", "subsampled", "events")
+    old["events"] = set()
+    assert _import_circle(old) is None
+
+
 def test_all_exports():
     for name in acc.__all__:
         assert hasattr(acc, name)

@@ -26,7 +26,7 @@ from pymc_dp.accounting import (
     poisson_subsampled_gaussian_epsilon,
 )
 from pymc_dp.accounting.barker import calibrate_barker_batch_size
-from pymc_dp.accounting.calibration import Bisect, Nudge, calibrate, events_epsilon, solve
+from pymc_dp.accounting.calibration import Bisect, Nudge, calibrate, solve
 from pymc_dp.kernels.fastmh import Multiplicity, calibrate_fastmh, minibatch_epsilon, minibatch_mu
 from pymc_dp.kernels.hmc import calibrate_dphmc_noise
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
@@ -168,11 +168,6 @@ def test_the_calibrator_never_overshoots_a_monotone_epsilon(scale, power, target
     y = calibrate(epsilon_of, target, Bisect(hi, lo, "geometric", stop=lambda h, lw: h / lw < 1.01))
     assert epsilon_of(y) <= target
     assert y <= max(exact, start) * 2.0 * 1.01
-
-
-def test_events_epsilon_uses_the_registry():
-    fn = events_epsilon(lambda z: [GaussianEvent(z, 10)], 1e-5)
-    assert fn(3.0) == gaussian_epsilon(GaussianEvent(3.0, 10).mu, 1e-5)
 
 
 def test_solve_bisects_integers_to_the_feasible_end():

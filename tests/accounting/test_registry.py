@@ -18,11 +18,12 @@ from pymc_dp.accounting import (
     WORSubsampledGaussian,
     compose_epsilon,
     dp_barker_epsilon,
+    gaussian_epsilon,
     poisson_subsampled_gaussian_epsilon,
     wor_subsampled_gaussian_epsilon,
 )
 from pymc_dp.accounting import events as ev_mod
-from pymc_dp.accounting.registry import accountant_for
+from pymc_dp.accounting.registry import accountant_for, events_epsilon
 from pymc_dp.report import NEIGHBOUR_RELATION, PrivacyReport
 
 EXAMPLES = [
@@ -74,6 +75,18 @@ def test_parts_compose_sequentially_with_delta_split_equally():
     )
     assert compose_epsilon([p, g, a], 1e-5) == expected
     assert compose_epsilon([], 1e-5) == 0.0
+
+
+def test_events_epsilon_composes_through_the_registry():
+    fn = events_epsilon(lambda z: [GaussianEvent(z, 10)], 1e-5)
+    assert fn(3.0) == gaussian_epsilon(GaussianEvent(3.0, 10).mu, 1e-5)
+    mixed = events_epsilon(
+        lambda z: [GaussianEvent(z, 10), PoissonSubsampledGaussian(z, 0.1, 20)], 1e-5
+    )
+    # two parts (ledger, PLD), each at delta / 2
+    assert mixed(3.0) == gaussian_epsilon(
+        GaussianEvent(3.0, 10).mu, 0.5e-5
+    ) + poisson_subsampled_gaussian_epsilon([PoissonSubsampledGaussian(3.0, 0.1, 20)], 0.5e-5)
 
 
 def test_events_keep_their_repr_and_validation():

@@ -94,7 +94,7 @@ def test_logit_log_jacobian_is_log_p_one_minus_p(constrained):
 
 def test_bernoulli_clip_bound_one_never_clips(constrained):
     """|l_i(eta') - l_i(eta)| <= |eta' - eta| for pymc_dp's per-record ratios, both answers."""
-    from pymc_dp.model import build_record_functions
+    from pymc_dp.records import build_record_functions
 
     model = constrained.beta_bernoulli_model(np.array([0, 1] * 5))
     vars_ = model.value_vars

@@ -65,6 +65,14 @@ def test_mmd_hand_example_and_estimators():
         mmd(x, np.zeros((3, 2)))
 
 
+@pytest.mark.parametrize("metric", [median_heuristic, mmd])
+def test_samples_of_different_dimension_are_refused_naming_both(metric):
+    with pytest.raises(ValueError, match="x and y must have the same dimension; got 2, 3"):
+        metric(np.zeros((4, 2)), np.zeros((5, 3)))
+    with pytest.raises(ValueError, match="y must be an array of shape"):
+        metric(np.zeros((4, 2)), np.zeros((0, 2)))
+
+
 def test_mmd_paper_scale_is_the_square_root_of_the_absolute_value():
     """The DP-HMC paper's code reports sqrt(|MMD^2_u|): 0.0025 -> 0.05, -0.0004 -> 0.02."""
     from pymc_dp.experiments import mmd_paper_scale

@@ -8,7 +8,7 @@ import numpy as np
 import pymc as pm
 import pytest
 
-from pymc_dp.model import ModelNotSupportedError, build_record_functions, count_records
+from pymc_dp.records import ModelNotSupportedError, build_record_functions, count_records
 
 
 def _fns(model, **kw):

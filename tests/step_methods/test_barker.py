@@ -25,7 +25,7 @@ from pymc_dp.kernels.barker import (
     sample_correction,
     wbk_subsampled_rdp,
 )
-from pymc_dp.model import build_record_functions
+from pymc_dp.records import build_record_functions
 from pymc_dp.step_methods.barker import DPBarker, barker_runner
 
 SAMPLE = dict(progressbar=False, compute_convergence_checks=False)

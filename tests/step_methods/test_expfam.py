@@ -18,7 +18,6 @@ from scipy import stats
 
 import pymc_dp
 from pymc_dp import DPExpFamilyPenalty, ModelNotSupportedError
-from pymc_dp.expfam import SUPPORTED_FORMS
 from pymc_dp.kernels.expfam import (
     EXPFAM_FAMILIES,
     clip_stats,
@@ -27,6 +26,7 @@ from pymc_dp.kernels.expfam import (
     normal_linear_stat_bound,
     normal_linear_stats,
 )
+from pymc_dp.records.expfam import SUPPORTED_FORMS
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

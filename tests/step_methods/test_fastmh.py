@@ -93,7 +93,7 @@ def _mixture_model(n: int = 50, seed: int = 0):
     with pm.Model() as model:
         theta = pm.Normal("theta", 0.0, 5.0, shape=2)
         # pm.Data: with a numpy constant, PyTensor 3 (PyMC 6) constant-folds the observed
-        # SpecifyShape(n) while pymc_dp.model rewrites the one-record graph, and fails.
+        # SpecifyShape(n) while pymc_dp.records rewrites the one-record graph, and fails.
         pm.NormalMixture(
             "x",
             w=[0.5, 0.5],

@@ -30,7 +30,7 @@ from pymc_dp.kernels.hmc import (
     noisy_leapfrog,
     warmup_windows,
 )
-from pymc_dp.model import build_record_functions
+from pymc_dp.records import build_record_functions
 from pymc_dp.step_methods.hmc import calibrate_dphmc_noise
 
 SAMPLE = dict(progressbar=False, compute_convergence_checks=False)

@@ -32,7 +32,7 @@ from pymc_dp.kernels.sgmcmc import (
     sgnht_update,
     total_noise_multiplier,
 )
-from pymc_dp.model import build_record_functions
+from pymc_dp.records import build_record_functions
 from pymc_dp.step_methods.sgmcmc import (
     DPSGLD,
     DPSGNHT,

@@ -18,7 +18,7 @@ from pymc_dp.accounting import (
     wor_subsampled_gaussian_epsilon,
 )
 from pymc_dp.audit import _normal_record_functions, audit_mechanism
-from pymc_dp.model import build_record_functions
+from pymc_dp.records import build_record_functions
 from pymc_dp.step_methods.subsampled_penalty import (
     DPSubsampledPenalty,
     minibatch_estimate,
