@@ -477,7 +477,7 @@ def test_correlated_exponential_family_releases_carry_their_noise(monkeypatch):
 def _spy_penalty_tests(monkeypatch, module) -> list:
     """Record every penalty test ``module`` makes, with the pair of points its ratio sum was
     taken at: ``(q_new, q_old, clipped sum, log prior ratio, log q ratio, log acceptance)``."""
-    from pymc_dp.records.runtime import RecordFunctions
+    from pymc_dp.records.runtime import LoglikMemo, RecordFunctions
 
     pairs, tests = [], []
     real_sum = RecordFunctions.clipped_loglik_ratio_sum
@@ -495,6 +495,15 @@ def _spy_penalty_tests(monkeypatch, module) -> list:
         return out
 
     monkeypatch.setattr(RecordFunctions, "clipped_loglik_ratio_sum", spy_sum)
+    # DPHMC's ratio releases from the kept per-record log-likelihoods (the same release)
+    real_kept = LoglikMemo.__call__
+
+    def spy_kept(self, q_new, q_old, bound):
+        out = real_kept(self, q_new, q_old, bound)
+        pairs.append((np.array(q_new), np.array(q_old), out[0]))
+        return out
+
+    monkeypatch.setattr(LoglikMemo, "__call__", spy_kept)
     monkeypatch.setattr(module, "penalty_log_acceptance", spy_test)
     return tests
 
