@@ -18,13 +18,15 @@ For each model, side by side in one process (interleaved blocks, medians, one BL
    from the last trajectory (``L`` sums computed per iteration); with ``--l-plus-1`` a row
    for the same step computing all ``L + 1`` (``reuse_gradient_sums = False``) is timed in
    the same interleaved blocks; DPHMC also keeps the per-record log-likelihoods at the
-   current point (``reuse_loglik``: one log-likelihood evaluation per ratio release), and
-   with ``--two-point-ratio`` a row for the same step evaluating them at both points
-   (``reuse_loglik = False``) is timed in the same blocks;
+   current point where that pays (``reuse_loglik``: one log-likelihood evaluation per ratio
+   release; the note says when), and with ``--two-point-ratio`` the step keeping them
+   (``reuse_loglik = True``) and the same step evaluating them at both points
+   (``reuse_loglik = False``) are timed in the same blocks;
 2. ``DPPenaltyMetropolis`` / ``pm.Metropolis`` per proposal (``pm.Metropolis`` updates a vector
    variable one coordinate at a time: one of its iterations is ``d`` proposals);
 3. each package per-record function (the clipped gradient sum of DP-HMC, the clipped
-   log-likelihood-ratio sum of the penalty tests) against a hand-written numpy version of the
+   log-likelihood-ratio sum of the penalty tests, and that sum with the log-likelihoods at
+   the old point kept, as DPHMC releases it) against a hand-written numpy version of the
    same function on the same data and parameter vector (checked to agree before timing).
 
 Per *iteration* is what is measured, not per effective sample. With ``--scaling`` the
@@ -345,8 +347,12 @@ def run_model(
     g_np, k_np = ref.clipped_grad_sum(q, bound)
     l_pkg, kl_pkg = fns.clipped_loglik_ratio_sum(q2, q, 0.01)
     l_np, kl_np = ref.clipped_llr_sum(q2, q, 0.01)
+    l_q = fns.loglik_chunks(q)
+    l1_pkg, kl1_pkg, _ = fns.clipped_loglik_ratio_sum_kept(q2, l_q, 0.01)
     agree = (
         np.allclose(g_pkg, g_np, rtol=1e-7, atol=1e-9)
+        and np.isclose(l1_pkg, l_np, rtol=1e-7, atol=1e-9)
+        and kl1_pkg == kl_np
         and k_pkg == k_np
         and np.isclose(l_pkg, l_np, rtol=1e-7, atol=1e-9)
         and kl_pkg == kl_np
@@ -357,12 +363,19 @@ def run_model(
             "grad_np": lambda: ref.clipped_grad_sum(q, bound),
             "llr_pkg": lambda: fns.clipped_loglik_ratio_sum(q2, q, 0.01),
             "llr_np": lambda: ref.clipped_llr_sum(q2, q, 0.01),
+            # DPHMC's ratio release with the log-likelihoods at q kept (one evaluation)
+            "llr1_pkg": lambda: fns.clipped_loglik_ratio_sum_kept(q2, l_q, 0.01),
         },
         blocks,
         block_s / 2,
     )
     route = fns.gradient_route
-    for fn, key in (("clipped grad sum", "grad"), ("clipped LLR sum", "llr")):
+    t["llr1_np"] = t["llr_np"]
+    for fn, key in (
+        ("clipped grad sum", "grad"),
+        ("clipped LLR sum", "llr"),
+        ("clipped LLR sum, l(q) kept", "llr1"),
+    ):
         a, b = t[f"{key}_pkg"], t[f"{key}_np"]
         rows.append(
             f"{'function':<20} {name:<9} {n:>8,d} {d:>4} | {fn:<28} {a * 1e3:>9.4f} "
@@ -381,6 +394,7 @@ def run_model(
         if kind == "DPHMC" and two_point:
             # the same step evaluating the log-likelihoods at both points of every ratio
             dp_two = make_dp(kind, model, compile_kwargs)
+            dp.reuse_loglik = True  # the kept log-likelihoods against none, whatever the model
             dp_two.reuse_loglik = False
             runners["dp_two"] = Runner(dp_two, model)
         tt = time_interleaved(runners, block_s, blocks)
@@ -407,7 +421,7 @@ def run_model(
             + (
                 f"route {dp._fns.gradient_route}"
                 + ("; sum at the current point kept" if dp.reuse_gradient_sums else "")
-                + ("; log-likelihoods kept" if dp.reuse_loglik else "")
+                + ("; log-likelihoods kept" if dp.keeps_loglik else "")
                 if kind == "DPHMC"
                 else f"PyMC prop/it {props}"
             )

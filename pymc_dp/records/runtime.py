@@ -470,6 +470,7 @@ class RecordFunctions:
         #: Released sums that reached the driver, by kind (``"llr"``, ``"grad"``).
         self.released: dict[str, int] = {"llr": 0, "grad": 0}
         self._kernels: dict[str, Any] = {}
+        self._loglik_costly: bool | None = None
 
     # -- chunking -------------------------------------------------------------------------
     def _chunks(self):
@@ -602,6 +603,22 @@ class RecordFunctions:
         )
         self.released["llr"] += 1
         return float(total), int(count)
+
+    @property
+    def loglik_worth_keeping(self) -> bool:
+        """Whether keeping per-record log-likelihoods between ratio releases
+        (`LoglikMemo`) is expected to pay: the per-record log-likelihood applies a
+        transcendental function or a reduction over a record's row per record
+        (`pymc_dp.records.graph_facts.costly_per_record_ops`); for arithmetic only
+        (a normal likelihood), reading and writing ``n`` kept floats costs more than the
+        evaluation it saves (measured: docs/benchmarks.md, section 6). Structural, data-free.
+        """
+        if self._loglik_costly is None:
+            from pymc_dp.records.graph_facts import costly_per_record_ops
+
+            g = self._graphs
+            self._loglik_costly = bool(costly_per_record_ops(g.ll_batch, g.batch))
+        return self._loglik_costly
 
     def loglik_chunks(self, q: np.ndarray) -> list[np.ndarray]:
         """Per-record (tempered) log-likelihoods at ``q``, one array per chunk, to be kept

@@ -80,7 +80,7 @@ class DPHMC(DPStep):
     ``L`` sums are computed), the ratio once (the per-record log-likelihoods at the
     current point, computed by the last ratio release, are kept, ``n`` floats,
     `pymc_dp.records.LoglikMemo`, so each release evaluates them at its proposal only;
-    in-memory records); each is a
+    in-memory records, where that evaluation is costly: `reuse_loglik`); each is a
     Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
     parameter $\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)$ and ``k`` iterations over all
     chains (warmup included) compose to $k\mu$ by the tight Gaussian bound (Sommer et
@@ -179,8 +179,10 @@ class DPHMC(DPStep):
     reuse_gradient_sums = True
     #: Keep the per-record log-likelihoods at the current point (``n`` floats, computed by
     #: the last ratio release; `pymc_dp.records.LoglikMemo`): each ratio release evaluates
-    #: the log-likelihoods at its proposal only. In-memory records only. False computes both.
-    reuse_loglik = True
+    #: the log-likelihoods at its proposal only. In-memory records only. ``None``
+    #: (default): where it pays (`RecordFunctions.loglik_worth_keeping`: a transcendental
+    #: function or a row reduction per record); True: always; False: never.
+    reuse_loglik: bool | None = None
     remote_records = True
     data_sharing = True
     stats_dtypes_shapes = {
@@ -353,8 +355,7 @@ class DPHMC(DPStep):
         # The per-record log-likelihoods at q were computed by the last ratio release: kept
         # (`LoglikMemo`, in-memory records, central scheme), the release computes those at
         # the proposal only; the same release, the same noise.
-        local = getattr(fns.records, "local", False)
-        ll_memo = self._ll_memo if self.reuse_loglik and local and not self._owners else None
+        ll_memo = self._ll_memo if self.keeps_loglik else None
         # -- L + 1 gradient releases and one log-likelihood-ratio release (the kernel) ---------
         q_next, info = dphmc_transition(
             self.rng,
@@ -398,6 +399,16 @@ class DPHMC(DPStep):
             "llr_clip_fraction" + NONPRIVATE_SUFFIX: info.n_llr_clipped / n,
         }
         return q_next, stats
+
+    @property
+    def keeps_loglik(self) -> bool:
+        """Whether the ratio releases use the kept per-record log-likelihoods
+        (`reuse_loglik`; in-memory records, central scheme). Structural, data-free."""
+        if self._owners or not getattr(self._fns.records, "local", False):
+            return False
+        if self.reuse_loglik is None:
+            return self._fns.loglik_worth_keeping
+        return bool(self.reuse_loglik)
 
     def _mu_per_release(self) -> dict[str, float]:
         return {

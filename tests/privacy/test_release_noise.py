@@ -580,6 +580,7 @@ def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
             grad_clip_bound=b_g, llr_clip_bound=b_l, grad_noise_multiplier=z_g,
             llr_noise_multiplier=z_l, n_leapfrog=3, step_size=0.05,
         )  # fmt: skip
+        step.reuse_loglik = True  # the ratio releases from kept log-likelihoods (as a GLM's)
         pm.sample(
             250, tune=0, chains=1, cores=1, step=step, random_seed=4, progressbar=False,
             compute_convergence_checks=False,

@@ -254,6 +254,7 @@ def test_a_process_that_loads_the_cached_loop_nest_gets_the_same_sums():
         )
         outs.append(eval(run.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own output
     fns, q = _fns(_model("slopes", _data()))
+    fns._ensure_grad()
     want = _loop_reference(fns, q, 0.5)
     for g, k in outs:
         _assert_same((np.array(g), k), want)

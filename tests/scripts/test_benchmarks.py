@@ -142,7 +142,7 @@ def test_bench_models_tiny():
     )
     for model in models:
         rows = [r for r in out.splitlines() if f" {model} " in r and "|" in r]
-        assert len(rows) == 4, out  # two functions vs numpy, DPHMC, DPPenaltyMetropolis
+        assert len(rows) == 5, out  # three functions vs numpy, DPHMC, DPPenaltyMetropolis
         for r in rows:
             # package ms, reference ms and their ratio follow the second "|"
             pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])

@@ -239,9 +239,10 @@ def test_exact_normal_mean_1d():
             n_leapfrog=5,
             nonprivate_diagnostics=True,
         )
+        step.reuse_loglik = True  # the kept log-likelihoods (automatic: not for a normal)
         idata = pm.sample(3000, tune=500, chains=4, cores=1, step=step, random_seed=11, **SAMPLE)
     _check_no_clipping_and_noise_on(idata)
-    # the draws come from the kept sums and log-likelihoods (the default)
+    # the draws come from the kept sums and log-likelihoods
     assert step._grad_memo.reused > 10000 and step._ll_memo.reused > 10000
     # the gradient noise (std 5) is comparable to the gradient itself (n * |theta - mean| ~ 7)
     assert idata["sample_stats"]["grad_noise_std"].values.min() == pytest.approx(5.0)
@@ -272,6 +273,7 @@ def test_exact_varying_intercepts_on_the_sorted_route():
         )
         assert step._fns.clipped_grad_sum(np.zeros(groups), 1.0) is not None
         assert step._fns.gradient_route == "sorted"
+        step.reuse_loglik = True  # the kept log-likelihoods (automatic: not for a normal)
         idata = pm.sample(2500, tune=500, chains=4, cores=1, step=step, random_seed=5, **SAMPLE)
     _check_no_clipping_and_noise_on(idata)
     assert step._grad_memo.reused > 10000 and step._ll_memo.reused > 10000  # kept values
@@ -485,6 +487,7 @@ def test_each_iteration_releases_l_plus_1_fresh_gradients_and_one_ratio():
             n_leapfrog=6,
             step_size=0.05,
         )
+    step.reuse_loglik = True  # (automatic: not for a normal likelihood)
     fns = step._fns
     calls = []
     grad, kept, ll = fns.clipped_grad_sum, fns.clipped_loglik_ratio_sum_kept, fns.loglik_chunks
@@ -667,6 +670,7 @@ def test_kept_loglik_gives_the_recomputed_ratio_sums_after_rejections():
             nonprivate_diagnostics=True,  # the clipped counts, compared below
             rng=np.random.default_rng(3),
         )
+    step.reuse_loglik = True  # (automatic: not for a normal likelihood)
     fns, memo = step._fns, step._ll_memo
     served, fresh = [], []
     call = type(memo).__call__
@@ -837,3 +841,32 @@ def test_bad_input_raises_before_reading_data(kwargs, match, monkeypatch):
     model, *_ = normal_mean_model(n=10, d=1)
     with model, pytest.raises(ValueError, match=match):
         pymc_dp.DPHMC(**kwargs)
+
+
+def test_log_likelihoods_are_kept_where_their_evaluation_is_costly():
+    """By default (``reuse_loglik = None``) the per-record log-likelihoods are kept where a
+    record's log-likelihood applies a transcendental function or a row reduction (a
+    logistic or Poisson regression, a StudentT), not for arithmetic only (a normal, where
+    reading and writing the kept values costs more than the evaluation); structural."""
+    rng = np.random.default_rng(0)
+    X, n = rng.normal(size=(30, 2)), 30
+    kw = dict(
+        llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0,
+        grad_noise_multiplier=1.0,
+    )  # fmt: skip
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, b), observed=rng.integers(0, 2, n))
+        logistic = pymc_dp.DPHMC(**kw)
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.StudentT("y", nu=4, mu=0.0, sigma=pm.math.exp(b[0]), observed=rng.normal(size=n))
+        student = pymc_dp.DPHMC(**kw)
+    with pm.Model():
+        a = pm.Normal("a", 0, 1, shape=3)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", a[rng.integers(0, 3, n)], s, observed=rng.normal(size=n))
+        normal = pymc_dp.DPHMC(**kw)
+    assert logistic.keeps_loglik and student.keeps_loglik and not normal.keeps_loglik
+    normal.reuse_loglik, logistic.reuse_loglik = True, False
+    assert normal.keeps_loglik and not logistic.keeps_loglik
