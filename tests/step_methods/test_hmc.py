@@ -588,8 +588,8 @@ def test_kept_gradient_sum_is_not_used_when_the_state_changed_from_outside():
 @pytest.mark.filterwarnings("ignore:DPHMC samples", "ignore:DPPenaltyMetropolis samples")
 def test_reuse_in_a_compound_step_leaves_the_draws_unchanged():
     """DPHMC on one variable, DPPenaltyMetropolis on the other (a CompoundStep): the other
-    step moves the state between DPHMC's iterations; the chains are bit-identical with reuse
-    on and off, and reuse happens only when nothing moved."""
+    step moves the state between DPHMC's iterations; the chains are the same (to rounding)
+    with reuse on and off, and reuse happens only when nothing moved."""
 
     def run(reuse: bool):
         model, step = _two_variable_step(reuse)
@@ -602,7 +602,12 @@ def test_reuse_in_a_compound_step_leaves_the_draws_unchanged():
 
     (a, sa), (b, sb) = run(True), run(False)
     for name in ("a", "s"):
-        np.testing.assert_array_equal(posterior_array(a, name), posterior_array(b, name))
+        # to rounding: the ratios formed from the kept log-likelihoods may differ from those
+        # formed in one compiled function in the last bits, and the warmup adapts the step
+        # size on the acceptance probability (bit-identical with the kept sums alone)
+        np.testing.assert_allclose(
+            posterior_array(a, name), posterior_array(b, name), rtol=1e-12, atol=1e-14
+        )
     assert sa._fns.released == sb._fns.released
     assert 0 < sa._grad_memo.reused < 79 and sb._grad_memo.reused == 0
     assert 0 < sa._ll_memo.reused < 79 and sb._ll_memo.reused == 0
