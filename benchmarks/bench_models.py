@@ -19,9 +19,9 @@ For each model, side by side in one process (interleaved blocks, medians, one BL
    for the same step computing all ``L + 1`` (``reuse_gradient_sums = False``) is timed in
    the same interleaved blocks; DPHMC also keeps the per-record log-likelihoods at the
    current point where that pays (``reuse_loglik``: one log-likelihood evaluation per ratio
-   release; the note says when), and with ``--two-point-ratio`` the step keeping them
-   (``reuse_loglik = True``) and the same step evaluating them at both points
-   (``reuse_loglik = False``) are timed in the same blocks;
+   release; the row's note says whether they are kept), and with ``--two-point-ratio`` a
+   row for the same step evaluating them at both points (``reuse_loglik = False``) is
+   timed in the same blocks;
 2. ``DPPenaltyMetropolis`` / ``pm.Metropolis`` per proposal (``pm.Metropolis`` updates a vector
    variable one coordinate at a time: one of its iterations is ``d`` proposals);
 3. each package per-record function (the clipped gradient sum of DP-HMC, the clipped
@@ -394,7 +394,6 @@ def run_model(
         if kind == "DPHMC" and two_point:
             # the same step evaluating the log-likelihoods at both points of every ratio
             dp_two = make_dp(kind, model, compile_kwargs)
-            dp.reuse_loglik = True  # the kept log-likelihoods against none, whatever the model
             dp_two.reuse_loglik = False
             runners["dp_two"] = Runner(dp_two, model)
         tt = time_interleaved(runners, block_s, blocks)
