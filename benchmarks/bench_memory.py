@@ -38,12 +38,15 @@ Usage::
     python benchmarks/bench_memory.py --chunk-size 10000
     python benchmarks/bench_memory.py --model banana   # DPHMC's generic route (n x d grads)
     python benchmarks/bench_memory.py --auto --n 300000  # automatic mode vs NUTS, 50 groups
+    python benchmarks/bench_memory.py --auto --auto-model logistic5  # logistic, d = 5
 
 With ``--auto``: the automatic mode (``pymc_dp.sample`` with a target epsilon and no step;
 2 chains, ``max_iterations`` 400) against ``pm.sample`` with NUTS (1 chain, 100 tuning
 iterations and 100 draws) on a 50-group hierarchical normal model (``d = 53``: each record's
-gradient has 4 non-zero coordinates), each in a fresh process; printed: the process's peak
-RSS (``ru_maxrss``), the RSS once the model is built, and the seconds of the run.
+gradient has 4 non-zero coordinates; ``--auto-model hier50``, the default) or a logistic
+regression with ``d = 5`` (``--auto-model logistic5``, `bench_vs_pymc.logistic_model`),
+each in a fresh process; printed: the process's peak RSS (``ru_maxrss``), the RSS once the
+model is built, and the seconds of the run.
 """
 
 from __future__ import annotations
@@ -176,13 +179,21 @@ def hier50(n: int) -> pm.Model:
     return model
 
 
-def measure_auto(which: int, n: int) -> dict:
-    """Peak RSS of the automatic mode (0) or of NUTS (1) on `hier50` in this process."""
+#: ``--auto-model``: name -> (description, model builder of ``n``).
+AUTO_MODELS = {
+    "hier50": ("hierarchical normal, 50 groups (d = 53)", hier50),
+    "logistic5": ("logistic regression (d = 5)", lambda n: MODELS["logistic"](n, 5)),
+}
+
+
+def measure_auto(which: int, n: int, model_name: str = "hier50") -> dict:
+    """Peak RSS of the automatic mode (0) or of NUTS (1) on an `AUTO_MODELS` model in this
+    process."""
     import time
 
     import pymc_dp
 
-    model = hier50(n)
+    model = AUTO_MODELS[model_name][1](n)
     rss_model = _status_kb("VmRSS") / 1024
     t = time.perf_counter()
     with warnings.catch_warnings(), model:
@@ -206,16 +217,17 @@ def measure_auto(which: int, n: int) -> dict:
     }
 
 
-def main_auto(n: int) -> None:
+def main_auto(n: int, model_name: str = "hier50") -> None:
     """The automatic mode against NUTS, each in a fresh process (``--auto``)."""
     print_header("bench_memory --auto: peak memory of the automatic mode vs pm.sample (NUTS)")
-    print(f"hierarchical normal, 50 groups (d = 53), n = {n:,d}; each run in a fresh process")
+    print(f"{AUTO_MODELS[model_name][0]}, n = {n:,d}; each run in a fresh process")
     header = f"{'run':<22} | {'max RSS MB':>10} {'RSS after data MB':>17} | {'seconds':>8}"
     print(header)
     print("-" * len(header), flush=True)
     rows = []
     for i in range(len(AUTO_CONFIGS)):
         cmd = [sys.executable, os.path.abspath(__file__), "--auto-child", str(i), "--n", str(n)]
+        cmd += ["--auto-model", model_name]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
         rows.append(r)
@@ -245,17 +257,20 @@ def main(argv: list[str] | None = None) -> None:
         choices=list(MODELS),
         help="logistic (d = 10, GLM route of DPHMC) or banana (d = 2, generic route)",
     )
-    ap.add_argument("--auto", action="store_true", help="automatic mode vs NUTS, 50 groups")
+    ap.add_argument("--auto", action="store_true", help="automatic mode vs NUTS")
+    ap.add_argument(
+        "--auto-model", default="hier50", choices=list(AUTO_MODELS), help="the --auto model"
+    )
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--auto-child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     limit_blas(args.blas_threads)
     n = args.n or (100_000 if args.quick else 1_000_000)
     if args.auto_child is not None:
-        print(json.dumps(measure_auto(args.auto_child, n)))
+        print(json.dumps(measure_auto(args.auto_child, n, args.auto_model)))
         return
     if args.auto:
-        main_auto(n)
+        main_auto(n, args.auto_model)
         return
     chunk = args.chunk_size or max(n // 16, 1)
 

@@ -17,11 +17,16 @@ For each model, side by side in one process (interleaved blocks, medians, one BL
    size (settings of ``bench_vs_pymc.py``); DPHMC keeps the clipped sum at the current point
    from the last trajectory (``L`` sums computed per iteration); with ``--l-plus-1`` a row
    for the same step computing all ``L + 1`` (``reuse_gradient_sums = False``) is timed in
-   the same interleaved blocks;
+   the same interleaved blocks; DPHMC also keeps the per-record log-likelihoods at the
+   current point where that pays (``reuse_loglik``: one log-likelihood evaluation per ratio
+   release; the row's note says whether they are kept), and with ``--two-point-ratio`` a
+   row for the same step evaluating them at both points (``reuse_loglik = False``) is
+   timed in the same blocks;
 2. ``DPPenaltyMetropolis`` / ``pm.Metropolis`` per proposal (``pm.Metropolis`` updates a vector
    variable one coordinate at a time: one of its iterations is ``d`` proposals);
 3. each package per-record function (the clipped gradient sum of DP-HMC, the clipped
-   log-likelihood-ratio sum of the penalty tests) against a hand-written numpy version of the
+   log-likelihood-ratio sum of the penalty tests, and that sum with the log-likelihoods at
+   the old point kept, as DPHMC releases it) against a hand-written numpy version of the
    same function on the same data and parameter vector (checked to agree before timing).
 
 Per *iteration* is what is measured, not per effective sample. With ``--scaling`` the
@@ -34,6 +39,7 @@ scaling in ``n`` and memory bounded by ``chunk_size``. Usage::
     python benchmarks/bench_models.py --quick       # n = 5 000, short blocks
     python benchmarks/bench_models.py --models hier50 banana --mode NUMBA
     python benchmarks/bench_models.py --models hier50 logistic --steps DPHMC --l-plus-1
+    python benchmarks/bench_models.py --models hier50 --steps DPHMC --two-point-ratio
     python benchmarks/bench_models.py --scaling --models hier50 slopes banana
     python benchmarks/bench_models.py --floor       # against PyMC's gradient and Numba loops
 
@@ -315,7 +321,14 @@ def time_functions(fs: dict, blocks: int, block_seconds: float) -> dict:
 
 
 def run_model(
-    name: str, n: int, blocks: int, block_s: float, compile_kwargs, kinds, l_plus_1: bool = False
+    name: str,
+    n: int,
+    blocks: int,
+    block_s: float,
+    compile_kwargs,
+    kinds,
+    l_plus_1: bool = False,
+    two_point: bool = False,
 ) -> list[str]:
     rng = np.random.default_rng(0)
     model, data = MODELS[name](n, rng)
@@ -334,8 +347,12 @@ def run_model(
     g_np, k_np = ref.clipped_grad_sum(q, bound)
     l_pkg, kl_pkg = fns.clipped_loglik_ratio_sum(q2, q, 0.01)
     l_np, kl_np = ref.clipped_llr_sum(q2, q, 0.01)
+    l_q = fns.loglik_chunks(q)
+    l1_pkg, kl1_pkg, _ = fns.clipped_loglik_ratio_sum_kept(q2, l_q, 0.01)
     agree = (
         np.allclose(g_pkg, g_np, rtol=1e-7, atol=1e-9)
+        and np.isclose(l1_pkg, l_np, rtol=1e-7, atol=1e-9)
+        and kl1_pkg == kl_np
         and k_pkg == k_np
         and np.isclose(l_pkg, l_np, rtol=1e-7, atol=1e-9)
         and kl_pkg == kl_np
@@ -346,12 +363,19 @@ def run_model(
             "grad_np": lambda: ref.clipped_grad_sum(q, bound),
             "llr_pkg": lambda: fns.clipped_loglik_ratio_sum(q2, q, 0.01),
             "llr_np": lambda: ref.clipped_llr_sum(q2, q, 0.01),
+            # DPHMC's ratio release with the log-likelihoods at q kept (one evaluation)
+            "llr1_pkg": lambda: fns.clipped_loglik_ratio_sum_kept(q2, l_q, 0.01),
         },
         blocks,
         block_s / 2,
     )
     route = fns.gradient_route
-    for fn, key in (("clipped grad sum", "grad"), ("clipped LLR sum", "llr")):
+    t["llr1_np"] = t["llr_np"]
+    for fn, key in (
+        ("clipped grad sum", "grad"),
+        ("clipped LLR sum", "llr"),
+        ("clipped LLR sum, l(q) kept", "llr1"),
+    ):
         a, b = t[f"{key}_pkg"], t[f"{key}_np"]
         rows.append(
             f"{'function':<20} {name:<9} {n:>8,d} {d:>4} | {fn:<28} {a * 1e3:>9.4f} "
@@ -367,6 +391,11 @@ def run_model(
             dp_all = make_dp(kind, model, compile_kwargs)
             dp_all.reuse_gradient_sums = False
             runners["dp_all"] = Runner(dp_all, model)
+        if kind == "DPHMC" and two_point:
+            # the same step evaluating the log-likelihoods at both points of every ratio
+            dp_two = make_dp(kind, model, compile_kwargs)
+            dp_two.reuse_loglik = False
+            runners["dp_two"] = Runner(dp_two, model)
         tt = time_interleaved(runners, block_s, blocks)
         props = pymc_proposals_per_iteration(pymc_step)
         ratio = tt["dp"] / (tt["pymc"] / props)
@@ -378,12 +407,20 @@ def run_model(
                 f"{tt['dp_all'] / tt['pymc']:>7.2f} | route {dp._fns.gradient_route}; "
                 "every sum computed"
             )
+        if "dp_two" in tt:
+            rows.append(
+                f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {'DPHMC 2-point LLR/pm.HMC':<28} "
+                f"{tt['dp_two'] * 1e3:>9.4f} {tt['pymc'] * 1e3:>9.4f} "
+                f"{tt['dp_two'] / tt['pymc']:>7.2f} | route {dp._fns.gradient_route}; "
+                "log-likelihoods at both points"
+            )
         rows.append(
             f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {tt['dp'] * 1e3:>9.4f} "
             f"{tt['pymc'] / props * 1e3:>9.4f} {ratio:>7.2f} | "
             + (
                 f"route {dp._fns.gradient_route}"
                 + ("; sum at the current point kept" if dp.reuse_gradient_sums else "")
+                + ("; log-likelihoods kept" if dp.keeps_loglik else "")
                 if kind == "DPHMC"
                 else f"PyMC prop/it {props}"
             )
@@ -666,6 +703,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also time DPHMC computing all L + 1 clipped sums per iteration (the sum at the "
         "current point not kept), interleaved with the two others",
     )
+    ap.add_argument(
+        "--two-point-ratio",
+        action="store_true",
+        help="also time DPHMC evaluating the log-likelihoods at both points of each ratio "
+        "release (reuse_loglik = False), interleaved with the others",
+    )
     ap.add_argument("--scaling", action="store_true", help="functions vs n, with chunking")
     ap.add_argument(
         "--floor",
@@ -712,7 +755,9 @@ def main(argv: list[str] | None = None) -> None:
     print("ratio = pkg / ref (ref: PyMC's step, per PyMC proposal for Metropolis; or numpy)\n")
     print(HEADER, flush=True)
     for name in args.models:
-        for row in run_model(name, n, blocks, block_s, ck, args.steps, args.l_plus_1):
+        for row in run_model(
+            name, n, blocks, block_s, ck, args.steps, args.l_plus_1, args.two_point_ratio
+        ):
             print(row, flush=True)
 
 

@@ -9,17 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pymc as pm
 import pytensor.scalar as ps
 import pytensor.tensor as pt
 from pytensor.compile.sharedvalue import SharedVariable
-from pytensor.graph.traversal import ancestors
+from pytensor.graph.basic import Constant
+from pytensor.graph.traversal import ancestors, io_toposort
 from pytensor.tensor.elemwise import Elemwise
 
 from pymc_dp.records.errors import ModelNotSupportedError
 from pymc_dp.records.store import node_shape
 
 __all__ = [
+    "costly_per_record_ops",
     "count_records",
     "data_nodes",
     "deterministics_reading_data",
@@ -213,3 +216,60 @@ value_ancestors = _value_ancestors
 record_data_read = _record_data_read
 reads_data = _reads_data
 data_nodes = _data_nodes
+
+
+#: Scalar ops a record's log-likelihood may apply per record and stay cheap: arithmetic,
+#: comparisons, selections (a few cycles each, vectorised).
+_CHEAP_SCALAR = (
+    ps.Add, ps.Sub, ps.Mul, ps.Neg, ps.TrueDiv, ps.IntDiv, ps.Sqr, ps.Abs, ps.Sqrt, ps.Switch,
+    ps.Maximum, ps.Minimum, ps.Identity, ps.Cast, ps.Second, ps.LogicalComparison, ps.AND,
+    ps.OR, ps.XOR, ps.Invert, ps.IsNan, ps.IsInf,
+)  # fmt: skip
+
+
+def _cheap_scalar(op, node) -> bool:
+    if isinstance(op, ps.Composite):
+        return all(_cheap_scalar(n.op, n) for n in op.fgraph.apply_nodes)
+    if isinstance(op, ps.Pow):  # x ** k with a small integer constant k: multiplications
+        k = node.inputs[1]
+        while k.owner is not None and not isinstance(k, Constant) and len(k.owner.inputs) == 1:
+            k = k.owner.inputs[0]  # look through a DimShuffle / cast of the constant
+        if isinstance(k, Constant):
+            v = np.asarray(k.data)
+            return v.size == 1 and float(v) == round(float(v)) and abs(float(v)) <= 4
+        return False
+    return isinstance(op, _CHEAP_SCALAR)
+
+
+#: Non-elementwise ops that do work per record (a dot product over a record's row, a
+#: batched linear-algebra op).
+_COSTLY_OPS = {"Dot", "Dot22", "Dot22Scalar", "Gemv", "Gemm", "Blockwise", "Scan"}
+
+
+def costly_per_record_ops(ll_batch, batch: list) -> list[str]:
+    """Names of the ops of ``ll_batch`` applied per record (their output depends on the
+    records ``batch``) that are not elementary arithmetic: transcendental functions
+    (``log``, ``exp``, ``gammaln``, ...) and reductions over a record's row (a dot product).
+    Gathers, reshapes and arithmetic are cheap. Structure only (data-free): decides whether
+    keeping per-record log-likelihoods between releases (``n`` floats written and read per
+    release) pays for the evaluation it saves (`pymc_dp.records.LoglikMemo`).
+    """
+    from pytensor.tensor.elemwise import CAReduce
+
+    per_record = set(batch)
+    costly = []
+    for node in io_toposort(list(batch), [ll_batch]):
+        if not any(i in per_record for i in node.inputs):
+            continue
+        per_record.update(node.outputs)
+        op = node.op
+        if isinstance(op, Elemwise):
+            if not _cheap_scalar(op.scalar_op, node):
+                costly.append(type(op.scalar_op).__name__)
+        elif isinstance(op, CAReduce):  # a sum over a row; a check's all() is cheap
+            if not isinstance(op.scalar_op, ps.AND | ps.OR):
+                costly.append(type(op).__name__)
+        elif type(op).__name__ in _COSTLY_OPS:
+            costly.append(type(op).__name__)
+        # else: gathers, reshapes, parameter checks (pass-through)
+    return costly

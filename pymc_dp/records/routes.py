@@ -44,6 +44,7 @@ __all__ = [
     "build_blocks_route",
     "build_glm_route",
     "compile_gradients",
+    "compile_kept_ratio",
     "compile_likelihood",
     "compile_prior",
 ]
@@ -86,6 +87,32 @@ def compile_likelihood(graphs: RecordGraphs, compile_kwargs: dict | None = None)
     f_ll = compile_function([x, *batch], ll_batch, ck, **kw)
     f_llr = compile_function([x_new, x, bound, *batch], [llr_sum, llr_count], ck, **kw)
     return f_ll, f_llr
+
+
+def compile_kept_ratio(graphs: RecordGraphs, compile_kwargs: dict | None = None):
+    """``f(q_new, b, l_old, *chunk) -> (sum_i clip(r_i, -b, b), n_clipped, l_new)``.
+
+    The clipped ratio sum of `compile_likelihood`'s ``f_llr`` with the log-likelihoods at
+    the old point given (``l_old``, kept from an earlier pass, e.g. by
+    `pymc_dp.records.LoglikMemo`) instead of computed: one evaluation of the per-record
+    log-likelihoods (at ``q_new``) per call instead of two. ``r_i = l_new_i - l_old_i``
+    with the same handling of NaN (0, counted as clipped); ``l_new`` (the chunk's
+    log-likelihoods at ``q_new``) is returned to be kept in turn.
+    """
+    x, batch = graphs.x, graphs.batch
+    ll_batch = lift_switches(graphs.ll_batch)
+    x_new = x.type("q_new")
+    bound = pt.dscalar("llr_clip_bound")
+    l_old = pt.vector("l_old", dtype=ll_batch.dtype)
+    l_new = clone_replace(ll_batch, replace={x: x_new})
+    r = l_new - l_old
+    nan = pt.isnan(r)
+    llr_sum = pt.sum(pt.switch(nan, 0.0, pt.clip(r, -bound, bound)))
+    llr_count = pt.sum(pt.or_(nan, pt.gt(pt.abs(r), bound)))
+    kw = {"kind": "loglik", "on_unused_input": "ignore"}
+    return compile_function(
+        [x_new, bound, l_old, *batch], [llr_sum, llr_count, l_new], compile_kwargs, **kw
+    )
 
 
 def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):

@@ -18,10 +18,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from pymc_dp.records.graphs import RecordGraphs
-from pymc_dp.records.routes import compile_gradients
+from pymc_dp.records.routes import compile_gradients, compile_kept_ratio
 from pymc_dp.records.store import InMemoryRecords
 
-__all__ = ["GradSumMemo", "RecordFunctions", "RecordSource"]
+__all__ = ["GradSumMemo", "LoglikMemo", "RecordFunctions", "RecordSource"]
 
 
 @runtime_checkable
@@ -37,6 +37,15 @@ class RecordSource(Protocol):
 
     @property
     def records(self) -> Any: ...
+
+    @property
+    def loglik_worth_keeping(self) -> bool: ...
+
+    def loglik_chunks(self, q: np.ndarray) -> list[np.ndarray]: ...
+
+    def clipped_loglik_ratio_sum_kept(
+        self, q_new: np.ndarray, l_old: list[np.ndarray], bound: float
+    ) -> tuple[float, int, list[np.ndarray]]: ...
 
     def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]: ...
 
@@ -191,6 +200,7 @@ class _Compiled:
     llr_clipped: Any
     grad_chunk: Any | None = None
     grad_clipped: Any | None = None
+    llr_kept: Any | None = None
 
 
 # -- what runs on one chunk of records, where the chunk lives ------------------------------------
@@ -217,6 +227,28 @@ class _LLRSumChunk:
     def __call__(self, q_new, q_old, bound, *chunk) -> tuple[float, int]:
         s, k = self.f(q_new, q_old, bound, *chunk)
         return float(s), int(k) if self.counts else 0
+
+
+@dataclass(frozen=True)
+class _KeptLLRChunk:
+    """``(sum_i clip(r_i, -b, b), n_clipped, l_new)`` of one chunk, the log-likelihoods at
+    the old point given (``l_old``, kept in this process): one log-likelihood evaluation."""
+
+    f: Any
+    counts: bool
+
+    def __call__(self, q_new, bound, l_old, *chunk) -> tuple[float, int, np.ndarray]:
+        s, k, l_new = self.f(q_new, bound, l_old, *chunk)
+        return float(s), int(k) if self.counts else 0, np.asarray(l_new)
+
+
+def _add_kept(acc: tuple, part: tuple) -> tuple:
+    """Add the sums and counts of `_KeptLLRChunk` results, collect their ``l_new``."""
+    return acc[0] + part[0], acc[1] + part[1], [*acc[2], part[2]]
+
+
+def _collect(acc: list, part) -> list:
+    return [*acc, np.asarray(part)]
 
 
 @dataclass(frozen=True)
@@ -447,6 +479,7 @@ class RecordFunctions:
         #: Released sums that reached the driver, by kind (``"llr"``, ``"grad"``).
         self.released: dict[str, int] = {"llr": 0, "grad": 0}
         self._kernels: dict[str, Any] = {}
+        self._loglik_costly: bool | None = None
 
     # -- chunking -------------------------------------------------------------------------
     def _chunks(self):
@@ -476,6 +509,10 @@ class RecordFunctions:
                 self._kernels[key] = _GradMomentsChunk(self._c.grad_chunk)
             elif name == "norm_counts":
                 self._kernels[key] = _NormCountsChunk(self._c.grad_chunk)
+            elif name == "llr_kept":
+                if self._c.llr_kept is None:
+                    self._c.llr_kept = compile_kept_ratio(self._graphs, self._compile_kwargs)
+                self._kernels[key] = _KeptLLRChunk(self._c.llr_kept, self.counts)
             elif name == "prepare":
                 self._kernels[key] = _Prepare(self._c.grad_clipped["route"])
             else:  # "start"
@@ -575,6 +612,55 @@ class RecordFunctions:
         )
         self.released["llr"] += 1
         return float(total), int(count)
+
+    @property
+    def loglik_worth_keeping(self) -> bool:
+        """Whether keeping per-record log-likelihoods between ratio releases
+        (`LoglikMemo`) is expected to pay: the per-record log-likelihood applies a
+        transcendental function or a reduction over a record's row per record
+        (`pymc_dp.records.graph_facts.costly_per_record_ops`); for arithmetic only
+        (a normal likelihood), reading and writing ``n`` kept floats costs more than the
+        evaluation it saves (measured: docs/benchmarks.md, section 6). Structural, data-free.
+        """
+        if self._loglik_costly is None:
+            from pymc_dp.records.graph_facts import costly_per_record_ops
+
+            g = self._graphs
+            self._loglik_costly = bool(costly_per_record_ops(g.ll_batch, g.batch))
+        return self._loglik_costly
+
+    def loglik_chunks(self, q: np.ndarray) -> list[np.ndarray]:
+        """Per-record (tempered) log-likelihoods at ``q``, one array per chunk, to be kept
+        in this process for `clipped_loglik_ratio_sum_kept` (in-memory records only).
+
+        Noise-free values of the data: never publish them; they may only enter a release
+        (`LoglikMemo` keeps them for the next ratio release). Not a release itself.
+        """
+        if not getattr(self._records, "local", False):
+            raise TypeError("per-record log-likelihoods are kept for in-memory records only")
+        return self._records.map_reduce(self._c.ll_chunk, _collect, [], args=(q,))
+
+    def clipped_loglik_ratio_sum_kept(
+        self, q_new: np.ndarray, l_old: list[np.ndarray], bound: float
+    ) -> tuple[float, int, list[np.ndarray]]:
+        """`clipped_loglik_ratio_sum` with the log-likelihoods at the old point given.
+
+        ``l_old`` holds the per-record log-likelihoods at the old point, one array per chunk
+        (`loglik_chunks`, or the ``l_new`` of an earlier call); only those at ``q_new`` are
+        computed (one log-likelihood evaluation instead of two, `compile_kept_ratio`).
+        Returns ``(clipped sum, n_clipped, l_new)``, ``l_new`` per chunk, to be kept (never
+        published). One release, counted like `clipped_loglik_ratio_sum`; the sum and the
+        count are the same numbers up to rounding (the ratios are formed from the two
+        evaluations instead of within one compiled function). In-memory records only.
+        """
+        if not getattr(self._records, "local", False):
+            raise TypeError("per-record log-likelihoods are kept for in-memory records only")
+        total, count, l_new = self._records.map_reduce(
+            self._kernel("llr_kept"), _add_kept, (0.0, 0, []), args=(q_new, bound),
+            per_chunk=l_old,
+        )  # fmt: skip
+        self.released["llr"] += 1
+        return float(total), int(count), l_new
 
     def shared_clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
@@ -903,6 +989,86 @@ class GradSumMemo:
     def __getstate__(self) -> dict:
         # a pickled step carries no noise-free sum: the copy computes its first one again
         return {**self.__dict__, "_kept": [], "_seen": []}
+
+
+class LoglikMemo:
+    r"""The per-record log-likelihoods at the current point of DP-HMC, kept for the next
+    ratio release.
+
+    A drop-in for `RecordFunctions.clipped_loglik_ratio_sum` (``memo(q_new, q_old, b) ->
+    (sum, count)``) used by DP-HMC (`pymc_dp.step_methods.DPHMC`). The penalty test of
+    each iteration releases ``sum_i clip(l_i(q') - l_i(q), +-b) + xi`` (DP-HMC paper,
+    Algorithm 1 [DPHMC]); the next iteration starts at ``q'`` (accepted) or ``q``
+    (rejected), whose per-record log-likelihoods were computed by this release. They are
+    a deterministic function of the point, of the other variables' values and of the
+    records, so the memo keeps them (``n`` floats, one array per chunk) and the next
+    release computes the log-likelihoods at its proposal only: one per-record
+    log-likelihood evaluation per iteration instead of two
+    (`RecordFunctions.clipped_loglik_ratio_sum_kept`). The release is the same Gaussian
+    mechanism on the same clipped sum (up to rounding: the ratios are formed from two
+    evaluations instead of within one compiled function), counted as one release
+    (``released["llr"]``), so the accounting is unchanged.
+
+    A kept array is used only when everything it depends on is exactly the same: the point
+    (same dtype, shape and bits), the values of the free variables the step does not sample,
+    the store and its chunking. Otherwise the log-likelihoods at the old point are computed
+    first (within the same release). Kept values are noise-free values of the data: they
+    never leave this object except into a release that adds noise, and they are never
+    pickled. In-memory records only (a remote store keeps the per-record values where the
+    records live; the step then calls `RecordFunctions.clipped_loglik_ratio_sum`).
+
+    Parameters
+    ----------
+    fns : RecordFunctions
+        The functions whose ratio release is served.
+    others : callable, optional
+        ``others()`` returns the current values of the free variables the step does not
+        sample; ``None``: the step samples every free variable.
+    """
+
+    def __init__(self, fns: RecordFunctions, others: Any = None) -> None:
+        self._fns = fns
+        self._others = others
+        self._kept: list[tuple[tuple, list[np.ndarray]]] = []
+        #: Ratio releases that used kept log-likelihoods (for tests and benchmarks).
+        self.reused = 0
+
+    def _context(self, q: np.ndarray) -> tuple:
+        """Everything the log-likelihoods depend on besides the records, as exact bits."""
+        shared = tuple(_bits(v) for v in self._others()) if self._others is not None else ()
+        store = self._fns.records
+        return _bits(q), shared, id(store), getattr(store, "chunk_size", None)
+
+    def _lookup(self, key: tuple) -> list[np.ndarray] | None:
+        for k, values in self._kept:
+            if k == key:
+                return values
+        return None
+
+    def __call__(self, q_new: np.ndarray, q_old: np.ndarray, bound: float) -> tuple[float, int]:
+        """``(sum_i clip(l_i(q_new) - l_i(q_old), +-b), n_clipped)``, one release."""
+        key_old = self._context(q_old)
+        l_old = self._lookup(key_old)
+        if l_old is None:
+            l_old = self._fns.loglik_chunks(q_old)
+        else:
+            self.reused += 1
+        total, count, l_new = self._fns.clipped_loglik_ratio_sum_kept(q_new, l_old, bound)
+        self._kept = [(key_old, l_old), (self._context(q_new), l_new)]
+        return total, count
+
+    def keep(self, q: np.ndarray) -> None:
+        """Keep only the log-likelihoods at ``q`` (the chain's next state), if known."""
+        key = self._context(q)
+        self._kept = [e for e in self._kept if e[0] == key][:1]
+
+    def clear(self) -> None:
+        """Forget every kept value (a new chain)."""
+        self._kept = []
+
+    def __getstate__(self) -> dict:
+        # a pickled step carries no noise-free value: the copy computes them again
+        return {**self.__dict__, "_kept": []}
 
 
 def _bits(a) -> tuple:

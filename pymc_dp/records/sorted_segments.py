@@ -49,6 +49,7 @@ same.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from dataclasses import dataclass
 from typing import Any
@@ -233,25 +234,51 @@ def _driver_source(layout: _Layout, n_out: int) -> str:
 
 
 _DRIVERS: dict = {}
+#: Version of the generated loop nest, part of its disk-cache key: raise it whenever
+#: `_driver_source` or `_compile_driver` changes what the compiled code does.
+_DRIVER_VERSION = 1
+
+
+def _composite_function(composite, node):
+    """``(numba function of the composite, its PyTensor cache key or None)``."""
+    try:
+        from pytensor.link.numba.dispatch.basic import numba_funcify_and_cache_key
+    except ImportError:  # pragma: no cover - a PyTensor without Numba cache keys
+        from pytensor.link.numba.dispatch.basic import numba_funcify
+
+        return numba_funcify(composite, node=node), None
+    return numba_funcify_and_cache_key(composite, node=node)
 
 
 def _compile_driver(composite, layout: _Layout):
-    """The Numba loop nest of ``(composite, layout)`` (cached per process)."""
+    """``(driver, cache_key)``: the Numba loop nest of ``(composite, layout)`` (kept per
+    process) and the key under which PyTensor's Numba backend caches it on disk.
+
+    The key is a hash of everything the compiled code depends on: the composite's own
+    PyTensor key (its scalar graph), the generated source (the layout), the constants and
+    compilation flags it is built with, and `_DRIVER_VERSION`. ``None`` (no disk cache)
+    when PyTensor gives the composite no key. Data-free: the layout and the composite are
+    structure; no record value enters the key or the code.
+    """
     key = (composite, layout)
     if key in _DRIVERS:
         return _DRIVERS[key]
     import numba
-    from pytensor.link.numba.dispatch.basic import numba_funcify
 
     node = composite.make_node(*[i.type() for i in composite.inputs])
-    f = numba_funcify(composite, node=node)
+    f, composite_key = _composite_function(composite, node)
     src = _driver_source(layout, len(composite.outputs))
     env = {"np": np, "f": f, "HUGE": _HUGE}
     exec(compile(src, "<pymc_dp sorted_segment_sum>", "exec"), env)  # noqa: S102 - generated
     fastmath = _FASTMATH if pytensor.config.numba__fastmath else False
     driver = numba.njit(fastmath=fastmath, error_model="numpy")(env["sorted_segment_sum"])
-    _DRIVERS[key] = driver
-    return driver
+    cache_key = None
+    if composite_key is not None:
+        flags = (sorted(fastmath) if fastmath else False, "error_model=numpy", repr(_HUGE))
+        what = ("pymc_dp.SortedSegmentSum", _DRIVER_VERSION, composite_key, src, flags)
+        cache_key = hashlib.sha256(repr(what).encode()).hexdigest()
+    _DRIVERS[key] = (driver, cache_key)
+    return driver, cache_key
 
 
 class SortedSegmentSum(Op):
@@ -275,7 +302,11 @@ class SortedSegmentSum(Op):
         return Apply(self, inputs, [pt.tensor(dtype="float64", shape=(self.layout.d + 1,))])
 
     def driver(self):
-        return _compile_driver(self.composite, self.layout)
+        return _compile_driver(self.composite, self.layout)[0]
+
+    def cache_key(self) -> str | None:
+        """Key of the loop nest in PyTensor's Numba disk cache (see `_compile_driver`)."""
+        return _compile_driver(self.composite, self.layout)[1]
 
     def perform(self, node, inputs, output_storage):
         output_storage[0][0] = self.driver()(*inputs)
@@ -289,7 +320,10 @@ def _register_numba() -> None:
 
     @register_funcify_and_cache_key(SortedSegmentSum)
     def _funcify(op, node=None, **kwargs):
-        return op.driver(), None  # generated per model: no disk cache key
+        # cached on disk by PyTensor's Numba backend under a hash of everything the
+        # generated code depends on (with numba__cache on; compiled again in each process
+        # otherwise)
+        return op.driver(), op.cache_key()
 
 
 if importlib.util.find_spec("numba") is not None:

@@ -170,6 +170,7 @@ class InMemoryRecords:
         *,
         args: tuple = (),
         prepare: Callable[..., Any] | None = None,
+        per_chunk: list | None = None,
     ):
         """``reduce(...reduce(init, fn(*args, *chunk_1))..., fn(*args, *chunk_k))``, in order.
 
@@ -177,7 +178,19 @@ class InMemoryRecords:
         per-chunk arrays (e.g. row norms of a design matrix) once per chunk; they are cached
         with the store (keyed by the ``prepare`` object, which must be kept alive by the
         caller) and never returned.
+
+        With ``per_chunk`` (one value per chunk, in chunk order; not with ``prepare``),
+        ``fn(*args, per_chunk[j], *chunk_j)``: values kept in this process from an earlier
+        pass over the same chunks (`pymc_dp.records.LoglikMemo`). In-memory stores only.
         """
+        if per_chunk is not None:
+            if prepare is not None:
+                raise TypeError("map_reduce takes prepare or per_chunk, not both")
+            with np.errstate(all="ignore"):
+                acc = init
+                for v, c in zip(per_chunk, self.chunks(), strict=True):
+                    acc = reduce(acc, _private_call(fn, *args, v, *c))
+                return acc
         with np.errstate(all="ignore"):  # no data-dependent floating-point warning
             if prepare is not None:
                 key = id(prepare)

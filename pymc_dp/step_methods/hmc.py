@@ -36,7 +36,7 @@ from pymc_dp.kernels.hmc import (
     gradient_noise_std,
 )
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
-from pymc_dp.records import GradSumMemo
+from pymc_dp.records import GradSumMemo, LoglikMemo
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
@@ -77,7 +77,10 @@ class DPHMC(DPStep):
     first release of an iteration draws fresh noise, never reuses a noisy gradient; its
     noise-free clipped sum, computed at the start or end of the last trajectory, is kept
     and reused when the point is exactly the same, `pymc_dp.records.GradSumMemo`, so
-    ``L`` sums are computed), the ratio once; each is a
+    ``L`` sums are computed), the ratio once (the per-record log-likelihoods at the
+    current point, computed by the last ratio release, are kept, ``n`` floats,
+    `pymc_dp.records.LoglikMemo`, so each release evaluates them at its proposal only;
+    in-memory records, where that evaluation is costly: `reuse_loglik`); each is a
     Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
     parameter $\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)$ and ``k`` iterations over all
     chains (warmup included) compose to $k\mu$ by the tight Gaussian bound (Sommer et
@@ -174,6 +177,12 @@ class DPHMC(DPStep):
     #: or the end of the last trajectory (`pymc_dp.records.GradSumMemo`): ``L`` computed
     #: sums per iteration instead of ``L + 1``, the same releases. False computes all.
     reuse_gradient_sums = True
+    #: Keep the per-record log-likelihoods at the current point (``n`` floats, computed by
+    #: the last ratio release; `pymc_dp.records.LoglikMemo`): each ratio release evaluates
+    #: the log-likelihoods at its proposal only. In-memory records only. ``None``
+    #: (default): where it pays (`RecordFunctions.loglik_worth_keeping`: a transcendental
+    #: function or a row reduction per record); True: always; False: never.
+    reuse_loglik: bool | None = None
     remote_records = True
     data_sharing = True
     stats_dtypes_shapes = {
@@ -290,7 +299,9 @@ class DPHMC(DPStep):
             records=records,
         )
         self._chain_tune: int | None = plan.tune if plan is not None else None
-        self._grad_memo = GradSumMemo(self._fns, self._other_values if self.shared else None)
+        others = self._other_values if self.shared else None
+        self._grad_memo = GradSumMemo(self._fns, others)
+        self._ll_memo = LoglikMemo(self._fns, others)
         self._reset_chain_state()
 
     # -- per-chain state -------------------------------------------------------------------------
@@ -304,6 +315,7 @@ class DPHMC(DPStep):
         # Halton scrambling is drawn from that rng, so draws do not depend on `cores`.
         self._halton = HaltonSequence(self.rng)
         self._grad_memo.clear()
+        self._ll_memo.clear()
         # A worker process of pm.sample never sets `tune` itself (it only calls stop_tuning).
         self.tune = True
         self.reset_tuning()
@@ -340,6 +352,10 @@ class DPHMC(DPStep):
         memo = self._grad_memo if self.reuse_gradient_sums and not self._owners else None
         if memo is not None:
             memo.begin_trajectory()
+        # The per-record log-likelihoods at q were computed by the last ratio release: kept
+        # (`LoglikMemo`, in-memory records, central scheme), the release computes those at
+        # the proposal only; the same release, the same noise.
+        ll_memo = self._ll_memo if self.keeps_loglik else None
         # -- L + 1 gradient releases and one log-likelihood-ratio release (the kernel) ---------
         q_next, info = dphmc_transition(
             self.rng,
@@ -354,13 +370,15 @@ class DPHMC(DPStep):
             llr_noise_multiplier=self.llr_noise_multiplier,
             clipped_grad_sum=fns.clipped_grad_sum if memo is None else memo,
             prior_logp_and_grad=fns.prior_logp_and_grad,
-            clipped_loglik_ratio_sum=fns.clipped_loglik_ratio_sum,
+            clipped_loglik_ratio_sum=fns.clipped_loglik_ratio_sum if ll_memo is None else ll_memo,
             owners=self._owners,
             shared_grad_sum=fns.shared_clipped_grad_sum if self._owners else None,
             shared_llr_sum=fns.shared_clipped_loglik_ratio_sum if self._owners else None,
         )
         if memo is not None:
             memo.end_trajectory()
+        if ll_memo is not None:
+            ll_memo.keep(q_next)
         # -- everything below is post-processing of the released values --------------------------
         if tune:
             self._adapt(q_next, info.accepted, info.accept_prob)
@@ -381,6 +399,16 @@ class DPHMC(DPStep):
             "llr_clip_fraction" + NONPRIVATE_SUFFIX: info.n_llr_clipped / n,
         }
         return q_next, stats
+
+    @property
+    def keeps_loglik(self) -> bool:
+        """Whether the ratio releases use the kept per-record log-likelihoods
+        (`reuse_loglik`; in-memory records, central scheme). Structural, data-free."""
+        if self._owners or not getattr(self._fns.records, "local", False):
+            return False
+        if self.reuse_loglik is None:
+            return self._fns.loglik_worth_keeping
+        return bool(self.reuse_loglik)
 
     def _mu_per_release(self) -> dict[str, float]:
         return {

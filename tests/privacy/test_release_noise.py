@@ -521,7 +521,7 @@ def test_correlated_exponential_family_releases_carry_their_noise(monkeypatch):
 def _spy_penalty_tests(monkeypatch, module) -> list:
     """Record every penalty test ``module`` makes, with the pair of points its ratio sum was
     taken at: ``(q_new, q_old, clipped sum, log prior ratio, log q ratio, log acceptance)``."""
-    from pymc_dp.records.runtime import RecordFunctions
+    from pymc_dp.records.runtime import LoglikMemo, RecordFunctions
 
     pairs, tests = [], []
     real_sum = RecordFunctions.clipped_loglik_ratio_sum
@@ -539,6 +539,15 @@ def _spy_penalty_tests(monkeypatch, module) -> list:
         return out
 
     monkeypatch.setattr(RecordFunctions, "clipped_loglik_ratio_sum", spy_sum)
+    # DPHMC's ratio releases from the kept per-record log-likelihoods (the same release)
+    real_kept = LoglikMemo.__call__
+
+    def spy_kept(self, q_new, q_old, bound):
+        out = real_kept(self, q_new, q_old, bound)
+        pairs.append((np.array(q_new), np.array(q_old), out[0]))
+        return out
+
+    monkeypatch.setattr(LoglikMemo, "__call__", spy_kept)
     monkeypatch.setattr(module, "penalty_log_acceptance", spy_test)
     return tests
 
@@ -615,6 +624,7 @@ def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
             grad_clip_bound=b_g, llr_clip_bound=b_l, grad_noise_multiplier=z_g,
             llr_noise_multiplier=z_l, n_leapfrog=3, step_size=0.05,
         )  # fmt: skip
+        step.reuse_loglik = True  # the ratio releases from kept log-likelihoods (as a GLM's)
         pm.sample(
             250, tune=0, chains=1, cores=1, step=step, random_seed=4, progressbar=False,
             compute_convergence_checks=False,

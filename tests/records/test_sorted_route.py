@@ -203,3 +203,58 @@ def test_a_group_index_out_of_range_is_an_error_naming_no_value():
     with pytest.raises(RecordComputationError, match="IndexError") as info:
         fns.clipped_grad_sum(q, 1.0)
     assert str(J) not in str(info.value).replace("IndexError", "")
+
+
+def test_the_loop_nest_is_cached_on_disk_under_a_key_of_its_structure(monkeypatch):
+    """Issue 28: the generated loop nest gets a PyTensor Numba cache key, a hash of its
+    structure (the composite and the layout): different for different models, the same for
+    the same model on other data (no record value enters it)."""
+    from pymc_dp.records import sorted_segments
+
+    def key_of(model):
+        monkeypatch.setattr(sorted_segments, "_DRIVERS", {})
+        fns, _ = _fns(model)
+        fns._ensure_grad()
+        assert fns.gradient_route == "sorted"
+        keys = {k for _, k in sorted_segments._DRIVERS.values()}
+        assert len(keys) == 1
+        return keys.pop()
+
+    keys = {p: key_of(_model(p, _data())) for p in ("intercepts", "slopes", "crossed")}
+    assert all(isinstance(k, str) and len(k) == 64 for k in keys.values()), keys
+    assert len(set(keys.values())) == 3
+    assert key_of(_model("intercepts", _data(seed=7, order="sorted"))) == keys["intercepts"]
+
+
+_CACHED_RUN = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from test_sorted_route import _data, _fns, _model
+fns, q = _fns(_model("slopes", _data()))
+g, k = fns.clipped_grad_sum(q, 0.5)
+assert fns.gradient_route == "sorted"
+print(repr((g.tolist(), int(k))))
+"""
+
+
+def test_a_process_that_loads_the_cached_loop_nest_gets_the_same_sums():
+    """Two fresh processes (the second loads the loop nest from PyTensor's disk cache when
+    the first wrote it) give the clipped sum of the per-record loop."""
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = _CACHED_RUN.format(tests=here)
+    outs = []
+    for _ in range(2):
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=here
+        )
+        outs.append(eval(run.stdout.strip().splitlines()[-1]))  # noqa: S307 - our own output
+    fns, q = _fns(_model("slopes", _data()))
+    fns._ensure_grad()
+    want = _loop_reference(fns, q, 0.5)
+    for g, k in outs:
+        _assert_same((np.array(g), k), want)

@@ -142,13 +142,30 @@ def test_bench_models_tiny():
     )
     for model in models:
         rows = [r for r in out.splitlines() if f" {model} " in r and "|" in r]
-        assert len(rows) == 4, out  # two functions vs numpy, DPHMC, DPPenaltyMetropolis
+        assert len(rows) == 5, out  # three functions vs numpy, DPHMC, DPPenaltyMetropolis
         for r in rows:
             # package ms, reference ms and their ratio follow the second "|"
             pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
             assert _ratio_of_printed(pkg, ref, ratio), r
         assert all("agree True" in r for r in rows if r.startswith("function"))
     assert "route sorted" in out and "route indexed" in out and "route blocks" in out
+
+
+def test_bench_models_kept_value_rows_tiny():
+    """--l-plus-1 and --two-point-ratio add DPHMC rows with nothing kept, timed alongside."""
+    out = _run(
+        "bench_models.py",
+        *("--n", "400", "--blocks", "1", "--block-seconds", "0.01", "--models", "hier50"),
+        *("--steps", "DPHMC", "--l-plus-1", "--two-point-ratio"),
+    )
+    rows = [r for r in out.splitlines() if r.startswith("DPHMC ")]
+    assert len(rows) == 3, out
+    assert "every sum computed" in rows[0] and "log-likelihoods at both points" in rows[1]
+    # a normal likelihood: the log-likelihoods are not kept by default (arithmetic only)
+    assert rows[2].endswith("sum at the current point kept"), rows[2]
+    for r in rows:
+        pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
+        assert _ratio_of_printed(pkg, ref, ratio), r
 
 
 def test_bench_models_floor_tiny():

@@ -239,8 +239,11 @@ def test_exact_normal_mean_1d():
             n_leapfrog=5,
             nonprivate_diagnostics=True,
         )
+        step.reuse_loglik = True  # the kept log-likelihoods (automatic: not for a normal)
         idata = pm.sample(3000, tune=500, chains=4, cores=1, step=step, random_seed=11, **SAMPLE)
     _check_no_clipping_and_noise_on(idata)
+    # the draws come from the kept sums and log-likelihoods
+    assert step._grad_memo.reused > 10000 and step._ll_memo.reused > 10000
     # the gradient noise (std 5) is comparable to the gradient itself (n * |theta - mean| ~ 7)
     assert idata["sample_stats"]["grad_noise_std"].values.min() == pytest.approx(5.0)
     assert_matches_distribution(
@@ -270,8 +273,10 @@ def test_exact_varying_intercepts_on_the_sorted_route():
         )
         assert step._fns.clipped_grad_sum(np.zeros(groups), 1.0) is not None
         assert step._fns.gradient_route == "sorted"
+        step.reuse_loglik = True  # the kept log-likelihoods (automatic: not for a normal)
         idata = pm.sample(2500, tune=500, chains=4, cores=1, step=step, random_seed=5, **SAMPLE)
     _check_no_clipping_and_noise_on(idata)
+    assert step._grad_memo.reused > 10000 and step._ll_memo.reused > 10000  # kept values
     prec = np.bincount(g, minlength=groups) + 1.0 / 10.0**2
     mean = np.bincount(g, weights=y, minlength=groups) / prec
     draws = posterior_array(idata, "a")
@@ -482,11 +487,15 @@ def test_each_iteration_releases_l_plus_1_fresh_gradients_and_one_ratio():
             n_leapfrog=6,
             step_size=0.05,
         )
+    step.reuse_loglik = True  # (automatic: not for a normal likelihood)
     fns = step._fns
     calls = []
-    grad, llr = fns.clipped_grad_sum, fns.clipped_loglik_ratio_sum
+    grad, kept, ll = fns.clipped_grad_sum, fns.clipped_loglik_ratio_sum_kept, fns.loglik_chunks
     fns.clipped_grad_sum = lambda q, b: calls.append(("grad", q.copy())) or grad(q, b)
-    fns.clipped_loglik_ratio_sum = lambda a, b, c: calls.append(("llr", b.copy())) or llr(a, b, c)
+    fns.clipped_loglik_ratio_sum_kept = lambda a, b, c: (
+        calls.append(("llr", a.copy())) or kept(a, b, c)
+    )
+    fns.loglik_chunks = lambda q: calls.append(("ll", q.copy())) or ll(q)
     point = model.initial_point()
     accepted = []
     for i in range(6):
@@ -498,13 +507,16 @@ def test_each_iteration_releases_l_plus_1_fresh_gradients_and_one_ratio():
         released = {k: fns.released[k] - before[k] for k in before}
         assert released == {"grad": 7, "llr": 1}
         assert sum(released.values()) == stats_[0]["dp_releases"] == 6 + 2
-        assert [c[0] for c in calls] == ["grad"] * (7 if i == 0 else 6) + ["llr"]
-        if i == 0:  # nothing kept yet: the first sum is computed at the current state
+        if i == 0:  # nothing kept yet: the sum and the log-likelihoods at the current state
+            assert [c[0] for c in calls] == ["grad"] * 7 + ["ll", "llr"]
             np.testing.assert_array_equal(calls[0][1], start)
-        else:  # kept from the last trajectory: no sum computed at the current state
-            assert not any(np.array_equal(q, start) for kind, q in calls if kind == "grad")
-        np.testing.assert_array_equal(calls[-1][1], start)
-    assert step._grad_memo.reused == 5
+            np.testing.assert_array_equal(calls[-2][1], start)
+        else:  # kept from the last trajectory: nothing computed at the current state
+            assert [c[0] for c in calls] == ["grad"] * 6 + ["llr"]
+            assert not any(np.array_equal(q, start) for kind, q in calls)
+        # the ratio release evaluates the log-likelihoods at the proposal only
+        np.testing.assert_array_equal(calls[-1][1], calls[-2 if i else -3][1])
+    assert step._grad_memo.reused == 5 and step._ll_memo.reused == 5
     assert 0 < sum(accepted) < 6  # both ends of a trajectory were reused
 
 
@@ -524,7 +536,7 @@ def _two_variable_step(reuse: bool = True):
             n_leapfrog=3,
             step_size=0.05,
         )
-    step.reuse_gradient_sums = reuse
+    step.reuse_gradient_sums = step.reuse_loglik = reuse
     return model, step
 
 
@@ -576,8 +588,8 @@ def test_kept_gradient_sum_is_not_used_when_the_state_changed_from_outside():
 @pytest.mark.filterwarnings("ignore:DPHMC samples", "ignore:DPPenaltyMetropolis samples")
 def test_reuse_in_a_compound_step_leaves_the_draws_unchanged():
     """DPHMC on one variable, DPPenaltyMetropolis on the other (a CompoundStep): the other
-    step moves the state between DPHMC's iterations; the chains are bit-identical with reuse
-    on and off, and reuse happens only when nothing moved."""
+    step moves the state between DPHMC's iterations; the chains are the same (to rounding)
+    with reuse on and off, and reuse happens only when nothing moved."""
 
     def run(reuse: bool):
         model, step = _two_variable_step(reuse)
@@ -590,15 +602,25 @@ def test_reuse_in_a_compound_step_leaves_the_draws_unchanged():
 
     (a, sa), (b, sb) = run(True), run(False)
     for name in ("a", "s"):
-        np.testing.assert_array_equal(posterior_array(a, name), posterior_array(b, name))
+        # to rounding: the ratios formed from the kept log-likelihoods may differ from those
+        # formed in one compiled function in the last bits, and the warmup adapts the step
+        # size on the acceptance probability (bit-identical with the kept sums alone)
+        np.testing.assert_allclose(
+            posterior_array(a, name), posterior_array(b, name), rtol=1e-12, atol=1e-14
+        )
     assert sa._fns.released == sb._fns.released
     assert 0 < sa._grad_memo.reused < 79 and sb._grad_memo.reused == 0
+    assert 0 < sa._ll_memo.reused < 79 and sb._ll_memo.reused == 0
 
 
-def test_reusing_gradient_sums_leaves_the_draws_unchanged():
-    """Reusing the kept noise-free sum changes no draw: the same seed gives bit-identical
-    chains, stats and release counts with reuse on and off (the same random draws in the
-    same order, the same noise-free sums)."""
+@pytest.mark.parametrize("kept", ["grad", "loglik", "both"])
+def test_reusing_gradient_sums_leaves_the_draws_unchanged(kept):
+    """Reusing the kept noise-free sum (and the kept per-record log-likelihoods) changes no
+    draw: the same seed gives the same chains, stats and release counts with reuse on and
+    off (the same random draws in the same order, the same noise-free sums; the ratios
+    formed from two evaluations may differ from those formed in one compiled function by
+    rounding, so the noisy energy change is compared to 1e-12), and the accountant's spend
+    is the same."""
 
     def run(reuse: bool):
         model, *_ = normal_mean_model(n=30, d=2)
@@ -610,18 +632,76 @@ def test_reusing_gradient_sums_leaves_the_draws_unchanged():
                 grad_noise_multiplier=0.2,
                 n_leapfrog=4,
             )
-            step.reuse_gradient_sums = reuse
+            step.reuse_gradient_sums = reuse and kept in ("grad", "both")
+            step.reuse_loglik = reuse and kept in ("loglik", "both")
             idata = pm.sample(30, tune=120, chains=2, cores=1, step=step, random_seed=7, **SAMPLE)
         return idata, step
 
     (a, sa), (b, sb) = run(True), run(False)
     np.testing.assert_array_equal(posterior_array(a, "theta"), posterior_array(b, "theta"))
-    for name in ("accepted", "step_size", "energy_change", "dp_releases", "dp_mu"):
+    for name in ("accepted", "step_size", "dp_releases", "dp_mu"):
         np.testing.assert_array_equal(
             a["sample_stats"][name].values, b["sample_stats"][name].values
         )
+    np.testing.assert_allclose(
+        a["sample_stats"]["energy_change"].values,
+        b["sample_stats"]["energy_change"].values,
+        rtol=1e-12,
+        atol=1e-12,
+    )
     assert sa._fns.released == sb._fns.released == {"llr": 300, "grad": 300 * 5}
-    assert sa._grad_memo.reused == 300 - 2 and sb._grad_memo.reused == 0
+    ra, rb = pymc_dp.privacy_report(a, delta=1e-5), pymc_dp.privacy_report(b, delta=1e-5)
+    assert (ra.mu, ra.epsilon, ra.releases) == (rb.mu, rb.epsilon, rb.releases)
+    assert sa._grad_memo.reused == (300 - 2 if kept != "loglik" else 0)
+    assert sa._ll_memo.reused == (300 - 2 if kept != "grad" else 0)
+    assert sb._grad_memo.reused == sb._ll_memo.reused == 0
+
+
+@pytest.mark.filterwarnings("ignore:DPHMC.nonprivate_diagnostics")
+def test_kept_loglik_gives_the_recomputed_ratio_sums_after_rejections():
+    """With a seed, over iterations that accept and reject (some ratios clipped), every
+    ratio release served from the kept per-record log-likelihoods (at the accepted or the
+    rejected end of the last trajectory) is the clipped sum computed afresh at both points,
+    and the log-likelihoods kept are those at the chain's state."""
+    model, *_ = normal_mean_model(n=40, d=2)
+    with model:
+        step = pymc_dp.DPHMC(
+            llr_clip_bound=0.5,  # some ratios clipped
+            grad_clip_bound=5.0,
+            llr_noise_multiplier=1.0,
+            grad_noise_multiplier=1.0,
+            n_leapfrog=3,
+            step_size=0.2,
+            nonprivate_diagnostics=True,  # the clipped counts, compared below
+            rng=np.random.default_rng(3),
+        )
+    step.reuse_loglik = True  # (automatic: not for a normal likelihood)
+    fns, memo = step._fns, step._ll_memo
+    served, fresh = [], []
+    call = type(memo).__call__
+
+    def spy(self, q_new, q_old, bound):
+        out = call(self, q_new, q_old, bound)
+        served.append(out)
+        before = dict(fns.released)
+        fresh.append(fns.clipped_loglik_ratio_sum(q_new, q_old, bound))  # the check only
+        fns.released.update(before)
+        return out
+
+    point, accepted = model.initial_point(), []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(type(memo), "__call__", spy)
+        for _ in range(25):
+            point, stats_ = step.step(point)
+            accepted.append(stats_[0]["accepted"])
+            q = np.concatenate([np.ravel(point[v.name]) for v in step.vars])
+            (kept,) = [v for _, v in memo._kept]
+            np.testing.assert_allclose(np.concatenate(kept), fns.loglik(q), rtol=1e-13)
+    assert 3 <= sum(accepted) <= 22  # both ends reused
+    assert memo.reused == len(served) - 1 == 24
+    np.testing.assert_allclose([s for s, _ in served], [s for s, _ in fresh], rtol=1e-12)
+    assert [k for _, k in served] == [k for _, k in fresh]
+    assert sum(k for _, k in served) > 0
 
 
 def test_fixed_step_size_and_mass_matrix_are_honoured():
@@ -766,3 +846,32 @@ def test_bad_input_raises_before_reading_data(kwargs, match, monkeypatch):
     model, *_ = normal_mean_model(n=10, d=1)
     with model, pytest.raises(ValueError, match=match):
         pymc_dp.DPHMC(**kwargs)
+
+
+def test_log_likelihoods_are_kept_where_their_evaluation_is_costly():
+    """By default (``reuse_loglik = None``) the per-record log-likelihoods are kept where a
+    record's log-likelihood applies a transcendental function or a row reduction (a
+    logistic or Poisson regression, a StudentT), not for arithmetic only (a normal, where
+    reading and writing the kept values costs more than the evaluation); structural."""
+    rng = np.random.default_rng(0)
+    X, n = rng.normal(size=(30, 2)), 30
+    kw = dict(
+        llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0,
+        grad_noise_multiplier=1.0,
+    )  # fmt: skip
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, b), observed=rng.integers(0, 2, n))
+        logistic = pymc_dp.DPHMC(**kw)
+    with pm.Model():
+        b = pm.Normal("b", 0, 1, shape=2)
+        pm.StudentT("y", nu=4, mu=0.0, sigma=pm.math.exp(b[0]), observed=rng.normal(size=n))
+        student = pymc_dp.DPHMC(**kw)
+    with pm.Model():
+        a = pm.Normal("a", 0, 1, shape=3)
+        s = pm.HalfNormal("s", 1)
+        pm.Normal("y", a[rng.integers(0, 3, n)], s, observed=rng.normal(size=n))
+        normal = pymc_dp.DPHMC(**kw)
+    assert logistic.keeps_loglik and student.keeps_loglik and not normal.keeps_loglik
+    normal.reuse_loglik, logistic.reuse_loglik = True, False
+    assert normal.keeps_loglik and not logistic.keeps_loglik
