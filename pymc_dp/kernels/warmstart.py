@@ -211,11 +211,13 @@ def offdiag_threshold_sds(d: int, family_wise: float | None = None) -> float:
     """Noise sds an off-diagonal entry of a released ``d x d`` curvature must pass to be
     kept: Bonferroni's level over its ``d (d - 1) / 2`` entries (two-sided), at least 3.
 
-    With a fixed 3 sds a 50-coordinate hierarchy keeps ~3 pure-noise entries per release
-    (0.27 % of 1225); each couples two group effects that the data leave independent, and
-    the Newton step follows it (measured: the non-centred hierarchical model of `bench_auto`
-    at epsilon 3, errors 0.38 / 0.30 / 1.11 NUTS sds on three seeds with 3 sds, 0.74 / 0.46
-    / 0.36 at Bonferroni's level).
+    With a fixed 3 sds a 23-coordinate hierarchy keeps ~0.7 pure-noise entries per release
+    (0.27 % of 253), a 50-coordinate one ~3; each couples two group effects that the data
+    leave independent, and the Newton step follows it. Measured on the non-centred
+    hierarchical model of `bench_auto` at epsilon 3 (max error in NUTS sds, DP seeds 0-2):
+    0.38 / 0.30 / 1.11 with 3 sds, 0.74 / 0.46 / 0.36 at this level (seeds 3-4: 0.65 and
+    1.81, 0.67 and 0.32 with the chain's growing warm-start shares): alone, a mixed change
+    (on seeds 0-2 the worst better, the other two worse).
     """
     if family_wise is None:
         family_wise = OFFDIAG_FAMILY_WISE
