@@ -703,7 +703,8 @@ def auto_configure(
         rng=rng,
         clip_bound_at=derived.gradient_bound if grad_derived else None,
         # Bonferroni's level over every bin of every histogram of the run: with it over one
-        # histogram's bins, noise passed somewhere in ~10 % of the runs, and a bound ten times
+        # histogram's bins, noise may pass somewhere in ~10 % of the runs (1 % a histogram by
+        # design, eleven histograms), and a bound ten times
         # the others' threw the iterate off (measured: the linear regression of bench_auto at
         # epsilon 1, log sigma 150 posterior sds off in one step, 141 NUTS sds at the end)
         hist_threshold_sds=bonferroni_sds((grid.size + 1) * (newton_steps + 1)),
