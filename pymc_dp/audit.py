@@ -37,6 +37,8 @@ __all__ = [
     "clopper_pearson",
     "empirical_epsilon",
     "audit_mechanism",
+    "stats_runner",
+    "stats_scenarios",
 ]
 
 
@@ -445,6 +447,7 @@ def standard_scenarios() -> list[Scenario]:
         ),
         *expfam_scenarios(),
         *auto_scenarios(),
+        *stats_scenarios(),
     ]  # fmt: skip
 
 
@@ -739,5 +742,110 @@ def expfam_scenarios() -> list[Scenario]:
         Scenario(
             "DPExpFamilyPenalty", "noise scale halved", claim, delta, False,
             expfam(noise_scale=0.5), 400_000,
+        ),
+    ]  # fmt: skip
+
+
+# -- the automatic mode's sufficient-statistics strategy ----------------------------------------
+
+
+def _linear_passes(first: tuple[float, float]):
+    """The statistics' passes of a 1-covariate linear regression on 10 records whose record
+    0 is ``first`` = (y, x), and the statistics' ranges in the box y in [-6, 6], x in [-1, 1]
+    (`pymc_dp.auto.suffstats.linear_stats_model`)."""
+    import warnings
+
+    import pymc as pm
+
+    from pymc_dp.auto.suffstats import linear_stats_model
+
+    x = np.linspace(-1.0, 1.0, 10)
+    y = 0.5 * x + np.linspace(0.3, -0.3, 10)
+    y[0], x[0] = first
+    with pm.Model() as model, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        X = pm.Data("X", x[:, None])
+        b = pm.Normal("b", 0, 3, shape=1)
+        pm.Normal("y", pm.Normal("a", 0, 3) + pm.math.dot(X, b), 1.0, observed=y)
+    bounds = {"y": (-6.0, 6.0), "X": (-1.0, 1.0)}
+    fm, box = linear_stats_model(model, model.value_vars, model.initial_point(), bounds)
+    return fm.passes(), box
+
+
+def stats_runner(
+    first_d: tuple[float, float],
+    first_d2: tuple[float, float],
+    *,
+    which: str,
+    noise_multiplier: float,
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """A release of the sufficient-statistics strategy on D and D', through the library's
+    own calls (`pymc_dp.auto.suffstats.release_box_centre` for ``which="centre"``,
+    `release_whitened_sum` for ``which="sum"``): a change of their noise shows here.
+
+    Published: every coordinate of the release; the auditor also thresholds its
+    likelihood-ratio statistic. The whitened sum's centre is public and fixed halfway between
+    record 0's statistics in D and in D', so that their clipped deviations are opposite and
+    the sum moves by its full sensitivity ``2 b``.
+    """
+    from pymc_dp.auto.suffstats import release_box_centre, release_whitened_sum
+    from pymc_dp.kernels.expfam import Whitening, normal_linear_stats
+
+    (p_d, box), (p_d2, _) = _linear_passes(first_d), _linear_passes(first_d2)
+    rows = [
+        normal_linear_stats(np.array([f[0]]), np.array([[f[1]]]))[0] for f in (first_d, first_d2)
+    ]
+    wh = Whitening(
+        centre=0.5 * (rows[0] + rows[1]), scale=np.eye(rows[0].size), clip=1.0, releases=0
+    )
+
+    def release(passes, z, rng, size=None):
+        if which == "centre":
+            return release_box_centre(passes, box, 10, z, rng, size=size)[0]
+        return release_whitened_sum(passes, wh, z, rng, size=size)
+
+    zero = np.random.default_rng(0)
+    exact = {k: release(p, 0.0, zero) for k, p in ((False, p_d), (True, p_d2))}
+    _, sd = release_box_centre(p_d, box, 10, 1.0, zero)
+    std = sd if which == "centre" else np.full(exact[False].size, 2.0 * wh.clip)
+    diff = (exact[True] - exact[False]) / std**2
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        out = release(p_d2 if on_d2 else p_d, noise_multiplier, rng, size=trials)
+        res = {f"statistic {j}": out[:, j] for j in range(out.shape[1])}
+        res["LR statistic"] = out @ diff
+        return res
+
+    return run
+
+
+def stats_scenarios() -> list[Scenario]:
+    """The sufficient-statistics strategy's box-scaled centre and whitened sum as shipped,
+    and with less noise than claimed (caught). Record 0 is (6, 1) in D and (-6, -1) in D'
+    for the centre (a corner of the box and its opposite: the scaled deviations differ by
+    ``2 sqrt 2`` of the claimed ``2 sqrt 5``, since no record reaches opposite ends of ``y``
+    and ``y^2`` together), (100, 50) and (-100, -50) for the whitened sum (both far outside
+    and clipped, opposite about the public centre: its full ``2 b``)."""
+    from pymc_dp.accounting import gaussian_epsilon
+
+    delta = 1e-5
+
+    def centre(z: float = 1.0):
+        return lambda: stats_runner((6.0, 1.0), (-6.0, -1.0), which="centre", noise_multiplier=z)
+
+    def whitened(z: float = 1.0):
+        return lambda: stats_runner((100.0, 50.0), (-100.0, -50.0), which="sum", noise_multiplier=z)
+
+    one = gaussian_epsilon(1 / (2 * 1.0**2), delta)
+    return [
+        Scenario("auto: statistics' centre", "as shipped", one, delta, True, centre(), 400_000),
+        Scenario(
+            "auto: statistics' centre", "noise scale divided by 3", one, delta, False,
+            centre(1 / 3), 400_000,
+        ),
+        Scenario("auto: whitened statistics", "as shipped", one, delta, True, whitened(), 400_000),
+        Scenario(
+            "auto: whitened statistics", "noise scale halved", one, delta, False, whitened(0.5),
+            400_000,
         ),
     ]  # fmt: skip

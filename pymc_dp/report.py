@@ -204,6 +204,7 @@ class PrivacyReport:
 #: The automatic mode's strategies, as the report names them.
 _METHODS = {
     "laplace": "one-shot noise-aware private Laplace approximation (method='laplace')",
+    "stats": "noise-aware posterior of released sufficient statistics (method='stats')",
     "chain": "penalty chain (method='chain')",
 }
 

@@ -518,7 +518,7 @@ def _sample_auto(
     except BaseException as err:  # stopped part-way: charged for the releases made
         _account_partial_run(err, [], delta, presample=spend)
         raise
-    if plan.method == "laplace":
+    if plan.method in ("laplace", "stats"):
         # the one-shot strategy released everything before sampling: independent draws from
         # its noise-aware Gaussian read no data (one process is enough)
         step = DPLaplaceDraws(

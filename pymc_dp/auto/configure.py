@@ -61,6 +61,7 @@ __all__ = [
     "auto_configure",
     "choose_anchor_share",
     "presample_phases",
+    "stats_phases",
     "tilt_sd",
 ]
 
@@ -244,6 +245,7 @@ class AutoPlan:
             # DP outputs: the one-shot strategy's convergence check (`pymc_dp.auto.oneshot`)
             out["dp_oneshot_step_chi2"] = self.oneshot.step_chi2
             out["dp_oneshot_converged"] = int(self.oneshot.converged)
+        if self.method in ("laplace", "stats"):
             out["dp_predicted_error"] = float(self.predicted_error)
         if self.recentred:
             # structure only (variable names): which blocks were sampled in centred coordinates
@@ -628,6 +630,7 @@ def auto_configure(
 
     from pymc_dp.auto.bounds import clip_plan
     from pymc_dp.auto.recentre import Recentring, find_recentring
+    from pymc_dp.auto.suffstats import linear_stats_model
     from pymc_dp.records import build_record_functions
 
     ip = model.initial_point()
@@ -635,7 +638,23 @@ def auto_configure(
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
     blocks = find_recentring(model, vars) if recentre else []
     requested = method
-    method = choose_method("chain" if warm_start_only else method, bool(blocks))
+    stats_fm, stats_why = None, "not considered"
+    if (method == "stats" or (method == "auto" and not blocks)) and not warm_start_only:
+        if records is not None:
+            stats_why = "the records are on a cluster (DaskRecords)"
+        else:
+            stats_fm, stats_why = linear_stats_model(model, vars, ip, data_bounds)
+    method = choose_method(
+        "chain" if warm_start_only else method,
+        bool(blocks),
+        linear_stats=stats_fm is not None,
+        why_not_stats=str(stats_why) if stats_fm is None else "",
+    )
+    if method == "stats":
+        return _stats_plan(
+            model, vars, ip, stats_fm, stats_why, epsilon, delta, chains, draws, tune, rng,
+            spend, max_iterations, chunk_size,
+        )  # fmt: skip
     one_shot = method == "laplace"
     if one_shot and split is None:
         split = ONESHOT_SPLIT
@@ -1060,3 +1079,91 @@ def _warn_unusable_length(
             "budget: give a larger epsilon (or more records)"
         )
     warnings.warn(text, RunLengthWarning, stacklevel=5)  # the caller of pymc_dp.sample
+
+
+#: Phases of the sufficient-statistics strategy (`pymc_dp.auto.suffstats`).
+STATS_CENTRE_PHASE = "sufficient statistics: noisy centre (box clip)"
+STATS_WHITENING_PHASE = (
+    "sufficient statistics: noisy spread, second moment and norm quantiles of the "
+    "standardised statistics"
+)
+STATS_CLIP_PHASE = "sufficient statistics: noisy histogram of the whitened norms (clip bound)"
+STATS_PHASE = "sufficient statistics: noisy clipped whitened sum"
+
+
+def _stats_plan(
+    model, vars, ip, fm, C, epsilon, delta, chains, draws, tune, rng, spend, max_iterations,
+    chunk_size,
+) -> AutoPlan:  # fmt: skip
+    """The sufficient-statistics strategy (`pymc_dp.auto.suffstats`): its releases and the
+    noise-aware posterior's Gaussian summary, drawn from independently."""
+    from pymc_dp.auto.suffstats import (
+        STATS_QUANTILE,
+        fit_stats_posterior,
+        release_linear_stats,
+    )
+
+    n, d = fm.n_records, int(sum(np.size(ip[v.name]) for v in vars))
+    mu_total = gaussian_mu_for_epsilon(epsilon, delta)
+    plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method="stats")
+    spend = PresampleSpend() if spend is None else spend
+    spend.phases = plan.phases
+    plan.phases += stats_phases(mu_total, epsilon, delta)
+    centre, whiten, clip, last = plan.phases
+    z = last.noise_multiplier
+    plan.clip_sources = {
+        "statistics' centre clip (each statistic's range in the box)": "data_bounds",
+        "standardised statistics' clip": f"DP histogram (quantile {STATS_QUANTILE:g})",
+    }
+    stats, standard = release_linear_stats(
+        fm,
+        C,
+        centre_noise_multiplier=centre.noise_multiplier,
+        whitening_noise_multiplier=whiten.noise_multiplier,
+        clip_noise_multiplier=clip.noise_multiplier,
+        noise_multiplier=z,
+        rng=rng,
+        on_centre_release=lambda: spend.release(STATS_CENTRE_PHASE),
+        on_whitening_release=lambda: spend.release(STATS_WHITENING_PHASE),
+        on_clip_release=lambda: spend.release(STATS_CLIP_PHASE),
+        on_release=lambda: spend.release(STATS_PHASE),
+        chunk_size=chunk_size,
+    )
+    post = fit_stats_posterior(fm, stats, model, vars, ip, standard)
+    if post is None:
+        raise RuntimeError(
+            "the noise-aware posterior of the released sufficient statistics has no positive "
+            "definite curvature at its mode (the release noise swamps the statistics); a "
+            "larger epsilon, more records, or auto_kwargs={'method': 'laplace'} would help. "
+            "The releases were made and are charged"
+        )
+    plan.predicted_error = post.predicted_error
+    plan.draws_mean, plan.draws_cov = post.mean, post.cov
+    plan.laplace_mean, plan.laplace_cov = post.mean, post.cov
+    plan.draws_requested, plan.tune_requested = draws, tune
+    default = max(1, min(ONESHOT_DRAWS, max_iterations // chains))
+    plan.draws = default if draws is None else int(draws)
+    plan.tune = 0
+    plan.run_length_note = (
+        f"{plan.draws} independent draws per chain from the noise-aware posterior of the "
+        "released statistics; no warmup (nothing to adapt)"
+        + ("" if not tune else f", tune={tune} not run and not charged")
+    )
+    return plan
+
+
+def stats_phases(mu_total: float, epsilon: float, delta: float) -> list[Phase]:
+    """The sufficient-statistics strategy's phases (`pymc_dp.auto.suffstats`): the box-scaled
+    centre, the whitening's four releases, the clip bound's histogram (fixed shares of
+    ``mu``) and the last sum with the rest, its multiplier nudged up until the composition
+    fits the target (data-free)."""
+    from pymc_dp.auto.suffstats import STATS_CENTRE_SHARE, STATS_CLIP_SHARE, STATS_WHITENING_SHARE
+
+    phases = [
+        Phase(STATS_CENTRE_PHASE, _share_z(mu_total, STATS_CENTRE_SHARE), 1),
+        Phase(STATS_WHITENING_PHASE, _share_z(mu_total, STATS_WHITENING_SHARE, 4), 4),
+        Phase(STATS_CLIP_PHASE, _share_z(mu_total, STATS_CLIP_SHARE), 1),
+    ]
+    probe = AutoPlan(epsilon, delta, 0, 0, 1, mu_total, phases=list(phases))
+    z = _last_noise_multiplier(probe, mu_total - sum(p.mu for p in phases), 1)
+    return [*phases, Phase(STATS_PHASE, z, 1)]

@@ -55,7 +55,7 @@ __all__ = [
 ]
 
 #: The strategies of the automatic mode (``auto_kwargs={"method": ...}``).
-METHODS = ("auto", "laplace", "chain")
+METHODS = ("auto", "laplace", "stats", "chain")
 
 #: Private Newton steps of the one-shot strategy's warm start (public).
 ONESHOT_NEWTON_STEPS = 10
@@ -67,22 +67,39 @@ def bonferroni_sds(bins: int, family_wise: float = 1e-2) -> float:
     return statistics.NormalDist().inv_cdf(1.0 - family_wise / bins)
 
 
-def choose_method(method: str, hierarchical: bool) -> str:
+def choose_method(
+    method: str, hierarchical: bool, linear_stats: bool = False, why_not_stats: str = ""
+) -> str:
     """The strategy of an automatic run, from public structure only (before any data read).
 
-    ``"auto"``: the one-shot noise-aware Laplace approximation unless the model has a
-    hierarchical or shifted block (`pymc_dp.auto.recentre`), whose posterior (a scale
-    parameter's, a banana's) is far from Gaussian: there the penalty chain.
+    ``"auto"``: the penalty chain where the model has a hierarchical or shifted block
+    (`pymc_dp.auto.recentre`), whose posterior (a scale parameter's, a banana's) is far from
+    Gaussian; else the noise-aware posterior of released sufficient statistics where the
+    model is a linear regression whose response and covariates have declared bounds
+    (``linear_stats``, `pymc_dp.auto.suffstats`); else the one-shot noise-aware Laplace
+    approximation. ``"stats"`` asked for where it does not apply is refused, with
+    ``why_not_stats``.
     """
     if method not in METHODS:
         raise ValueError(
             f"auto_kwargs['method'] must be one of {METHODS}; got {method!r}. 'laplace' is the "
-            "one-shot noise-aware private Laplace approximation, 'chain' the private penalty "
-            "chain, 'auto' chooses by the model's structure"
+            "one-shot noise-aware private Laplace approximation, 'stats' the noise-aware "
+            "posterior of released sufficient statistics (a linear regression with "
+            "data_bounds), 'chain' the private penalty chain, 'auto' chooses by the model's "
+            "structure"
+        )
+    if method == "stats" and not linear_stats:
+        raise ValueError(
+            "auto_kwargs={'method': 'stats'} needs a linear regression y ~ Normal(a + X @ b, "
+            "sigma) whose response and covariates have declared bounds (data_bounds={'y': "
+            "(lo, hi), 'X': (lo, hi)}, the covariates in pm.Data containers); here: "
+            f"{why_not_stats or 'not checked'}"
         )
     if method != "auto":
         return method
-    return "chain" if hierarchical else "laplace"
+    if hierarchical:
+        return "chain"
+    return "stats" if linear_stats else "laplace"
 
 
 @dataclass

@@ -35,12 +35,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+from pymc_dp.kernels.warmstart import (
+    HISTOGRAM_SENSITIVITY,
+    OUTER_SENSITIVITY,
+    _sym_noise,
+    clip_grid,
+    histogram_from_counts,
+    histogram_quantile,
+    noisy_histogram_quantile,
+)
 
 __all__ = [
     "EXPFAM_FAMILIES",
     "ExpFamily",
+    "StatPasses",
+    "Whitening",
     "centred_clip_sum",
     "clip_stats",
     "correlated_log_acceptance",
@@ -51,8 +64,12 @@ __all__ = [
     "expfam_noise_std",
     "normal_linear_natural",
     "normal_linear_stat_bound",
+    "normal_linear_stat_box",
     "normal_linear_stats",
+    "negative_hessian",
     "private_centre",
+    "private_clip_bound",
+    "private_whitening",
     "quadratic_fit",
     "whiten",
 ]
@@ -100,6 +117,36 @@ def normal_linear_stat_bound(y_max: float, x_max: np.ndarray) -> float:
     j, jj = np.triu_indices(x.size)
     sq = y_max**2 + y_max**2 * np.sum(x**2) + y_max**4 + np.sum(x**2) + np.sum((x[j] * x[jj]) ** 2)
     return float(np.sqrt(sq))
+
+
+def normal_linear_stat_box(
+    y_box: tuple[float, float], x_box: tuple[np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-coordinate range ``(lo, hi)`` of `normal_linear_stats` rows over a data box.
+
+    Interval arithmetic on each monomial (exact for products of two intervals and for
+    squares): ``y`` in ``y_box``, covariate ``j`` in ``(x_box[0][j], x_box[1][j])``.
+    """
+
+    def prod(a, b):
+        c = np.array([a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]])
+        return c.min(axis=0), c.max(axis=0)
+
+    def square(a):
+        lo = np.where((a[0] <= 0) & (a[1] >= 0), 0.0, np.minimum(a[0] ** 2, a[1] ** 2))
+        return lo, np.maximum(a[0] ** 2, a[1] ** 2)
+
+    y = (np.float64(y_box[0]), np.float64(y_box[1]))
+    x = (np.asarray(x_box[0], dtype=float).ravel(), np.asarray(x_box[1], dtype=float).ravel())
+    j, jj = np.triu_indices(x[0].size)
+    yx = prod(y, x)
+    yy = square(y)
+    xx = prod((x[0][j], x[1][j]), (x[0][jj], x[1][jj]))
+    sq = square((x[0][j], x[1][j]))
+    xx = (np.where(j == jj, sq[0], xx[0]), np.where(j == jj, sq[1], xx[1]))
+    lo = np.concatenate([[y[0]], yx[0], [yy[0]], x[0], xx[0]])
+    hi = np.concatenate([[y[1]], yx[1], [yy[1]], x[1], xx[1]])
+    return lo, hi
 
 
 def _logit(p: float) -> float:
@@ -333,30 +380,46 @@ def quadratic_fit(
     m = np.asarray(res.x, dtype=float)
     if not np.isfinite(neg(m)) or neg(m) >= 1e300:
         return None
-    d = m.size
-    H = np.empty((d, d))
     if res.hess_inv is not None and np.all(np.isfinite(res.hess_inv)):
         scales = np.sqrt(np.clip(np.diag(np.asarray(res.hess_inv)), 1e-300, None))
     else:
-        scales = np.ones(d)
-    h = rel_step * np.maximum(scales, 1e-12) * 10.0
+        scales = np.ones(m.size)
+    H = negative_hessian(f, m, rel_step * np.maximum(scales, 1e-12) * 10.0)
+    if H is None:
+        return None
+    return m, H
+
+
+def negative_hessian(
+    f: Callable[[np.ndarray], float], x: np.ndarray, h: np.ndarray
+) -> np.ndarray | None:
+    """Minus the Hessian of ``f`` at ``x`` by central differences with steps ``h``, or
+    ``None`` where it is not finite or not positive definite."""
+
+    def neg(v):
+        out = f(v)
+        return -out if np.isfinite(out) else 1e300
+
+    x = np.asarray(x, dtype=float)
+    d = x.size
+    H = np.empty((d, d))
     for i in range(d):
         for j in range(i, d):
             ei = np.zeros(d)
             ej = np.zeros(d)
             ei[i], ej[j] = h[i], h[j]
-            v = (neg(m + ei + ej) - neg(m + ei - ej) - neg(m - ei + ej) + neg(m - ei - ej)) / (
+            v = (neg(x + ei + ej) - neg(x + ei - ej) - neg(x - ei + ej) + neg(x - ei - ej)) / (
                 4.0 * h[i] * h[j]
             )
             H[i, j] = H[j, i] = v
     H = 0.5 * (H + H.T)
-    if not np.all(np.isfinite(H)):
+    if not np.all(np.isfinite(H)) or np.max(np.abs(H)) >= 1e299:
         return None
     try:
         np.linalg.cholesky(H)
     except np.linalg.LinAlgError:
         return None
-    return m, H
+    return H
 
 
 def expfam_noise_std(noise_multiplier: float, stat_clip_bound: float) -> float:
@@ -519,3 +582,167 @@ def correlated_log_acceptance(
         - 0.5 * s2 * (psi_new @ psi_new - psi @ psi)
         + float(rest)
     )
+
+
+class StatPasses(Protocol):
+    """The data passes `private_whitening` releases (each the input of one mechanism).
+
+    `pymc_dp.records.expfam.ExpFamilyModel.passes` gives them for a model's records; the
+    returned sums and counts are exact (never publish them).
+    """
+
+    def clipped_stat_sum(self, bound: float) -> np.ndarray: ...
+
+    def deviation_counts(
+        self, centre: np.ndarray, grid: np.ndarray, scale: np.ndarray | None
+    ) -> np.ndarray: ...
+
+    def centred_clip_sum(
+        self,
+        centre: np.ndarray,
+        bound: float,
+        *,
+        scale: np.ndarray | None = None,
+        absolute: bool = False,
+        outer: bool = False,
+    ) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Whitening:
+    """A released centre, whitening and clip bound of the statistics (DP outputs).
+
+    The statistic a later release sums is ``sum_i clip_b(W (T(x_i) - c))`` (replace-one
+    sensitivity ``2 b``); ``releases`` is the number of Gaussian releases that made these.
+    """
+
+    centre: np.ndarray
+    scale: np.ndarray
+    clip: float
+    releases: int
+
+
+def private_whitening(
+    passes: StatPasses,
+    *,
+    n: int,
+    stat_clip_bound: float,
+    quantile: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    centre: np.ndarray | None = None,
+    on_release: Callable[[], None] | None = None,
+    relative_floor: float = 1e-3,
+    top: float | None = None,
+    clip_noise_multiplier: float | None = None,
+    clip_extend_sds: float | None = None,
+) -> Whitening:
+    r"""Centre, whiten and bound the sufficient statistics privately (up to six releases).
+
+    Every release is a Gaussian mechanism with noise multiplier ``z``
+    (``noise_multiplier``) on a query of replace-one sensitivity given below; the returned
+    values are post-processing of the releases:
+
+    1. (``centre`` not given) the DP centre ``c = (sum_i clip_C(T(x_i)) + N(0, (2 C z)^2 I)) /
+       n`` (`private_centre`; ``C`` is ``stat_clip_bound``, the box bound of ``T``);
+    2. a DP ``quantile`` ``b1`` of ``||T(x_i) - c||`` (noisy histogram, sensitivity
+       ``sqrt(2)``);
+    3. the DP mean absolute deviation per coordinate, ``|T(x_i) - c|`` clipped to ``b1``
+       (sensitivity ``2 b1``), whose inverse is the diagonal whitening ``w``;
+    4. a DP quantile ``b2`` of ``||w (T(x_i) - c)||``;
+    5. the DP second moment of the clipped ``w (T(x_i) - c)`` (Frobenius sensitivity
+       ``sqrt(2) b2^2``), whose inverse square root (eigenvalues floored at the noise's
+       spectral norm) gives ``W``;
+    6. the DP quantile ``b`` of ``||W (T(x_i) - c)||``.
+
+    A later sum ``sum_i clip_b(W (T(x_i) - c))`` then has sensitivity ``2 b`` with ``b``
+    near the typical whitened deviation rather than the box's worst record: the noise it
+    needs is that of the data's spread, not of the public box (Yildirim & Ermis 2019, Sec.
+    3.3, centre the statistics; the whitening is this package's).
+
+    ``on_release`` is called after each release (accounting of a run stopped part-way).
+    ``relative_floor`` floors the second moment's eigenvalues at that share of the largest
+    (besides the noise's spectral norm): ``1e-3`` keeps the whitening's condition number
+    moderate; a smaller floor whitens directions of small spread too (the residual
+    direction ``r - A beta`` of a linear regression, `pymc_dp.auto.suffstats`). ``top`` is
+    the largest deviation ``||T(x_i) - c||`` inside the public box, the top of the quantiles'
+    grids (default ``stat_clip_bound + ||c||``).
+    """
+    z = float(noise_multiplier)
+    made = 0
+
+    def released() -> None:
+        nonlocal made
+        made += 1
+        if on_release is not None:
+            on_release()
+
+    def dp_quantile(
+        c: np.ndarray, scale: np.ndarray | None, top: float, zq: float = z, extend=None
+    ) -> float:
+        b = private_clip_bound(passes, c, scale, top, n, quantile, zq, rng, extend)
+        released()
+        return b
+
+    C = float(stat_clip_bound)
+    if centre is None:
+        # -- release 1: the DP centre -------------------------------------------------------
+        centre = private_centre(passes.clipped_stat_sum(C), n, C, z, rng)
+        released()
+    c = np.asarray(centre, dtype=float)
+    d = c.size
+    if top is None:
+        top = float(C + np.linalg.norm(c))  # the largest deviation inside the box
+    # -- release 2: a DP quantile of the deviations ||T(x_i) - c|| ---------------------------
+    b1 = dp_quantile(c, None, top)
+    # -- release 3: the DP mean absolute deviation per coordinate (clipped to b1) ------------
+    A = passes.centred_clip_sum(c, b1, absolute=True)
+    mad = (A + z * 2.0 * b1 * rng.normal(size=A.shape)) / n
+    del A
+    released()
+    floor = max(3.0 * z * 2.0 * b1 / n, 1e-3 * float(np.max(mad)), 1e-12)
+    w = 1.0 / np.maximum(mad, floor)
+    # -- release 4: a DP quantile of ||w (T(x_i) - c)|| ----------------------------------------
+    b2 = dp_quantile(c, w, float(np.max(w)) * top)
+    # -- release 5: the DP second moment of the clipped w (T(x_i) - c) -----------------------
+    O2 = passes.centred_clip_sum(c, b2, scale=w, outer=True)
+    std = z * OUTER_SENSITIVITY * b2**2
+    M = (O2.reshape(d, d) + _sym_noise(d, std, rng)) / n
+    del O2
+    released()
+    lam, U = np.linalg.eigh(0.5 * (M + M.T))
+    # eigenvalues below the noise (spectral norm of the noise ~ 2 std sqrt(d) / n) or 1e-3 of
+    # the largest are floored: whitening never amplifies noise directions
+    floor = max(2.0 * std * np.sqrt(d) / n, relative_floor * float(np.max(lam)), 1e-12)
+    lam = np.maximum(lam, floor)
+    W = (U * lam**-0.5) @ U.T @ np.diag(w)
+    # -- release 6: the DP quantile b of the whitened deviations ||W (T(x_i) - c)|| -----------
+    zc = z if clip_noise_multiplier is None else float(clip_noise_multiplier)
+    b = dp_quantile(c, W, float(np.linalg.norm(W, 2)) * top, zc, clip_extend_sds)
+    return Whitening(centre=c, scale=W, clip=b, releases=made)
+
+
+def private_clip_bound(
+    passes: StatPasses,
+    centre: np.ndarray,
+    scale: np.ndarray | None,
+    top: float,
+    n: int,
+    quantile: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    extend_sds: float | None = None,
+) -> float:
+    """A DP ``quantile`` of ``||W (T(x_i) - c)||`` on a public grid below ``top`` (one release).
+
+    The noisy histogram of `pymc_dp.kernels.warmstart.noisy_histogram_quantile` (sensitivity
+    ``sqrt(2)``); ``extend_sds`` as in `pymc_dp.kernels.warmstart.histogram_quantile`.
+    """
+    grid = clip_grid(top * 1e-5, top, 80)
+    hist = histogram_from_counts(n, passes.deviation_counts(centre, grid, scale))
+    if extend_sds is None:
+        b, _ = noisy_histogram_quantile(hist, grid, quantile, noise_multiplier, rng)
+        return float(b)
+    std = noise_multiplier * HISTOGRAM_SENSITIVITY
+    noisy = hist + rng.normal(size=hist.shape) * std
+    return float(histogram_quantile(noisy, grid, quantile, n, std, extend_sds=extend_sds))

@@ -335,6 +335,35 @@ class ExpFamilyStructure:
         return fm
 
 
+@dataclass(frozen=True)
+class _Passes:
+    """`pymc_dp.kernels.expfam.StatPasses` for an `ExpFamilyModel` (no counts)."""
+
+    fm: ExpFamilyModel
+    chunk_size: int
+    store: Any
+
+    def clipped_stat_sum(self, bound: float) -> np.ndarray:
+        return self.fm.clipped_stat_sum(bound, self.chunk_size, store=self.store, counts=False)[0]
+
+    def deviation_counts(self, centre, grid, scale) -> np.ndarray:
+        return self.fm.deviation_counts(
+            centre, grid, self.chunk_size, scale=scale, store=self.store
+        )
+
+    def centred_clip_sum(self, centre, bound, *, scale=None, absolute=False, outer=False):
+        return self.fm.centred_clip_sum(
+            centre,
+            bound,
+            self.chunk_size,
+            scale=scale,
+            absolute=absolute,
+            outer=outer,
+            store=self.store,
+            counts=False,
+        )[0]
+
+
 def _initial_point_eval(graph, x, initial_point, vars, ck):
     q0 = np.concatenate([np.ravel(initial_point[v.name]) for v in vars])
     return pm.pytensorf.compile([x], graph, on_unused_input="ignore", **ck)(q0.astype(x.dtype))
@@ -405,18 +434,13 @@ class ExpFamilyModel:
         return self.family.natural(**self.params(q), **self.constants)
 
     # -- data-free: the clip bound from public bounds ------------------------------------------
-    def stat_bound_from_box(self, data_bounds: Mapping[str, Any] | None) -> float:
-        """L2 bound ``C`` on ``T(x_i)`` for data inside the public box ``data_bounds``.
-
-        Keys: ``"y"`` (or the observed variable's name) for the response, ``"X"`` (all
-        covariates) or a covariate's ``pm.Data`` name; values ``(lo, hi)`` (scalars or arrays
-        broadcasting to a row). Families with bounded support (Bernoulli, Binomial,
-        Categorical) need no box; a box given for them can only lower the bound.
-        """
-        fam = self.family
+    def box_pairs(self, data_bounds: Mapping[str, Any] | None):
+        """The declared box as ``(y_lo, y_hi)`` and ``(x_lo, x_hi)`` (one entry per covariate
+        column, ``None`` without covariates or without the response's range); validated as in
+        `stat_bound_from_box` (data-free)."""
         bounds = dict(data_bounds or {})
         s = self.structure
-        y_keys = {"y", s.response_name}
+        y_keys = {"y", *self.record_names()[0]}
         x_keys = {"X", *s.covariate_names}
         unknown = sorted(set(bounds) - y_keys - x_keys)
         if unknown:
@@ -426,7 +450,7 @@ class ExpFamilyModel:
                 + (f" and 'X' (or one of {s.covariate_names}) for covariates" if x_keys else "")
             )
 
-        def box(key_set, trailing) -> np.ndarray | None:
+        def box(key_set, trailing) -> tuple[np.ndarray, np.ndarray] | None:
             keys = [k for k in key_set if k in bounds]
             if not keys:
                 return None
@@ -441,12 +465,12 @@ class ExpFamilyModel:
                 ) from None
             if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi)) and np.all(lo <= hi)):
                 raise ValueError(f"data_bounds[{keys[0]!r}] must be finite with lo <= hi")
-            return np.maximum(np.abs(lo), np.abs(hi))
+            return lo, hi
 
-        y_max = box(y_keys, self._y_trailing())
-        x_max = None
+        y_box = box(y_keys, self._y_trailing())
+        x_box = None
         if self.n_covariates:
-            parts = []
+            los, his = [], []
             for node_name, node in zip(s.covariate_names, s._x_nodes, strict=True):
                 t = tuple(int(v) for v in _node_shape(node)[1:])
                 b = box({node_name}, t)
@@ -459,8 +483,23 @@ class ExpFamilyModel:
                         "stat_clip_bound. Choose the bounds from knowledge of the data "
                         "source, not from the data"
                     )
-                parts.append(b.ravel())
-            x_max = np.concatenate(parts)
+                los.append(b[0].ravel())
+                his.append(b[1].ravel())
+            x_box = (np.concatenate(los), np.concatenate(his))
+        return y_box, x_box
+
+    def stat_bound_from_box(self, data_bounds: Mapping[str, Any] | None) -> float:
+        """L2 bound ``C`` on ``T(x_i)`` for data inside the public box ``data_bounds``.
+
+        Keys: ``"y"`` (or the observed variable's name) for the response, ``"X"`` (all
+        covariates) or a covariate's ``pm.Data`` name; values ``(lo, hi)`` (scalars or arrays
+        broadcasting to a row). Families with bounded support (Bernoulli, Binomial,
+        Categorical) need no box; a box given for them can only lower the bound.
+        """
+        fam = self.family
+        y_box, x_box = self.box_pairs(data_bounds)
+        y_max = None if y_box is None else np.maximum(np.abs(y_box[0]), np.abs(y_box[1]))
+        x_max = None if x_box is None else np.maximum(np.abs(x_box[0]), np.abs(x_box[1]))
         support = fam.support_bound(**self.constants) if fam.support_bound is not None else None
         if y_max is None:
             if support is not None:
@@ -597,6 +636,11 @@ class ExpFamilyModel:
         init = (np.zeros(self.stat_dim), 0, True)
         S, clipped, _ = self._pass(chunk, init, bound, chunk_size, store)
         return S, int(clipped)
+
+    def passes(self, chunk_size: int = 100_000, store=None) -> _Passes:
+        """The data passes of `pymc_dp.kernels.expfam.private_whitening` over these records
+        (chunked, or where the partitions of ``store`` live); exact sums, never published."""
+        return _Passes(self, chunk_size, store)
 
     def record_names(self) -> list[list[str]]:
         """The names of the response and of every covariate array, in the order of

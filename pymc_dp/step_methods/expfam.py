@@ -31,16 +31,10 @@ from pymc_dp.kernels.expfam import (
     expfam_log_acceptance,
     expfam_noise_std,
     private_centre,
+    private_whitening,
     quadratic_fit,
 )
 from pymc_dp.kernels.penalty import accept
-from pymc_dp.kernels.warmstart import (
-    OUTER_SENSITIVITY,
-    _sym_noise,
-    clip_grid,
-    histogram_from_counts,
-    noisy_histogram_quantile,
-)
 from pymc_dp.records.expfam import ExpFamilyModel, find_expfam_structure
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
@@ -654,57 +648,32 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         value = centring.value
         z = self._centre_noise_multiplier
         n = fm.n_records
-        rng = self.rng
         self._centre_releases = 0
 
-        def quantile(centre, scale, top) -> float:
-            grid = clip_grid(top * 1e-5, top, 80)
-            above = fm.deviation_counts(centre, grid, chunk_size, scale=scale, store=store)
-            b, _ = noisy_histogram_quantile(
-                histogram_from_counts(n, above), grid, centring.quantile, z, rng
-            )
+        def count() -> None:
             self._centre_releases += 1
-            return float(b)
 
-        if c is None:
-            # -- release 1: the DP centre, (sum_i clip_C(T(x_i)) + N(0, (z 2C)^2 I)) / n --------
-            S_C, _ = fm.clipped_stat_sum(C, chunk_size, store=store, counts=False)
-            c = private_centre(S_C, n, C, z, rng)
-            del S_C
-            self._centre_releases += 1
-        c = np.asarray(c, dtype=float)
-        d = fm.stat_dim
-        W = np.eye(d)
+        passes = fm.passes(chunk_size, store)
+        W = np.eye(fm.stat_dim)
         b = centring.clip
         if b is None:
-            top = float(C + np.linalg.norm(c))  # the largest deviation inside the box
-            # -- release 2: a DP quantile of the deviations ||T(x_i) - c|| -------------------
-            b1 = quantile(c, None, top)
-            # -- release 3: the DP mean absolute deviation per coordinate (clipped to b1) ------
-            A, _ = fm.centred_clip_sum(c, b1, chunk_size, absolute=True, store=store, counts=False)
-            mad = (A + z * 2.0 * b1 * rng.normal(size=A.shape)) / n
-            del A
-            self._centre_releases += 1
-            floor = max(3.0 * z * 2.0 * b1 / n, 1e-3 * float(np.max(mad)), 1e-12)
-            w = 1.0 / np.maximum(mad, floor)
-            # -- release 4: a DP quantile of ||w (T(x_i) - c)|| ---------------------------------
-            b2 = quantile(c, w, float(np.max(w)) * top)
-            # -- release 5: the DP second moment of the clipped w (T(x_i) - c) -----------------
-            O2, _ = fm.centred_clip_sum(
-                c, b2, chunk_size, scale=w, outer=True, store=store, counts=False
+            # releases 1 (unless c is given) to 6: the DP centre, whitening and clip bound
+            wh = private_whitening(
+                passes,
+                n=n,
+                stat_clip_bound=C,
+                quantile=centring.quantile,
+                noise_multiplier=z,
+                rng=self.rng,
+                centre=c,
+                on_release=count,
             )
-            std = z * OUTER_SENSITIVITY * b2**2
-            M = (O2.reshape(d, d) + _sym_noise(d, std, rng)) / n
-            del O2
-            self._centre_releases += 1
-            lam, U = np.linalg.eigh(0.5 * (M + M.T))
-            # eigenvalues below the noise (spectral norm of the noise ~ 2 std sqrt(d) / n) or
-            # 1e-3 of the largest are floored: whitening never amplifies noise directions
-            lam_floor = max(2.0 * std * np.sqrt(d) / n, 1e-3 * float(np.max(lam)), 1e-12)
-            lam = np.maximum(lam, lam_floor)
-            W = (U * lam**-0.5) @ U.T @ np.diag(w)
-            # -- release 6: the DP quantile b of the whitened deviations ||W (T(x_i) - c)|| ----
-            b = quantile(c, W, float(np.linalg.norm(W, 2)) * top)
+            c, W, b = wh.centre, wh.scale, wh.clip
+        elif c is None:
+            # -- release 1 only: the DP centre, (sum_i clip_C(T(x_i)) + N(0, (z 2C)^2 I)) / n --
+            c = private_centre(passes.clipped_stat_sum(C), n, C, z, self.rng)
+            count()
+        c = np.asarray(c, dtype=float)
         self.centre = c
         self.stat_scale = W
         self._scale_inv_t = np.linalg.inv(W).T
@@ -717,7 +686,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         self.metric_centre = c
         if centring.metric and self._centre_releases:
             # -- release 7: the refined centre c + W^-1 (S_w + N(0, (z 2b)^2 I)) / n ----------
-            noisy = S_w + z * 2.0 * self.stat_clip_bound * rng.normal(size=S_w.shape)
+            noisy = S_w + z * 2.0 * self.stat_clip_bound * self.rng.normal(size=S_w.shape)
             self.metric_centre = c + np.linalg.solve(W, noisy) / n
             self._centre_releases += 1
         midpoint = isinstance(value, str) and value == "data_bounds"

@@ -429,6 +429,89 @@ def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
     assert np.all(z["gradient sum"][k:] >= np.sqrt(2 / left) * (1 - 1e-12))
 
 
+def test_stats_strategy_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
+    """The sufficient-statistics strategy (``method="stats"``, a linear regression with
+    declared bounds), every normal draw traced and each release's sensitivity from the data
+    pass just before it (spies on the statistics' passes): a box-scaled or whitened clipped
+    sum's ``2 b``, an absolute-deviation sum's ``2 b``, an outer-product sum's
+    ``sqrt 2 b^2``, a histogram's ``sqrt 2``. Each multiplier must be its phase's share of
+    the budget, computed here from (epsilon, delta), and the report's epsilon their
+    composition and the whole budget: a release with less noise than its share fails."""
+    import pymc as pm
+
+    import pymc_dp
+    import pymc_dp.auto as auto
+    from pymc_dp.auto.suffstats import STATS_CENTRE_SHARE, STATS_CLIP_SHARE, STATS_WHITENING_SHARE
+    from pymc_dp.records.expfam import ExpFamilyModel
+
+    log: list = []
+    real_auto = auto.auto_configure
+    monkeypatch.setattr(
+        auto,
+        "auto_configure",
+        lambda *a, rng, **k: real_auto(*a, rng=_TracingGenerator(rng, log), **k),
+    )
+    real_sum, real_counts = ExpFamilyModel.centred_clip_sum, ExpFamilyModel.deviation_counts
+
+    def centred(self, centre, bound, *a, absolute=False, outer=False, **k):
+        kind = "outer" if outer else "sum"
+        log.append(("read", (kind, bound)))
+        return real_sum(self, centre, bound, *a, absolute=absolute, outer=outer, **k)
+
+    def counts(self, *a, **k):
+        log.append(("read", ("histogram", None)))
+        return real_counts(self, *a, **k)
+
+    monkeypatch.setattr(ExpFamilyModel, "centred_clip_sum", centred)
+    monkeypatch.setattr(ExpFamilyModel, "deviation_counts", counts)
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1.0, 1.0, (600, 2))
+    y = np.clip(0.3 + x @ np.array([1.0, -0.5]) + rng.normal(0.0, 0.7, 600), -4.0, 4.0)
+    epsilon, delta = 3.0, 1e-5
+    with pm.Model() as model:
+        X = pm.Data("X", x)
+        a = pm.Normal("a", 0.0, 5.0)
+        b = pm.Normal("b", 0.0, 5.0, shape=2)
+        pm.Normal("y", a + pm.math.dot(X, b), pm.HalfNormal("sigma", 2.0), observed=y)
+        idata = pymc_dp.sample(
+            100, epsilon=epsilon, delta=delta, chains=2, random_seed=3, progressbar=False,
+            data_bounds={"y": (-4.0, 4.0), "X": (-1.0, 1.0)}, compute_convergence_checks=False,
+        )  # fmt: skip
+    report = pymc_dp.privacy_report(idata, model=model, attach=False)
+    assert idata.attrs["dp_method"] == "stats"
+
+    z = []  # (kind, multiplier) of every release, in order
+    last = None
+    for kind, what in log:
+        if kind == "read":
+            last = what
+            continue
+        if not what["scaled"]:
+            continue
+        read, bound = last
+        if read == "histogram":
+            z.append(("histogram", what["scale"] / SQRT2))
+        elif read == "outer":
+            z.append(("outer", what["scale"] / (SQRT2 * bound**2)))
+        else:
+            z.append(("sum", what["scale"] / (2.0 * bound)))
+    kinds = [k for k, _ in z]
+    # the centre; the whitening's quantile, spread, quantile, second moment; the clip
+    # bound's quantile; the last sum
+    assert kinds == ["sum", "histogram", "sum", "histogram", "outer", "histogram", "sum"]
+    zs = np.array([v for _, v in z])
+    mu2 = _gdp_mu(epsilon, delta) ** 2
+    np.testing.assert_allclose(zs[0], np.sqrt(1 / (STATS_CENTRE_SHARE * mu2)), rtol=1e-9)
+    np.testing.assert_allclose(zs[1:5], np.sqrt(4 / (STATS_WHITENING_SHARE * mu2)), rtol=1e-9)
+    np.testing.assert_allclose(zs[5], np.sqrt(1 / (STATS_CLIP_SHARE * mu2)), rtol=1e-9)
+    left = (1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE) * mu2
+    np.testing.assert_allclose(zs[6], np.sqrt(1 / left), rtol=1e-6)
+    composed = _gdp_epsilon(float(np.sqrt(np.sum(zs**-2.0))), delta)
+    assert report.epsilon == pytest.approx(composed, rel=1e-6)
+    assert report.epsilon == pytest.approx(epsilon, rel=1e-6) and report.epsilon <= epsilon
+
+
 # -- the exponential-family statistic ------------------------------------------------------------
 def test_exponential_family_statistic_carries_noise_z_2c(monkeypatch):
     """DPExpFamilyPenalty releases ``S + N(0, (z 2 C)^2 I)`` each iteration (the statistics

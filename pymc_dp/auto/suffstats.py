@@ -1,0 +1,492 @@
+"""The sufficient-statistics strategy of the automatic mode: noise-aware linear regression.
+
+Where the likelihood is ``y_i ~ N(a + x_i^T b, sigma)`` (found in the PyMC graph by
+`pymc_dp.records.expfam.find_expfam_structure`, never from the data) and the response and
+every covariate have declared bounds (``data_bounds``), the whole likelihood is a function of
+``A = sum z_i z_i^T``, ``r = sum z_i y_i`` and ``c = sum y_i^2`` (``z_i = (1, x_i)``): the
+sum of the records' statistics ``T`` (`pymc_dp.kernels.expfam.normal_linear_stats`, the
+monomials of degree at most two). The strategy releases them once and conditions on the
+release (Bernstein & Sheldon 2019):
+
+1. `release_box_centre`: the DP mean of ``T``, each statistic scaled to its range in the
+   declared box (`pymc_dp.kernels.expfam.normal_linear_stat_box`); whence, by
+   post-processing, the `Standardisation`: the covariates standardised and the response
+   replaced by its residual from the least-squares line of that mean, over its sd. The
+   statistics of the standardised variables are an exact affine function of ``T``;
+2. `pymc_dp.kernels.expfam.private_whitening` on the standardised statistics: four small
+   releases (their spread and second moment, two DP quantiles) give a whitening ``W``, and
+   one more (its own share, `STATS_CLIP_SHARE`) the DP quantile ``b`` of the whitened
+   deviations, moved up past the bins next to it that hold records (`STATS_EXTEND_SDS`);
+3. `release_whitened_sum`: ``sum_i clip_b(W (T_i - c)) + N(0, (2 b z)^2 I)`` with the rest
+   of the budget, whence the released standardised ``A~, r~, c~`` and the covariance of
+   their noise;
+4. the noise-aware posterior ``p(theta | A~, r~, c~)``
+   (`pymc_dp.kernels.suffstats.noise_aware_linear_loglik`, the model's line written in the
+   standardised variables, plus the model's own prior, in the model's transformed
+   coordinates), summarised by its mode and curvature (`fit_stats_posterior`): draws are
+   independent from that Gaussian (`pymc_dp.step_methods.laplace.DPLaplaceDraws`).
+
+No data are read after step 3. Standardising the response by its residual puts the
+statistics that carry the slopes (``e v``) at unit spread whatever the share of ``y`` the
+covariates explain: the release's noise is that of the residuals. The records clipped by
+``b`` (about ``1 - STATS_QUANTILE`` of them; more at small epsilon, where the histogram
+cannot resolve the tail) bias the statistics; the noise-aware likelihood does not model
+that bias.
+
+References
+----------
+.. [1] G. Bernstein, D. Sheldon, "Differentially private Bayesian linear regression",
+   NeurIPS 2019. [BernsteinSheldon2019]
+.. [2] S. Yildirim, B. Ermis, "Exact MCMC with differentially private moves", Statistics and
+   Computing 29(5), 2019, Sec. 3.3 (the clipped, centred statistics). [YildirimErmis2019]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pymc as pm
+
+from pymc_dp.kernels.expfam import negative_hessian, normal_linear_stat_box, quadratic_fit
+from pymc_dp.kernels.suffstats import (
+    LinearStats,
+    linear_stats_from_sum,
+    noise_aware_linear_loglik,
+)
+from pymc_dp.records.errors import ModelNotSupportedError
+
+__all__ = [
+    "STATS_CENTRE_SHARE",
+    "STATS_CLIP_SHARE",
+    "STATS_EXTEND_SDS",
+    "STATS_QUANTILE",
+    "STATS_WHITENING_SHARE",
+    "Standardisation",
+    "STATS_ERROR_SCALE",
+    "StatsPosterior",
+    "fit_stats_posterior",
+    "linear_stats_model",
+    "release_box_centre",
+    "release_linear_stats",
+    "release_whitened_sum",
+    "standardisation",
+    "stats_predicted_error",
+]
+
+#: Shares of the budget (``mu``) of the release of the statistics' centre (whence the
+#: standardisation) and of the five releases that whiten and bound the standardised
+#: statistics (`pymc_dp.kernels.expfam.private_whitening`); the last release takes the rest.
+STATS_CENTRE_SHARE = 0.1
+STATS_WHITENING_SHARE = 0.06
+#: Share of the DP quantile that sets the last release's clip bound (its own: the records it
+#: clips bias the statistics, `STATS_EXTEND_SDS`).
+STATS_CLIP_SHARE = 0.08
+
+#: The clip bound moves up past the bins next to it holding this many noise sds
+#: (`pymc_dp.kernels.warmstart.histogram_quantile`'s ``extend_sds``), as the one-shot
+#: strategy's last releases do.
+STATS_EXTEND_SDS = 2.0
+
+#: Share of records left unclipped by the whitened statistics' clip bound (the DP quantile).
+STATS_QUANTILE = 0.999
+
+
+#: Predicted error of the worst posterior mean, in posterior sds, per unit of
+#: ``sqrt(D) z / sqrt(n)`` (``D`` statistics, ``z`` the last release's noise multiplier):
+#: measured on the linear regression of bench_auto (n = 20 000, D = 14, covariates filling
+#: their box), median over 5 seeds of the error at epsilon 1, 3 and 10 over its ``z``: 0.32,
+#: 0.38, 0.33 (`stats_predicted_error`). Covariates that fill little of their box, heavy
+#: tails and small ``n`` do worse (the real datasets of docs/auto.md: up to 3 times).
+STATS_ERROR_SCALE = 13.0
+
+
+def stats_predicted_error(n: int, k: int, noise_multiplier: float) -> float:
+    """The planned error of the strategy before any data: ``STATS_ERROR_SCALE sqrt(D) z /
+    sqrt(n)`` posterior sds, ``D = 2 + 2k + k(k+1)/2`` the statistics of ``k`` covariates."""
+    dim = 2 + 2 * k + k * (k + 1) // 2
+    return STATS_ERROR_SCALE * float(np.sqrt(dim)) * float(noise_multiplier) / float(np.sqrt(n))
+
+
+def linear_stats_model(
+    model: pm.Model, vars: list, initial_point: Mapping[str, Any], data_bounds: Mapping | None
+):
+    """The model's linear-Gaussian likelihood, compiled, and the range of its statistics.
+
+    Data-free (the model's graph and the declared bounds). Returns ``(fm, (lo, hi))`` with
+    ``fm`` a `pymc_dp.records.expfam.ExpFamilyModel` and ``lo``, ``hi`` the range of each
+    statistic over the declared box (`pymc_dp.kernels.expfam.normal_linear_stat_box`), or
+    ``(None, reason)`` where the strategy does not apply: another likelihood, or bounds
+    missing for the response or a covariate.
+    """
+    from pymc_dp.records.expfam import find_expfam_structure
+
+    try:
+        structure = find_expfam_structure(model)
+    except ModelNotSupportedError as err:
+        return None, str(err)
+    if structure.family.name != "normal_linear":
+        return None, f"the likelihood is {structure.family.name}, not a linear regression"
+    keys = set(data_bounds or {})
+    y_name = getattr(structure._y_node, "name", None)
+    if not keys & {"y", structure.response_name, y_name}:
+        return None, "data_bounds does not give the response's range ('y': (lo, hi))"
+    missing = [c for c in structure.covariate_names if c not in keys and "X" not in keys]
+    if missing:
+        return None, f"data_bounds does not give the range of the covariates {missing}"
+    try:
+        fm = structure.compile(vars, dict(initial_point), {})
+    except ModelNotSupportedError as err:
+        return None, str(err)
+    try:
+        y_box, x_box = fm.box_pairs(data_bounds)
+    except ValueError as err:
+        return None, str(err)
+    if y_box is None:
+        return None, "data_bounds does not give the response's range ('y': (lo, hi))"
+    if x_box is None:
+        x_box = (np.zeros(0), np.zeros(0))
+    return fm, normal_linear_stat_box(y_box, x_box)
+
+
+@dataclass(frozen=True)
+class Standardisation:
+    """The public affine map to standardised residual variables (DP outputs).
+
+    From a released centre of the statistics: ``v = (x - m_x) / s_x`` and
+    ``e = (y - m_y - (x - m_x)^T g) / s_e``, ``g`` the least-squares slopes and ``s_e`` the
+    residual sd that the centre's moments give. Since the statistics are the monomials of
+    degree at most two, those of ``(e, v)`` are an exact affine function of those of
+    ``(y, x)``: ``T(e, v) = M T(y, x) + t0``. In ``(e, v)`` the coordinates that carry the
+    slopes (``e v``) have unit spread and are nearly uncorrelated with the design's
+    (``v v^T``), so one clip bound fits them all: the release's noise is that of the
+    residuals, not of ``y`` (whose spread the design explains in part) nor of the box.
+    """
+
+    mean_y: float
+    mean_x: np.ndarray
+    sd_x: np.ndarray
+    slopes: np.ndarray
+    sd_e: float
+    M: np.ndarray
+    t0: np.ndarray
+
+    def coefficients(self, w: np.ndarray, sigma: float) -> tuple[np.ndarray, float]:
+        """``(a, b), sigma`` of ``y = a + x^T b + eps`` as the same line in ``(e, v)``."""
+        a, b = float(w[0]), np.asarray(w[1:], dtype=float)
+        alpha = (a + float(self.mean_x @ b) - self.mean_y) / self.sd_e
+        gamma = self.sd_x * (b - self.slopes) / self.sd_e
+        return np.concatenate([[alpha], gamma]), float(sigma) / self.sd_e
+
+    def line(self, coef: np.ndarray, sigma: float) -> tuple[np.ndarray, float]:
+        """The inverse of `coefficients`: ``(alpha, gamma), sigma'`` back to ``(a, b), sigma``."""
+        b = self.slopes + np.asarray(coef[1:], dtype=float) * self.sd_e / self.sd_x
+        a = self.mean_y + self.sd_e * float(coef[0]) - float(self.mean_x @ b)
+        return np.concatenate([[a], b]), float(sigma) * self.sd_e
+
+
+def standardisation(centre: np.ndarray, k: int, noise_sd=0.0) -> Standardisation:
+    """The standardising map from a released mean of the statistics (post-processing).
+
+    Means, covariances and the least-squares line are read off the centre (``E[y]``,
+    ``E[y^2]``, ``E[x y]``, ``E[x]``, ``E[x x^T]``); a variance is floored at three times
+    ``noise_sd`` (a number, or one per statistic), the sd of the centre's noise on the
+    statistic that gives it (below that it is noise:
+    the map stays exact, only less standardising), and so are the eigenvalues of the
+    covariates' correlation matrix (relative to ``noise_sd``) before it is inverted. ``M``
+    and ``t0`` are solved from data-free stand-in points (the relation is exact: least
+    squares with a zero residual).
+    """
+    from pymc_dp.kernels.expfam import normal_linear_stats
+
+    c = np.asarray(centre, dtype=float)
+    j, jj = np.triu_indices(k)
+    m_y, m_x = float(c[0]), c[2 + k : 2 + 2 * k].copy()
+    exx = np.empty((k, k))
+    exx[j, jj] = exx[jj, j] = c[2 + 2 * k :]
+    floor = 3.0 * np.broadcast_to(np.asarray(noise_sd, dtype=float), c.shape)
+    cov_x = exx - np.outer(m_x, m_x)
+    floor_x = np.maximum(floor[2 + 2 * k + np.flatnonzero(j == jj)], 1e-12)
+    s_x = np.sqrt(np.maximum(np.diag(cov_x), floor_x))
+    var_y = max(float(c[1 + k]) - m_y**2, float(floor[1 + k]), 1e-12)
+    cov_xy = c[1 : 1 + k] - m_x * m_y
+    if k:
+        corr = cov_x / np.outer(s_x, s_x)
+        lam, U = np.linalg.eigh(0.5 * (corr + corr.T))
+        lam = np.maximum(lam, max(float(np.max(floor_x / s_x**2)), 1e-3))
+        g = (U / lam) @ U.T @ (cov_xy / s_x) / s_x  # slopes: Cov(x)^-1 Cov(x, y)
+        var_e = var_y - float(g @ cov_xy)
+    else:
+        g, var_e = np.zeros(0), var_y
+    s_e = float(np.sqrt(max(var_e, float(floor[1 + k]), 1e-3 * var_y)))
+    dim = c.size
+    gen = np.random.default_rng(0)  # data-free stand-in points
+    e = gen.normal(size=4 * (dim + 1))
+    v = gen.normal(size=(e.size, k))
+    x = m_x + s_x * v
+    y = m_y + (x - m_x) @ g + s_e * e
+    design = np.column_stack([normal_linear_stats(y, x), np.ones(e.size)])
+    coef = np.linalg.lstsq(design, normal_linear_stats(e, v), rcond=None)[0]
+    return Standardisation(m_y, m_x, s_x, g, s_e, coef[:-1].T, coef[-1])
+
+
+def release_box_centre(
+    passes,
+    box: tuple[np.ndarray, np.ndarray],
+    n: int,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    size: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The DP centre of the statistics from their ranges in the declared box (one release).
+
+    Each statistic's deviation from the middle of its range, over its half-width: a record
+    inside the box has a scaled deviation of norm at most ``C = sqrt(D)``; every record's is
+    clipped to ``C`` (records outside the box too), so the sum has replace-one sensitivity
+    ``2 C`` and ``N(0, (2 C z)^2 I)`` noise makes it one Gaussian mechanism. Returns the
+    centre ``mid + (sum + noise) / (n w)`` (``size`` independent releases: shape
+    ``(size, D)``) and the sd of its noise on each statistic.
+    """
+    lo, hi = (np.asarray(a, dtype=float) for a in box)
+    mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
+    w = 1.0 / np.where(half > 0, half, 1.0)  # (a constant statistic deviates by 0 in the box)
+    C = float(np.sqrt(mid.size))  # the largest scaled deviation inside the box
+    S = passes.centred_clip_sum(mid, C, scale=w)
+    shape = S.shape if size is None else (int(size), S.size)
+    noisy = S + float(noise_multiplier) * 2.0 * C * rng.normal(size=shape)
+    return mid + noisy / (n * w), float(noise_multiplier) * 2.0 * C / (n * w)
+
+
+def release_whitened_sum(
+    passes, whitening, noise_multiplier: float, rng: np.random.Generator, size: int | None = None
+) -> np.ndarray:
+    """``sum_i clip_b(W (T_i - c)) + N(0, (2 b z)^2 I)``: the strategy's last release.
+
+    ``whitening`` (`pymc_dp.kernels.expfam.Whitening`: ``c``, ``W``, ``b``) is public (DP
+    outputs of earlier releases); each record's whitened deviation is clipped to norm ``b``,
+    so the sum has replace-one sensitivity ``2 b``. ``size``: that many independent
+    releases (shape ``(size, D)``; the audit's trials).
+    """
+    S = passes.centred_clip_sum(whitening.centre, whitening.clip, scale=whitening.scale)
+    shape = S.shape if size is None else (int(size), S.size)
+    return S + float(noise_multiplier) * 2.0 * float(whitening.clip) * rng.normal(size=shape)
+
+
+def release_linear_stats(
+    fm,
+    box: tuple[np.ndarray, np.ndarray],
+    *,
+    centre_noise_multiplier: float,
+    whitening_noise_multiplier: float,
+    clip_noise_multiplier: float,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    quantile: float | None = None,
+    on_centre_release: Callable[[], None] | None = None,
+    on_whitening_release: Callable[[], None] | None = None,
+    on_clip_release: Callable[[], None] | None = None,
+    on_release: Callable[[], None] | None = None,
+    chunk_size: int | None = None,
+) -> tuple[LinearStats, Standardisation]:
+    """Steps 1 and 2 of the module docstring: the released statistics and their noise.
+
+    ``box`` is the range of each statistic inside the declared box
+    (`pymc_dp.kernels.expfam.normal_linear_stat_box`): the first release sums the deviations
+    from its midpoint scaled by its half-widths (norm at most ``C = sqrt(D)`` inside the box,
+    clipped to it outside; sensitivity ``2 C``).
+    Three Gaussian releases: the DP centre of the statistics (`private_centre`), whence the
+    standardisation; a DP ``quantile`` ``b`` of the standardised deviations
+    ``||T(u_i, v_i) - c_u||`` (noisy histogram); the sum ``sum_i clip_b(T(u_i, v_i) - c_u)``
+    (sensitivity ``2 b``). Returns the standardised statistics (noise covariance
+    ``(2 b z)^2 I``) and the map. Every release is counted by its callback as soon as its
+    exact input reached the driver.
+    """
+    from pymc_dp.kernels.expfam import private_whitening
+
+    n, k = fm.n_records, fm.n_covariates
+    fm.structure.check_data_finite()  # one bit; refuses before any release
+    passes = fm.passes(chunk_size or 100_000)
+    # -- release 1: the DP centre of the statistics, each scaled to its range in the box -----
+    c, centre_sd = release_box_centre(passes, box, n, centre_noise_multiplier, rng)
+    if on_centre_release is not None:
+        on_centre_release()
+    lo, hi = (np.asarray(a, dtype=float) for a in box)
+    C = float(np.sqrt(lo.size))
+    st = standardisation(c, k, noise_sd=centre_sd)
+    c_u = st.M @ c + st.t0
+    std_passes = _StandardisedPasses(passes, st.M, c, c_u)
+    made = 0
+
+    def whitening_release() -> None:  # releases 2-5, then 6 (the clip bound's own phase)
+        nonlocal made
+        made += 1
+        callback = on_whitening_release if made <= 4 else on_clip_release
+        if callback is not None:
+            callback()
+
+    reach = np.maximum(np.abs(lo - c), np.abs(hi - c))  # the largest deviations in the box
+    top = float(np.linalg.norm(st.M, 2) * np.linalg.norm(reach))
+    # -- releases 2-6: whitening and clip bound of the standardised statistics ----------------
+    wh = private_whitening(
+        std_passes,
+        n=n,
+        stat_clip_bound=C,
+        quantile=STATS_QUANTILE if quantile is None else quantile,
+        noise_multiplier=whitening_noise_multiplier,
+        rng=rng,
+        centre=c_u,
+        on_release=whitening_release,
+        top=top,
+        clip_noise_multiplier=clip_noise_multiplier,
+        clip_extend_sds=STATS_EXTEND_SDS,
+    )
+    # -- release 7: the clipped whitened standardised deviations' sum --------------------------
+    noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
+    if on_release is not None:
+        on_release()
+    std = float(noise_multiplier) * 2.0 * wh.clip
+    W_inv = np.linalg.inv(wh.scale)
+    S_u = W_inv @ noisy + n * wh.centre
+    return linear_stats_from_sum(S_u, n, k, std * std * (W_inv @ W_inv.T)), st
+
+
+@dataclass(frozen=True)
+class _StandardisedPasses:
+    """The passes of the standardised statistics ``T_u = M (T - c) + c_u`` (exact: a
+    deviation ``W (T_u - c')`` is ``W M (T - c - M^-1 (c' - c_u))``)."""
+
+    passes: Any
+    M: np.ndarray
+    c: np.ndarray
+    c_u: np.ndarray
+
+    def _centre(self, centre_u: np.ndarray) -> np.ndarray:
+        return self.c + np.linalg.solve(self.M, np.asarray(centre_u, dtype=float) - self.c_u)
+
+    def _scale(self, scale) -> np.ndarray:
+        if scale is None:
+            return self.M
+        s = np.asarray(scale, dtype=float)
+        return (s[:, None] * self.M) if s.ndim == 1 else s @ self.M
+
+    def clipped_stat_sum(self, bound: float) -> np.ndarray:  # not used: the centre is given
+        raise NotImplementedError("the standardised statistics' centre is derived, not released")
+
+    def deviation_counts(self, centre, grid, scale) -> np.ndarray:
+        return self.passes.deviation_counts(self._centre(centre), grid, self._scale(scale))
+
+    def centred_clip_sum(self, centre, bound, *, scale=None, absolute=False, outer=False):
+        return self.passes.centred_clip_sum(
+            self._centre(centre), bound, scale=self._scale(scale), absolute=absolute, outer=outer
+        )
+
+
+@dataclass
+class StatsPosterior:
+    """The noise-aware posterior's Gaussian summary in the model's coordinates (DP outputs)."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+    #: the same curvature without the release noise (the posterior the noise-free
+    #: statistics would give, at the same mode): ``cov - cov_sampling`` is the noise's part
+    cov_sampling: np.ndarray
+    #: largest ``sqrt((cov - cov_sampling) / cov_sampling)`` over the diagonal: the release
+    #: noise's effect on the posterior mean, in sds of the noise-free posterior (predicted
+    #: error)
+    predicted_error: float
+
+
+def _flat_prior(model: pm.Model, vars: list, initial_point: Mapping[str, Any]):
+    """``q -> log p(q)`` of the free variables (their log-Jacobians included): data-free."""
+    from pymc.pytensorf import join_nonshared_inputs
+
+    logp = model.logp(vars=model.free_RVs, sum=True)
+    [flat], x = join_nonshared_inputs(dict(initial_point), [logp], vars, {})
+    fn = pm.pytensorf.compile([x], flat, on_unused_input="ignore")
+    return lambda q: float(fn(np.asarray(q, dtype=x.dtype)))
+
+
+def fit_stats_posterior(
+    fm,
+    stats: LinearStats,
+    model: pm.Model,
+    vars: list,
+    initial_point: Mapping[str, Any],
+    standard: Standardisation | None = None,
+) -> StatsPosterior | None:
+    """Step 3: mode and curvature of ``log p(q) + noise_aware_linear_loglik`` (post-processing).
+
+    Returns ``None`` when the search fails or the curvature is not positive definite.
+    """
+    from pymc.blocking import DictToArrayBijection
+
+    prior = _flat_prior(model, vars, initial_point)
+    Ap = stats.design_psd()
+    q0 = DictToArrayBijection.map({v.name: initial_point[v.name] for v in vars}).data
+
+    def target(q, noise: bool = True) -> float:
+        with np.errstate(all="ignore"):
+            try:
+                par = fm.params(q)
+                st = stats if noise else _without_noise(stats)
+                w, sigma = par["w"], par["sigma"]
+                if standard is not None:  # the same line in the standardised variables
+                    w, sigma = standard.coefficients(w, sigma)
+                return noise_aware_linear_loglik(st, w, sigma, Ap) + prior(q)
+            except (ValueError, FloatingPointError, OverflowError, np.linalg.LinAlgError):
+                return -np.inf
+
+    # two searches: from the model's initial point and from the point whose line is the
+    # least-squares line of the released statistics (far from the initial point, a search
+    # may stop at a mode where the release noise explains large coefficients)
+    fits = [quadratic_fit(target, q0.astype(float))]
+    start = _least_squares_start(fm, stats, standard, q0)
+    if start is not None:
+        fits.append(quadratic_fit(target, start))
+    fits = [f for f in fits if f is not None]
+    if not fits:
+        return None
+    m, H = max(fits, key=lambda f: target(f[0]))
+    cov = np.linalg.inv(H)
+    # the curvature without the release noise, at the same point (steps of 1e-3 posterior sds)
+    H0 = negative_hessian(lambda q: target(q, noise=False), m, 1e-3 * np.sqrt(np.diag(cov)))
+    if H0 is None:
+        cov0, predicted = cov, float("inf")
+    else:
+        cov0 = np.linalg.inv(H0)
+        extra = np.maximum(np.diag(cov) - np.diag(cov0), 0.0) / np.diag(cov0)
+        predicted = float(np.sqrt(np.max(extra)))
+    return StatsPosterior(m, 0.5 * (cov + cov.T), cov0, predicted)
+
+
+def _least_squares_start(fm, stats: LinearStats, standard, q0: np.ndarray) -> np.ndarray | None:
+    """The model's point nearest (in its line's coefficients and ``log sigma``) to the
+    least-squares line of the released statistics (post-processing; data-free search)."""
+    from scipy.optimize import minimize
+
+    Ap = stats.design_psd()
+    coef = np.linalg.solve(Ap, stats.r)
+    rss = max(float(stats.c - coef @ stats.r), 1e-6 * max(float(stats.c), 1e-12))
+    sigma = float(np.sqrt(rss / stats.n))
+    if standard is not None:  # back from the standardised variables
+        coef, sigma = standard.line(coef, sigma)
+    goal = np.concatenate([coef, [np.log(sigma)]])
+
+    def miss(q) -> float:
+        with np.errstate(all="ignore"):
+            try:
+                par = fm.params(q)
+            except (ValueError, FloatingPointError, OverflowError, np.linalg.LinAlgError):
+                return 1e300
+            v = np.concatenate([par["w"], [np.log(par["sigma"])]]) - goal
+            out = float(v @ v)
+            return out if np.isfinite(out) else 1e300
+
+    res = minimize(miss, np.asarray(q0, dtype=float), method="BFGS")
+    return np.asarray(res.x, dtype=float) if np.isfinite(res.fun) and res.fun < 1e300 else None
+
+
+def _without_noise(stats: LinearStats) -> LinearStats:
+    return LinearStats(stats.A, stats.r, stats.c, stats.n, np.zeros_like(stats.noise_cov))

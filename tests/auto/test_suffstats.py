@@ -1,0 +1,464 @@
+"""The sufficient-statistics strategy of the automatic mode (issue 26): the statistics'
+ranges, the releases' sensitivity (brute force), the noise-aware likelihood against Monte
+Carlo and a closed form, the standardisation, the choice, the accounting and the result."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+
+import pymc_dp
+from pymc_dp.accounting import GaussianEvent, compose_epsilon
+from pymc_dp.auto import auto_configure
+from pymc_dp.auto.oneshot import choose_method
+from pymc_dp.auto.suffstats import (
+    _StandardisedPasses,
+    fit_stats_posterior,
+    linear_stats_model,
+    release_box_centre,
+    release_whitened_sum,
+    standardisation,
+)
+from pymc_dp.kernels.expfam import Whitening, normal_linear_stat_box, normal_linear_stats
+from pymc_dp.kernels.suffstats import (
+    _noise_map,
+    linear_stats_from_sum,
+    noise_aware_linear_loglik,
+    noise_aware_linear_moments,
+)
+
+BOUNDS = {"y": (-6.0, 6.0), "X": (-1.0, 1.0)}
+
+
+def _data(n: int, k: int = 2, seed: int = 0, sigma: float = 0.8):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.0, 1.0, (n, k))
+    beta = np.array([0.4, 1.0, -0.7, 0.3][: k + 1])
+    y = np.clip(beta[0] + x @ beta[1:] + rng.normal(0.0, sigma, n), -6.0, 6.0)
+    return y, x
+
+
+def _linear_model(y, x, prior_sd: float = 10.0) -> pm.Model:
+    with pm.Model() as model:
+        X = pm.Data("X", x)
+        a = pm.Normal("a", 0.0, prior_sd)
+        b = pm.Normal("b", 0.0, prior_sd, shape=x.shape[1])
+        s = pm.HalfNormal("sigma", 3.0)
+        pm.Normal("y", a + pm.math.dot(X, b), s, observed=y)
+    return model
+
+
+def _fm(model, bounds=BOUNDS):
+    fm, box = linear_stats_model(model, model.value_vars, model.initial_point(), bounds)
+    assert fm is not None, box
+    return fm, box
+
+
+# -- the statistics and their ranges ----------------------------------------------------------
+def test_stat_box_contains_every_record_and_its_corners_attain_it():
+    """Interval arithmetic on each monomial: no record of the box falls outside, and the
+    box's corners (where products of intervals take their extremes) reach every end."""
+    y_box, x_box = (-2.0, 3.0), (np.array([-1.0, 0.5]), np.array([2.0, 4.0]))
+    lo, hi = normal_linear_stat_box(y_box, x_box)
+    rng = np.random.default_rng(0)
+    y = rng.uniform(*y_box, 20_000)
+    x = rng.uniform(x_box[0], x_box[1], (20_000, 2))
+    T = normal_linear_stats(y, x)
+    assert np.all(T >= lo - 1e-12) and np.all(T <= hi + 1e-12)
+    corners = np.array(np.meshgrid([-2.0, 0.0, 3.0], [-1.0, 0.0, 2.0], [0.5, 4.0])).reshape(3, -1)
+    Tc = normal_linear_stats(corners[0], corners[1:].T)
+    np.testing.assert_allclose(Tc.min(axis=0), lo, atol=1e-12)
+    np.testing.assert_allclose(Tc.max(axis=0), hi, atol=1e-12)
+
+
+def test_released_sum_unpacks_to_the_design_and_responses():
+    y, x = _data(50, k=3)
+    z = np.column_stack([np.ones(50), x])
+    st = linear_stats_from_sum(normal_linear_stats(y, x).sum(axis=0), 50, 3, np.zeros((14, 14)))
+    np.testing.assert_allclose(st.A, z.T @ z, rtol=1e-12)
+    np.testing.assert_allclose(st.r, z.T @ y, rtol=1e-12)
+    assert st.c == pytest.approx(y @ y, rel=1e-12)
+    with pytest.raises(ValueError, match="14 statistics"):
+        linear_stats_from_sum(np.zeros(13), 50, 3, np.zeros((13, 13)))
+
+
+def test_noise_map_is_the_effect_of_the_noise_on_the_residual():
+    """``G(beta) eps`` equals, exactly (the residual is linear in the noise), the change of
+    ``v = (r - A beta, c - beta^T A beta - n sigma^2)`` when ``eps`` is added to the
+    statistics."""
+    rng = np.random.default_rng(1)
+    y, x = _data(40, k=3)
+    S = normal_linear_stats(y, x).sum(axis=0)
+    beta = rng.normal(size=4)
+    eps = rng.normal(size=S.size)
+    zero = np.zeros((S.size, S.size))
+    v0, _ = noise_aware_linear_moments(linear_stats_from_sum(S, 40, 3, zero), beta, 1.0)
+    v1, _ = noise_aware_linear_moments(linear_stats_from_sum(S + eps, 40, 3, zero), beta, 1.0)
+    np.testing.assert_allclose(v1 - v0, _noise_map(beta, 3, S.size) @ eps, rtol=1e-9, atol=1e-9)
+
+
+def test_noise_aware_residual_has_the_covariance_it_claims():
+    """Over 4000 replicates of the responses and of the release noise (a fixed design, the
+    true parameters), ``v`` is N(0, V): the mean of ``v^T V^-1 v`` is ``p + 1`` within 4 of
+    its Monte Carlo sds, and every whitened component has mean 0 and variance 1. The same
+    with the noise left out of ``V`` (a noise-unaware likelihood) is far off: the test tells
+    them apart."""
+    rng = np.random.default_rng(2)
+    n, k, reps = 400, 2, 4000
+    x = rng.uniform(-1.0, 1.0, (n, k))
+    z = np.column_stack([np.ones(n), x])
+    beta, sigma = np.array([0.4, 1.0, -0.7]), 0.8
+    dim = normal_linear_stats(np.zeros(1), np.zeros((1, k))).shape[1]
+    root = rng.normal(size=(dim, dim)) * 3.0
+    noise_cov = root @ root.T + 25.0 * np.eye(dim)  # correlated, as W^-1 W^-T is
+    chol = np.linalg.cholesky(noise_cov)
+    A = z.T @ z
+    chi2, chi2_unaware, whitened = [], [], []
+    for _ in range(reps):
+        y = z @ beta + sigma * rng.normal(size=n)
+        S = normal_linear_stats(y, x).sum(axis=0) + chol @ rng.normal(size=dim)
+        st = linear_stats_from_sum(S, n, k, noise_cov)
+        v, V = noise_aware_linear_moments(st, beta, sigma, design_psd=A)
+        L = np.linalg.cholesky(V)
+        u = np.linalg.solve(L, v)
+        chi2.append(u @ u)
+        whitened.append(u)
+        unaware = linear_stats_from_sum(S, n, k, np.zeros_like(noise_cov))
+        v0, V0 = noise_aware_linear_moments(unaware, beta, sigma, design_psd=A)
+        chi2_unaware.append(v0 @ np.linalg.solve(V0, v0))
+    chi2, whitened = np.array(chi2), np.array(whitened)
+    mc = np.sqrt(2 * (k + 2) / reps)  # the sd of the mean of a chi-square with k + 2 dof
+    assert abs(chi2.mean() - (k + 2)) < 4 * mc, chi2.mean()
+    assert np.all(np.abs(whitened.mean(axis=0)) < 4 / np.sqrt(reps))
+    assert np.all(np.abs(whitened.var(axis=0) - 1) < 4 * np.sqrt(2 / reps) + 0.02)
+    assert np.mean(chi2_unaware) > 3 * (k + 2)
+
+
+def test_noise_aware_posterior_matches_the_closed_form_with_noise_on_x_transpose_y():
+    """Noise on ``r = Z^T y`` only (``c`` made uninformative by a huge noise, none on the
+    design), sigma known: then ``r~ | beta ~ N(A beta, sigma^2 A + N_r)`` exactly and, with
+    a N(0, tau^2 I) prior, the posterior is Gaussian in closed form. The noise-aware
+    likelihood's mode and curvature must match it; the noise-unaware posterior (``N_r``
+    left out) must not cover its mean."""
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(3)
+    n, k, sigma, tau = 500, 2, 0.8, 3.0
+    y, x = _data(n, k=k, seed=3, sigma=sigma)
+    z = np.column_stack([np.ones(n), x])
+    A = z.T @ z
+    dim = 2 + 2 * k + k * (k + 1) // 2
+    noise_r = np.diag([1000.0, 625.0, 750.0])
+    noise_cov = np.zeros((dim, dim))
+    idx = [0, 1, 2]  # sum y, sum y x_1, sum y x_2
+    noise_cov[np.ix_(idx, idx)] = noise_r
+    noise_cov[1 + k, 1 + k] = 1e16  # sum y^2: uninformative
+    S = normal_linear_stats(y, x).sum(axis=0)
+    S[idx] += np.linalg.cholesky(noise_r) @ rng.normal(size=3)
+    st = linear_stats_from_sum(S, n, k, noise_cov)
+    cov_r = sigma**2 * A + noise_r
+    prec = A @ np.linalg.solve(cov_r, A) + np.eye(3) / tau**2
+    mean = np.linalg.solve(prec, A @ np.linalg.solve(cov_r, st.r))
+
+    def neg(b):
+        return -(noise_aware_linear_loglik(st, b, sigma, A) - 0.5 * b @ b / tau**2)
+
+    res = minimize(neg, np.zeros(3), method="BFGS", options={"gtol": 1e-10})
+    sd = np.sqrt(np.diag(np.linalg.inv(prec)))
+    np.testing.assert_allclose(res.x, mean, atol=1e-3 * sd.min())
+    h = 1e-3 * sd
+    H = np.array(
+        [
+            [
+                (neg(res.x + h[i] * e_i + h[j] * e_j) - neg(res.x + h[i] * e_i - h[j] * e_j)
+                 - neg(res.x - h[i] * e_i + h[j] * e_j) + neg(res.x - h[i] * e_i - h[j] * e_j))
+                / (4 * h[i] * h[j])
+                for j, e_j in enumerate(np.eye(3))
+            ]
+            for i, e_i in enumerate(np.eye(3))
+        ]
+    )  # fmt: skip
+    np.testing.assert_allclose(H, prec, rtol=1e-3)
+    # the noise-unaware posterior is too narrow for the noise it ignores
+    unaware_prec = A / sigma**2 + np.eye(3) / tau**2
+    assert np.all(np.sqrt(np.diag(np.linalg.inv(unaware_prec))) < 0.6 * sd)
+
+
+# -- the standardisation -----------------------------------------------------------------------
+def test_standardisation_is_an_exact_affine_map_of_the_statistics():
+    """For any centre (here a noisy one), ``T(e, v) = M T(y, x) + t0`` on every record, and
+    the model's line maps to the standardised one and back (`coefficients`, `line`): the
+    least-squares line of the standardised records is the image of the original one."""
+    y, x = _data(300, k=3, seed=4)
+    centre = normal_linear_stats(y, x).mean(axis=0)
+    centre = centre + np.random.default_rng(4).normal(0.0, 0.02, centre.size)
+    st = standardisation(centre, 3, noise_sd=0.001)
+    v = (x - st.mean_x) / st.sd_x
+    e = (y - st.mean_y - (x - st.mean_x) @ st.slopes) / st.sd_e
+    T = normal_linear_stats(y, x)
+    np.testing.assert_allclose(T @ st.M.T + st.t0, normal_linear_stats(e, v), atol=1e-9)
+    z = np.column_stack([np.ones(300), x])
+    w = np.linalg.lstsq(z, y, rcond=None)[0]
+    coef, s = st.coefficients(w, 0.7)
+    zs = np.column_stack([np.ones(300), v])
+    np.testing.assert_allclose(coef, np.linalg.lstsq(zs, e, rcond=None)[0], atol=1e-9)
+    back, s_back = st.line(coef, s)
+    np.testing.assert_allclose(back, w, atol=1e-12)
+    assert s_back == pytest.approx(0.7)
+
+
+# -- the releases: sensitivity by brute force --------------------------------------------------
+REPLACEMENTS = [
+    (0, (6.0, np.array([1.0, -1.0]))),
+    (0, (-6.0, np.array([-1.0, 1.0]))),
+    (7, (0.0, np.array([0.0, 0.0]))),
+    (29, (500.0, np.array([40.0, -40.0]))),  # far outside the box: clipped
+    (29, (-500.0, np.array([-40.0, 40.0]))),
+]
+
+
+def _y_as_data(y, x):
+    with pm.Model() as model:
+        X = pm.Data("X", x)
+        Y = pm.Data("Y", y)
+        a = pm.Normal("a", 0.0, 10.0)
+        b = pm.Normal("b", 0.0, 10.0, shape=x.shape[1])
+        pm.Normal("y", a + pm.math.dot(X, b), pm.HalfNormal("sigma", 3.0), observed=Y)
+    return model
+
+
+@pytest.mark.parametrize("which", ["centre", "whitened sum"])
+def test_release_sensitivity_by_brute_force(which):
+    """Replacing one record (inside the box, at its corners, far outside it) moves the exact
+    sum of each release by at most its claimed sensitivity: ``2 sqrt(D)`` for the box-scaled
+    centre, ``2 b`` for the whitened standardised sum (any public ``W``, centre and ``b``);
+    the far records reach it."""
+    y, x = _data(30, k=2, seed=5)
+    model = _y_as_data(y, x)
+    bounds = {"Y": (-6.0, 6.0), "X": (-1.0, 1.0)}
+    fm, box = _fm(model, bounds)
+    dim = box[0].size
+    rng = np.random.default_rng(6)
+    wh = Whitening(
+        centre=rng.normal(size=dim),
+        scale=np.eye(dim) + 0.3 * rng.normal(size=(dim, dim)),
+        clip=1.7,
+        releases=0,
+    )
+    st = standardisation(normal_linear_stats(y, x).mean(axis=0), 2, 0.01)
+
+    def exact(fm_):
+        passes = fm_.passes()
+        if which == "centre":
+            lo, hi = box
+            half = 0.5 * (hi - lo)
+            return passes.centred_clip_sum(0.5 * (lo + hi), np.sqrt(dim), scale=1 / half)
+        sp = _StandardisedPasses(passes, st.M, normal_linear_stats(y, x).mean(axis=0),
+                                 np.zeros(dim))  # fmt: skip
+        return sp.centred_clip_sum(wh.centre, wh.clip, scale=wh.scale)
+
+    sums = {None: exact(fm)}
+    for j, (i, (y_new, x_new)) in enumerate(REPLACEMENTS):
+        y2, x2 = y.copy(), x.copy()
+        y2[i], x2[i] = y_new, x_new
+        with model:
+            pm.set_data({"X": x2, "Y": y2})
+        sums[j] = exact(fm)
+    with model:
+        pm.set_data({"X": x, "Y": y})
+    # neighbours: D and each replacement, and two replacements of the same record
+    pairs = [(None, j) for j in range(len(REPLACEMENTS))] + [
+        (a, b)
+        for a in range(len(REPLACEMENTS))
+        for b in range(a)
+        if REPLACEMENTS[a][0] == REPLACEMENTS[b][0]
+    ]
+    worst = max(float(np.linalg.norm(sums[a] - sums[b])) for a, b in pairs)
+    bound = 2 * np.sqrt(dim) if which == "centre" else 2 * wh.clip
+    assert worst <= bound * (1 + 1e-12)
+    # the far records are clipped to the bound: their moves are of its order
+    assert worst > 0.5 * bound, worst
+
+
+def test_releases_add_noise_of_their_multiplier_times_sensitivity():
+    """Released minus exact, over 3000 releases (the ``size`` the audit uses), has the sd
+    ``z`` times the sensitivity on every statistic, within 4 of its sampling sds."""
+    y, x = _data(30, k=2, seed=5)
+    fm, box = _fm(_linear_model(y, x))
+    passes = fm.passes()
+    dim, z, k = box[0].size, 0.7, 3000
+    rng = np.random.default_rng(7)
+    c, sd = release_box_centre(passes, box, 30, z, rng, size=k)
+    exact, _ = release_box_centre(passes, box, 30, 0.0, rng)
+    half = 0.5 * (box[1] - box[0])
+    ratio = (c - exact).std(axis=0) / sd
+    assert np.all(np.abs(ratio - 1) < 4 / np.sqrt(2 * (k - 1)))
+    np.testing.assert_allclose(sd, z * 2 * np.sqrt(dim) * half / 30)
+    wh = Whitening(centre=np.zeros(dim), scale=np.eye(dim), clip=2.5, releases=0)
+    s = release_whitened_sum(passes, wh, z, rng, size=k)
+    s0 = release_whitened_sum(passes, wh, 0.0, rng)
+    ratio = (s - s0).std(axis=0) / (z * 2 * 2.5)
+    assert np.all(np.abs(ratio - 1) < 4 / np.sqrt(2 * (k - 1)))
+
+
+# -- the choice ----------------------------------------------------------------------------------
+def test_the_strategy_applies_to_linear_regressions_with_declared_bounds_only():
+    y, x = _data(40)
+    model = _linear_model(y, x)
+    ip = model.initial_point()
+    assert linear_stats_model(model, model.value_vars, ip, BOUNDS)[0] is not None
+    fm, why = linear_stats_model(model, model.value_vars, ip, None)
+    assert fm is None and "response" in why
+    fm, why = linear_stats_model(model, model.value_vars, ip, {"y": (-6, 6)})
+    assert fm is None and "covariates" in why
+    with pm.Model() as logistic:
+        X = pm.Data("X", x)
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, pm.Normal("b", 0, 1, shape=2)), observed=y > 0)
+    fm, why = linear_stats_model(logistic, logistic.value_vars, logistic.initial_point(), BOUNDS)
+    assert fm is None and "bernoulli" in why.lower()
+    assert choose_method("auto", False, linear_stats=True) == "stats"
+    assert choose_method("auto", True, linear_stats=True) == "chain"
+    assert choose_method("auto", False, linear_stats=False) == "laplace"
+    assert choose_method("laplace", False, linear_stats=True) == "laplace"
+    with pytest.raises(ValueError, match="data_bounds.*here: no bounds"):
+        choose_method("stats", False, linear_stats=False, why_not_stats="no bounds")
+
+
+def test_stats_asked_for_where_it_does_not_apply_is_refused_before_any_data_read(monkeypatch):
+    """``method="stats"`` on a logistic regression, or without the covariates' bounds: a
+    ValueError naming data_bounds, and no data pass ran (spies on the passes)."""
+    from pymc_dp.records.expfam import ExpFamilyModel
+    from pymc_dp.records.runtime import RecordFunctions
+
+    reads = []
+    for cls, name in ((ExpFamilyModel, "_pass"), (RecordFunctions, "clipped_grad_moments")):
+        real = getattr(cls, name)
+        monkeypatch.setattr(
+            cls, name, lambda self, *a, _r=real, **k: reads.append(1) or _r(self, *a, **k)
+        )
+    y, x = _data(60)
+    with _linear_model(y, x), pytest.raises(ValueError, match="data_bounds"):
+        pymc_dp.sample(
+            epsilon=3.0, delta=1e-6, data_bounds={"y": (-6.0, 6.0)}, progressbar=False,
+            auto_kwargs={"method": "stats"},
+        )  # fmt: skip
+    with pm.Model():
+        X = pm.Data("X", x)
+        pm.Bernoulli("y", logit_p=pm.math.dot(X, pm.Normal("b", 0, 1, shape=2)), observed=y > 0)
+        with pytest.raises(ValueError, match="linear regression"):
+            pymc_dp.sample(
+                epsilon=3.0, delta=1e-6, data_bounds={"X": (-1.0, 1.0)}, progressbar=False,
+                auto_kwargs={"method": "stats"},
+            )  # fmt: skip
+    assert not reads
+
+
+# -- end to end ----------------------------------------------------------------------------------
+def test_stats_spends_exactly_the_budget_and_counts_every_release():
+    from pymc_dp.auto.configure import PresampleSpend
+
+    y, x = _data(800)
+    spend = PresampleSpend()
+    cfg = auto_configure(
+        _linear_model(y, x), epsilon=2.0, delta=1e-5, chains=2, draws=None, tune=None,
+        rng=np.random.default_rng(0), data_bounds=BOUNDS, spend=spend,
+    )  # fmt: skip
+    assert cfg.method == "stats"
+    events = [GaussianEvent(p.noise_multiplier, p.releases) for p in cfg.phases]
+    eps = compose_epsilon(events, 1e-5)
+    assert eps <= 2.0 and eps == pytest.approx(2.0, rel=1e-6)
+    assert [p.releases for p in cfg.phases] == [1, 4, 1, 1]
+    assert spend.made == {p.name: p.releases for p in cfg.phases}
+    assert cfg.phases[-1].mu / sum(p.mu for p in cfg.phases) > 0.7
+    attrs = cfg.to_attrs()
+    assert attrs["dp_method"] == "stats" and np.isfinite(attrs["dp_predicted_error"])
+
+
+def test_sample_stats_is_honest_against_the_large_sample_posterior():
+    """``pymc_dp.sample`` with data_bounds on a linear regression (n = 4000, epsilon 2):
+    the strategy is chosen; over 4 seeds its means lie within 3 of its own sds of the
+    least-squares line (the posterior mean up to O(1/n) under these weak priors), its sds
+    are at least 0.9 of the large-sample posterior sds ``sigma (Z^T Z)^-1/2`` (no interval
+    narrower than the posterior's), and the report names the method and the spend."""
+    n = 4000
+    y, x = _data(n, k=2, seed=8)
+    z = np.column_stack([np.ones(n), x])
+    w = np.linalg.lstsq(z, y, rcond=None)[0]
+    s_hat = np.sqrt(np.mean((y - z @ w) ** 2))
+    ref_mean = np.concatenate([w, [s_hat]])
+    ref_sd = np.concatenate(
+        [s_hat * np.sqrt(np.diag(np.linalg.inv(z.T @ z))), [s_hat / np.sqrt(2 * n)]]
+    )
+    model = _linear_model(y, x)
+    for seed in range(4):
+        with model, warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            idata = pymc_dp.sample(
+                300, epsilon=2.0, delta=1e-6, chains=2, random_seed=seed, progressbar=False,
+                data_bounds=BOUNDS,
+            )  # fmt: skip
+        assert idata.attrs["dp_method"] == "stats"
+        post = idata["posterior"]
+        draws = np.column_stack(
+            [
+                post["a"].values.ravel(),
+                post["b"].values.reshape(-1, 2),
+                post["sigma"].values.ravel(),
+            ]
+        )
+        m, s = draws.mean(axis=0), draws.std(axis=0)
+        assert np.all(np.abs(m - ref_mean) < 3 * s), (seed, m, s, ref_mean)
+        assert np.all(s >= 0.9 * ref_sd), (seed, s, ref_sd)
+        report = pymc_dp.privacy_report(idata, model=model)
+        assert report.private and report.epsilon <= 2.0
+        line = next(t for t in str(report).splitlines() if t.startswith("(epsilon, delta)"))
+        assert "sufficient statistics" in line
+
+
+def test_fit_is_the_noise_aware_posterior_mode_and_curvature():
+    """`fit_stats_posterior` on released statistics without noise: its mode is the
+    least-squares line with sigma near the residual sd, and its sds those of the
+    large-sample posterior (within 5 %); with noise its sds grow, and its predicted error is
+    the growth."""
+    n = 3000
+    y, x = _data(n, k=2, seed=9)
+    model = _linear_model(y, x)
+    fm, _ = _fm(model)
+    S = normal_linear_stats(y, x).sum(axis=0)
+    dim = S.size
+    vars_, ip = model.value_vars, model.initial_point()
+    exact = linear_stats_from_sum(S, n, 2, np.zeros((dim, dim)))
+    post = fit_stats_posterior(fm, exact, model, vars_, ip)
+    z = np.column_stack([np.ones(n), x])
+    w = np.linalg.lstsq(z, y, rcond=None)[0]
+    s_hat = np.sqrt(np.mean((y - z @ w) ** 2))
+    par = fm.params(post.mean)
+    np.testing.assert_allclose(par["w"], w, atol=1e-3)
+    assert par["sigma"] == pytest.approx(s_hat, rel=1e-3)
+    sd = np.sqrt(np.diag(post.cov))[:3]
+    np.testing.assert_allclose(sd, s_hat * np.sqrt(np.diag(np.linalg.inv(z.T @ z))), rtol=0.05)
+    assert post.predicted_error < 1e-3
+    noisy = linear_stats_from_sum(S, n, 2, 400.0 * np.eye(dim))
+    post2 = fit_stats_posterior(fm, noisy, model, vars_, ip)
+    grow = np.sqrt(np.diag(post2.cov) / np.diag(post2.cov_sampling) - 1.0)
+    assert post2.predicted_error == pytest.approx(grow.max(), rel=1e-6)
+    assert post2.predicted_error > 0.1
+
+
+def test_plan_names_the_strategy_and_its_prediction():
+    """`pymc_dp.plan` on a linear regression with declared bounds: the strategy is
+    ``stats``, its phases and the last release's share are printed, its prediction is the
+    ``stats`` candidate's, and why it is chosen over a smaller laplace prediction is said."""
+    y, x = _data(4000)
+    with _linear_model(y, x):
+        p = pymc_dp.plan(epsilon=3.0, delta=1e-6, data_bounds=BOUNDS, verbose=False)
+        bare = pymc_dp.plan(epsilon=3.0, delta=1e-6, verbose=False)
+    assert p.method == "stats" and bare.method == "laplace"
+    assert p.candidates["stats"] == p.predicted_error
+    text = str(p)
+    assert "sufficient statistics: noisy centre" in text and "<- chosen" in text
+    assert p.choice_note and "laplace" in p.choice_note
+    assert sum(ph.releases for ph in p.phases) == 6  # the last release is "the rest"
