@@ -11,7 +11,7 @@ from pymc_dp.auto import plan
 from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
 from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
-from pymc_dp.sampling import OneShotWarning, sample
+from pymc_dp.sampling import NoiseDominatedWarning, OneShotWarning, sample
 from pymc_dp.step_methods import (
     DPHMC,
     DPSGLD,
@@ -45,6 +45,7 @@ __all__ = [
     "DPPenaltyMetropolis",
     "DPStep",
     "ModelNotSupportedError",
+    "NoiseDominatedWarning",
     "OneShotWarning",
     "PrivacyReport",
     "__version__",

@@ -29,11 +29,16 @@ from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, ch
 from pymc_dp.step_methods.laplace import DPLaplaceDraws
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
-__all__ = ["OneShotWarning", "sample", "check_run_is_private"]
+__all__ = ["NoiseDominatedWarning", "OneShotWarning", "sample", "check_run_is_private"]
 
 
 class OneShotWarning(ConvergenceWarning):
     """The one-shot strategy's result is in doubt (its warm start had not converged)."""
+
+
+class NoiseDominatedWarning(UserWarning):
+    """The privacy noise dominates a noise-aware result: its intervals are wide (they
+    include the noise), not off."""
 
 
 def _flatten_steps(step) -> list:
@@ -178,14 +183,17 @@ def sample(
         ``auto_kwargs={"derive_clips": True}`` the
         automatic mode derives its gradient clip bounds from them instead of spending budget
         on DP histograms (`pymc_dp.auto.bounds.clip_plan`; off by default, see
-        docs/auto.md for the measurement).
+        docs/auto.md for the measurement). In automatic mode, bounds on the response and on
+        every covariate of a linear regression choose the sufficient-statistics strategy
+        (``dp_method`` ``"stats"``, `pymc_dp.auto.suffstats`).
     random_seed : int, optional
         Seed of the whole run (the automatic phases and `pymc.sample`).
     step_kwargs : dict, optional
         Further arguments of the step class (e.g. ``clip_bound`` of DPPenaltyMetropolis,
         ``llr_clip_bound`` and ``grad_clip_bound`` of DPHMC).
     auto_kwargs : dict, optional
-        Options of `pymc_dp.auto.auto_configure` (``split``, ``clip_quantile``, ...).
+        Options of `pymc_dp.auto.auto_configure` (``split``, ``clip_quantile``, ...);
+        ``{"method": "stats" | "laplace" | "chain"}`` forces a strategy (docs/auto.md).
     keep_data : bool
         Keep the raw-data groups (``observed_data``, ``constant_data``) in the result. They
         are NOT private; off by default.
@@ -533,6 +541,19 @@ def _sample_auto(
         )
         sample_kwargs = {"cores": 1, **sample_kwargs}
         check = plan.oneshot
+        if plan.method == "stats" and plan.predicted_error > 1.0:
+            widening = (
+                f"its sds are up to {np.sqrt(1.0 + plan.predicted_error**2):.3g} times those "
+                "the released statistics would give without noise"
+                if np.isfinite(plan.predicted_error)
+                else "the released statistics alone do not determine it (close to the prior)"
+            )
+            warnings.warn(
+                f"the release noise dominates this posterior: {widening} (the intervals "
+                "include the noise: wide, not off); a larger epsilon or more records would help",
+                NoiseDominatedWarning,
+                stacklevel=3,
+            )
         if check is not None and not check.converged:
             warnings.warn(
                 "the one-shot private Laplace approximation had not converged: its last two "

@@ -199,8 +199,9 @@ class AutoPlan:
     recentred: list[str] = field(default_factory=list)
     #: where each clip bound came from: ``{clip: "data_bounds" | "DP histogram (...)"}``
     clip_sources: dict[str, str] = field(default_factory=dict)
-    #: the strategy (`pymc_dp.auto.oneshot.METHODS`): "chain" (the penalty chain) or
-    #: "laplace" (the one-shot noise-aware Laplace approximation)
+    #: the strategy (`pymc_dp.auto.oneshot.METHODS`): "chain" (the penalty chain),
+    #: "laplace" (the one-shot noise-aware Laplace approximation) or "stats" (the
+    #: noise-aware posterior of released sufficient statistics, `pymc_dp.auto.suffstats`)
     method: str = "chain"
     #: the approximation's coordinates ``y`` to the model's ``q`` (public; the one-shot
     #: strategy draws in ``y``)
@@ -614,6 +615,11 @@ def auto_configure(
         Filled in as the releases are made (the planned phases, the releases made so far):
         what an error part-way through has spent (`pymc_dp.sample` attaches it to the
         error).
+    method : str
+        The strategy (`pymc_dp.auto.oneshot.choose_method`): ``"auto"`` (by the model's
+        structure and the declared bounds), ``"stats"`` (a linear regression with declared
+        bounds: `pymc_dp.auto.suffstats`; no record functions are built),
+        ``"laplace"`` or ``"chain"``.
     warm_start_only : bool
         Stop after the private Laplace approximation and one noisy histogram of the
         per-record gradient norms in the model's coordinates at its mean (its

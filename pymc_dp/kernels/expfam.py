@@ -41,6 +41,7 @@ import numpy as np
 
 from pymc_dp.kernels.warmstart import (
     HISTOGRAM_SENSITIVITY,
+    HISTOGRAM_THRESHOLD_SDS,
     OUTER_SENSITIVITY,
     _sym_noise,
     clip_grid,
@@ -636,6 +637,7 @@ def private_whitening(
     top: float | None = None,
     clip_noise_multiplier: float | None = None,
     clip_extend_sds: float | None = None,
+    clip_located_share: float | None = None,
 ) -> Whitening:
     r"""Centre, whiten and bound the sufficient statistics privately (up to six releases).
 
@@ -680,7 +682,8 @@ def private_whitening(
     def dp_quantile(
         c: np.ndarray, scale: np.ndarray | None, top: float, zq: float = z, extend=None
     ) -> float:
-        b = private_clip_bound(passes, c, scale, top, n, quantile, zq, rng, extend)
+        located = clip_located_share if extend is not None else None
+        b = private_clip_bound(passes, c, scale, top, n, quantile, zq, rng, extend, located)
         released()
         return b
 
@@ -732,17 +735,27 @@ def private_clip_bound(
     noise_multiplier: float,
     rng: np.random.Generator,
     extend_sds: float | None = None,
+    located_share: float | None = None,
 ) -> float:
     """A DP ``quantile`` of ``||W (T(x_i) - c)||`` on a public grid below ``top`` (one release).
 
     The noisy histogram of `pymc_dp.kernels.warmstart.noisy_histogram_quantile` (sensitivity
     ``sqrt(2)``); ``extend_sds`` as in `pymc_dp.kernels.warmstart.histogram_quantile`.
+    ``located_share``: where the bins above the noise threshold hold less than that share of
+    the ``n`` records, the histogram has not located them (they are spread over bins each
+    below the noise) and the bound is ``top``, the largest deviation inside the box: a bound
+    chosen among the located bins alone would clip the records it cannot see, a bias no
+    noise-aware posterior models (post-processing of the released histogram).
     """
     grid = clip_grid(top * 1e-5, top, 80)
     hist = histogram_from_counts(n, passes.deviation_counts(centre, grid, scale))
-    if extend_sds is None:
+    if extend_sds is None and located_share is None:
         b, _ = noisy_histogram_quantile(hist, grid, quantile, noise_multiplier, rng)
         return float(b)
     std = noise_multiplier * HISTOGRAM_SENSITIVITY
     noisy = hist + rng.normal(size=hist.shape) * std
+    if located_share is not None:
+        located = float(np.sum(noisy[noisy >= HISTOGRAM_THRESHOLD_SDS * std]))
+        if located < located_share * n:
+            return float(top)
     return float(histogram_quantile(noisy, grid, quantile, n, std, extend_sds=extend_sds))

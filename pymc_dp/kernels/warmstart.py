@@ -49,6 +49,7 @@ import scipy.optimize
 
 __all__ = [
     "HISTOGRAM_SENSITIVITY",
+    "HISTOGRAM_THRESHOLD_SDS",
     "LaplaceInfo",
     "clip_grid",
     "histogram_from_counts",
@@ -86,13 +87,17 @@ def histogram_from_counts(n: int, counts_above: np.ndarray) -> np.ndarray:
     return (edges[:-1] - edges[1:]).astype(float)
 
 
+#: Noise sds below which a bin of a noisy histogram counts as empty (`histogram_quantile`).
+HISTOGRAM_THRESHOLD_SDS = 3.0
+
+
 def noisy_histogram_quantile(
     hist: np.ndarray,
     grid: np.ndarray,
     quantile: float,
     noise_multiplier: float,
     rng: np.random.Generator,
-    threshold_sds: float = 3.0,
+    threshold_sds: float = HISTOGRAM_THRESHOLD_SDS,
 ) -> tuple[float, np.ndarray]:
     """A DP quantile: the smallest grid bound below which a ``quantile`` share lies.
 
@@ -130,7 +135,7 @@ def histogram_quantile(
     quantile: float,
     n: int,
     noise_std: float = 0.0,
-    threshold_sds: float = 3.0,
+    threshold_sds: float = HISTOGRAM_THRESHOLD_SDS,
     extend_sds: float | None = None,
 ) -> float:
     """The smallest grid bound with at most a ``1 - quantile`` noisy share above it.

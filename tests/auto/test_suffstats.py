@@ -462,3 +462,29 @@ def test_plan_names_the_strategy_and_its_prediction():
     assert "sufficient statistics: noisy centre" in text and "<- chosen" in text
     assert p.choice_note and "laplace" in p.choice_note
     assert sum(ph.releases for ph in p.phases) == 6  # the last release is "the rest"
+
+
+def test_a_noise_dominated_result_says_so():
+    """At a budget where the release noise exceeds the statistics' own sampling noise
+    (``dp_predicted_error`` above 1) the run warns, with the widening; where it does not,
+    nothing is said. On 400 records at epsilon 0.5 the clip bound's histogram locates no
+    records: the bound is the box's largest deviation (nothing clipped), the noise is that
+    of the box, and the result is close to the prior: wide, and said so."""
+    y, x = _data(400, seed=10)
+    with _linear_model(y, x):
+        with pytest.warns(pymc_dp.NoiseDominatedWarning, match="close to the prior"):
+            idata = pymc_dp.sample(
+                300, epsilon=0.5, delta=1e-6, chains=2, random_seed=1, progressbar=False,
+                data_bounds=BOUNDS,
+            )  # fmt: skip
+        assert idata.attrs["dp_predicted_error"] > 1.0
+        sd = float(idata["posterior"]["a"].std())
+        assert sd > 1.0  # the prior's 10, not the data's 0.04
+    y, x = _data(20_000, seed=10)
+    with _linear_model(y, x), warnings.catch_warnings():
+        warnings.simplefilter("error", pymc_dp.NoiseDominatedWarning)
+        idata = pymc_dp.sample(
+            300, epsilon=20.0, delta=1e-6, chains=2, random_seed=1, progressbar=False,
+            data_bounds=BOUNDS,
+        )  # fmt: skip
+    assert idata.attrs["dp_predicted_error"] < 1.0
