@@ -24,6 +24,8 @@ from pymc_dp.step_methods import (
     DPPenaltyMetropolis,
     DPStep,
     DPSubsampledPenalty,
+    LikelihoodSettings,
+    PrivacySettings,
     StatCentre,
 )
 
@@ -54,4 +56,6 @@ __all__ = [
     "sample",
     "StatCentre",
     "CorrelatedNoise",
+    "LikelihoodSettings",
+    "PrivacySettings",
 ]

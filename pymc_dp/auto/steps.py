@@ -17,7 +17,6 @@ always win over the configured values.
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -35,6 +34,7 @@ from pymc_dp.auto.configure import (
     RunLengthWarning,
     auto_configure,
 )
+from pymc_dp.step_methods.parts import accepted_keywords
 
 __all__ = [
     "ClassConfig",
@@ -458,9 +458,9 @@ def check_configurable(
             name=cls.__name__, keys=keys or "its hyperparameters"
         )
         raise ValueError(f"pymc_dp.sample(step={cls.__name__}) without {keys}: " + text)
-    params = inspect.signature(cls.__init__).parameters
+    params = accepted_keywords(cls)
     unknown = sorted(k for k in (step_kwargs or {}) if k not in params)
-    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if unknown:
         raise TypeError(
             f"step_kwargs {unknown}: {cls.__name__} takes no such argument (checked before "
             "the private configuration reads any data)"

@@ -13,6 +13,7 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,6 @@ from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
     check_unit_interval,
-    resolve_noise_or_target,
 )
 from pymc_dp.accounting import DPBarkerEvent
 from pymc_dp.kernels.barker import (
@@ -38,9 +38,10 @@ from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
     ScaleAdaptation,
-    make_plan,
     n_records_of,
+    noise_or_target,
 )
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["DPBarker", "barker_runner"]
 
@@ -124,34 +125,31 @@ class DPBarker(ScaleAdaptation, DPStep):
         "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    #: DP Barker's privacy is set by its batch size: no clip bound, no noise multiplier
+    _privacy_keywords: dict = {}
+
     def __init__(
         self,
         vars=None,
         *,
+        privacy: PrivacySettings | None = None,
         batch_size: int | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        tempering: float = 1.0,
         proposal_scale=1.0,
         scaling: float = 1.0,
         target_accept: float = 0.234,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
-        check_positive(tempering, "tempering", coerce=True)
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        check_positive(likelihood.tempering, "tempering", coerce=True)
         self.scaling = check_positive(scaling, "scaling", coerce=True)
         self.target_accept = check_unit_interval(target_accept, "target_accept")
-        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
+        n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
 
         def given_batch() -> int:
             b = check_positive(batch_size, "batch_size", integer=True, coerce=True)
@@ -162,13 +160,11 @@ class DPBarker(ScaleAdaptation, DPStep):
                 )
             return b
 
-        b, plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
+        b, plan, epsilon, delta = noise_or_target(
+            privacy,
             noise_given=batch_size is not None,
             message="give exactly one of batch_size or epsilon (with delta, draws, tune, chains): "
             "DP Barker's privacy is set by its batch size (thesis Theorem 8)",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
             noise=given_batch,
             calibrate=lambda run, eps, d: calibrate_barker_batch_size(eps, d, n, run.iterations),
         )
@@ -178,20 +174,9 @@ class DPBarker(ScaleAdaptation, DPStep):
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -51,6 +51,7 @@ from pymc_dp.step_methods.base import (
     make_plan,
     n_records_of,
 )
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["CorrelatedNoise", "DPExpFamilyPenalty", "StatCentre"]
 
@@ -370,35 +371,40 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    _privacy_keywords = {
+        "stat_clip_bound": ("clip_bound", None),
+        "data_bounds": ("data_bounds", None),
+        "noise_multiplier": ("noise_multiplier", None),
+    }
+
     def __init__(
         self,
         vars=None,
         *,
-        data_bounds: Mapping[str, Any] | None = None,
-        stat_clip_bound: float | None = None,
+        privacy: PrivacySettings | None = None,
         centre: StatCentre | str | np.ndarray | None = None,
         noise: CorrelatedNoise | str | None = None,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
         proposal: str = "gaussian",
         proposal_scale=1.0,
         scaling: float = 1.0,
         target_accept: float | None = None,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # Validate everything before the data is touched.
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        epsilon, delta, noise_multiplier = privacy.epsilon, privacy.delta, privacy.noise_multiplier
+        stat_clip_bound, data_bounds = privacy.clip_bound, privacy.data_bounds
+        if likelihood.tempering != 1.0:
+            raise ValueError(
+                "DPExpFamilyPenalty does not temper the likelihood (LikelihoodSettings "
+                f"tempering must be 1); got {likelihood.tempering!r}"
+            )
         if proposal not in _PROPOSALS:
             raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
         self.proposal = proposal
@@ -416,8 +422,9 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             stat_clip_bound = check_positive("stat_clip_bound", stat_clip_bound)
         if data_bounds is not None and not isinstance(data_bounds, Mapping):
             raise ValueError('data_bounds must be a dict like {"y": (lo, hi), "X": (lo, hi)}')
-        if chunk_size is not None:
-            chunk_size = check_positive("chunk_size", chunk_size, integer=True)
+        if likelihood.chunk_size is not None:
+            chunk_size = check_positive("chunk_size", likelihood.chunk_size, integer=True)
+            likelihood = replace(likelihood, chunk_size=chunk_size)
         if (noise_multiplier is None) == (epsilon is None):
             raise ValueError(
                 "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
@@ -429,7 +436,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             centring = StatCentre(centre)
         if centring is None and stat_clip_bound is None and epsilon is not None:
             centring = StatCentre()  # a target run: private centre, DP clip of the deviations
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
+        plan = make_plan(*privacy.plan(), epsilon=epsilon)
         if noise is None:
             noise = CorrelatedNoise() if epsilon is not None else "fresh"
         if isinstance(noise, str) and noise == "fresh":
@@ -494,28 +501,20 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
         model = pm.modelcontext(model)
         structure = find_expfam_structure(model)  # data-free; refuses unsupported models
-        if records is not None:
+        if likelihood.records is not None:
             # the model holds a stand-in; the records' finiteness is checked by _setup
-            structure.n_records = n_records_of(type(self), model, records, nonprivate_diagnostics)
+            structure.n_records = n_records_of(
+                type(self), model, likelihood.records, privacy.nonprivate_diagnostics
+            )
         else:
             structure.check_data_finite()
         if initial_point is None:
             initial_point = model.initial_point()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=1.0,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
+        records, chunk_size = likelihood.records, likelihood.chunk_size
         shared = {v: self.shared[v.name] for v in model.value_vars if v.name in self.shared}
         self._expfam: ExpFamilyModel = structure.compile(
             self.vars, initial_point, shared, compile_kwargs

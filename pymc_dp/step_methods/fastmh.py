@@ -45,6 +45,7 @@ from pymc_dp.step_methods.base import (
     make_plan,
     n_records_of,
 )
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["DPFastMH"]
 
@@ -212,35 +213,28 @@ class DPFastMH(ScaleAdaptation, DPStep):
         self,
         vars=None,
         *,
-        clip_bound,
+        privacy: PrivacySettings | None = None,
         max_step: float | None = None,
         lam: float | None = None,
         max_batch: int | None = None,
         iter_epsilon: float | None = None,
         iter_delta: float | None = None,
-        noise_multiplier: float | tuple[float, float] | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
         branching: str = "independent",
         privacy_for_free: bool = False,
         proposal_scale=1.0,
         scaling: float = 1.0,
         target_accept: float = 0.234,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # -- validate everything before the data is touched (shapes only) --------------------
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        epsilon, delta, noise_multiplier = privacy.epsilon, privacy.delta, privacy.noise_multiplier
         if branching not in _BRANCHING:
             raise ValueError(f"branching must be one of {_BRANCHING}; got {branching!r}")
         self.branching = branching
@@ -250,8 +244,8 @@ class DPFastMH(ScaleAdaptation, DPStep):
         if s.size == 0 or not np.all(np.isfinite(s) & (s > 0)):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
         m = pm.modelcontext(model)
-        n = n_records_of(type(self), m, records, nonprivate_diagnostics)
-        c = self._check_clip_bound(clip_bound, n)
+        n = n_records_of(type(self), m, likelihood.records, privacy.nonprivate_diagnostics)
+        c = self._check_clip_bound(privacy.clip_bound, n)
         C = float(n * c) if np.ndim(c) == 0 else float(np.sum(c))
         c_max = float(np.max(c))
         if max_step is None:
@@ -278,7 +272,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
                 "target), noise_multiplier (with iter_delta) or epsilon (with delta, draws, "
                 f"tune, chains: a run target); got {given or 'none'}"
             )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
+        plan = make_plan(*privacy.plan(), epsilon=epsilon)
         kw: dict[str, Any] = {}
         if epsilon is not None:
             epsilon, delta = check_target(epsilon, delta)
@@ -388,20 +382,9 @@ class DPFastMH(ScaleAdaptation, DPStep):
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         d = self._fns.ndim
         if s.size not in (1, d):
             raise ValueError(f"proposal_scale must be a scalar or have {d} entries")

@@ -16,6 +16,8 @@ References
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
@@ -24,7 +26,6 @@ from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
     check_unit_interval,
-    resolve_noise_or_target,
 )
 from pymc_dp.accounting import GaussianEvent
 from pymc_dp.kernels.hmc import (
@@ -37,9 +38,14 @@ from pymc_dp.kernels.hmc import (
 )
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
 from pymc_dp.records import GradSumMemo, LoglikMemo
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, noise_or_target
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
+
+#: DP-HMC's two release kinds: the penalty test's log-likelihood ratio and the gradients
+_KINDS = ("llr", "grad")
+_KINDS_GRAD = ("grad",)
 
 
 def _check_fraction(value) -> float:
@@ -200,42 +206,45 @@ class DPHMC(DPStep):
         "llr_clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    _privacy_keywords = {
+        "llr_clip_bound": ("clip_bound", "llr"),
+        "grad_clip_bound": ("clip_bound", "grad"),
+        "llr_noise_multiplier": ("noise_multiplier", "llr"),
+        "grad_noise_multiplier": ("noise_multiplier", "grad"),
+        "grad_budget_fraction": ("budget_split", "grad"),
+    }
+
     def __init__(
         self,
         vars=None,
         *,
-        llr_clip_bound: float,
-        grad_clip_bound: float,
-        llr_noise_multiplier: float | None = None,
-        grad_noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        grad_budget_fraction: float = 0.5,
+        privacy: PrivacySettings | None = None,
         n_leapfrog: int = 10,
         step_size: float | None = None,
         mass_matrix=None,
         adapt_step_size: bool = True,
         adapt_mass_matrix: bool = True,
         target_accept: float = 0.65,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # -- validate everything before the data is touched ------------------------------------
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        llr_clip_bound, grad_clip_bound = (privacy.of_kind("clip_bound", k, _KINDS) for k in _KINDS)
+        llr_noise_multiplier, grad_noise_multiplier = (
+            privacy.of_kind("noise_multiplier", k, _KINDS) for k in _KINDS
+        )
         self.llr_clip_bound = check_positive(llr_clip_bound, "llr_clip_bound", coerce=True)
         self.grad_clip_bound = check_positive(grad_clip_bound, "grad_clip_bound", coerce=True)
         self.n_leapfrog = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True)
-        self.grad_budget_fraction = _check_fraction(grad_budget_fraction)
+        self.grad_budget_fraction = _check_fraction(
+            privacy.of_kind("budget_split", "grad", _KINDS_GRAD) if privacy.budget_split else 0.5
+        )
         if step_size is not None:
             step_size = check_positive(step_size, "step_size", coerce=True)
         self.target_accept = check_unit_interval(target_accept, "target_accept")
@@ -243,20 +252,18 @@ class DPHMC(DPStep):
         self.adapt_mass_matrix = bool(adapt_mass_matrix)
 
         given = [v is not None for v in (llr_noise_multiplier, grad_noise_multiplier)]
-        if epsilon is not None and any(given):
+        if privacy.epsilon is not None and any(given):
             raise ValueError(
                 "give either llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
                 "delta, draws, tune, chains), not both: the noise is set either directly or by "
                 "a target for a planned run"
             )
-        (z_l, z_g), plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
+        (z_l, z_g), plan, epsilon, delta = noise_or_target(
+            privacy,
             noise_given=all(given),
             message="give both llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
             "delta, draws, tune, chains): the noise is set either directly or by a target "
             "for a planned run",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
             noise=lambda: (
                 check_positive(llr_noise_multiplier, "llr_noise_multiplier", coerce=True),
                 check_positive(grad_noise_multiplier, "grad_noise_multiplier", coerce=True),
@@ -284,20 +291,9 @@ class DPHMC(DPStep):
         self._initial_step_size = float(step_size) if step_size is not None else 0.25 / d**0.25
 
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self._chain_tune: int | None = plan.tune if plan is not None else None
         others = self._other_values if self.shared else None
         self._grad_memo = GradSumMemo(self._fns, others)

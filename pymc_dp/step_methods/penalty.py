@@ -11,14 +11,11 @@ References
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from pymc_dp._validation import (
-    check_positive,
-    check_positive_vector,
-    check_unit_interval,
-    resolve_noise_or_target,
-)
+from pymc_dp._validation import check_positive, check_positive_vector, check_unit_interval
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
 from pymc_dp.kernels.penalty import (
     accept,
@@ -26,7 +23,13 @@ from pymc_dp.kernels.penalty import (
     penalty_noise_std,
     shared_penalty_log_acceptance,
 )
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    ScaleAdaptation,
+    noise_or_target,
+)
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["DPPenaltyMetropolis"]
 
@@ -188,13 +191,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         self,
         vars=None,
         *,
-        clip_bound: float,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
+        privacy: PrivacySettings | None = None,
         proposal: str = "gaussian",
         proposal_scale=1.0,
         proposal_cov=None,
@@ -207,19 +204,19 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         reparametrization=None,
         scaling: float = 1.0,
         target_accept: float | None = None,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
         # Validate everything before the data is touched.
-        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
+        if privacy.clip_bound is None:
+            raise TypeError(f"{type(self).__name__} needs clip_bound (PrivacySettings)")
+        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
         if proposal not in _PROPOSALS:
             raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
         self.proposal = proposal
@@ -236,36 +233,20 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         self.target_accept = check_unit_interval(
             _TARGET_ACCEPT[proposal] if target_accept is None else target_accept, "target_accept"
         )
-        z, plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
-            noise_given=noise_multiplier is not None,
-            message="give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
-            "chains): the noise is set either directly or by a target for a planned run",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
-            noise=lambda: check_positive(noise_multiplier, "noise_multiplier", coerce=True),
+        z, plan, self.epsilon, delta = noise_or_target(
+            privacy,
+            noise_given=privacy.noise_multiplier is not None,
+            noise=lambda: check_positive(privacy.noise_multiplier, "noise_multiplier", coerce=True),
             calibrate=lambda run, eps, d: calibrate_noise_multiplier(eps, d, run.iterations),
         )
         self.noise_multiplier = float(z)
-        self.epsilon = epsilon
         self._mu_per_iteration = GaussianEvent(self.noise_multiplier).mu
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )

@@ -16,6 +16,7 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,6 @@ from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
     check_unit_interval,
-    resolve_noise_or_target,
 )
 from pymc_dp.accounting import WORSubsampledGaussian, calibrate_wor_subsampled_noise
 from pymc_dp.kernels.penalty import accept
@@ -39,9 +39,10 @@ from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
     ScaleAdaptation,
-    make_plan,
     n_records_of,
+    noise_or_target,
 )
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = [
     "DPSubsampledPenalty",
@@ -142,47 +143,36 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         self,
         vars=None,
         *,
+        privacy: PrivacySettings | None = None,
         batch_size: int,
-        clip_bound: float,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
         proposal_scale=1.0,
         scaling: float = 1.0,
         target_accept: float = 0.234,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # Validate everything before the data is touched (n is public: counted from shapes).
-        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        noise_multiplier = privacy.noise_multiplier
+        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
         self.batch_size = check_positive(batch_size, "batch_size", integer=True, coerce=True)
-        check_positive(tempering, "tempering", coerce=True)
+        check_positive(likelihood.tempering, "tempering", coerce=True)
         self.scaling = check_positive(scaling, "scaling", coerce=True)
         self.target_accept = check_unit_interval(target_accept, "target_accept")
-        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
+        n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
         if not 2 <= self.batch_size <= n:
             raise ValueError(
                 f"batch_size must be between 2 and the number of records n = {n}; got "
                 f"{batch_size!r}"
             )
-        z, plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
+        z, plan, epsilon, delta = noise_or_target(
+            privacy,
             noise_given=noise_multiplier is not None,
-            message="give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
-            "chains): the noise is set either directly or by a target for a planned run",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
             noise=lambda: check_positive(noise_multiplier, "noise_multiplier", coerce=True),
             calibrate=lambda run, eps, d: calibrate_wor_subsampled_noise(
                 eps, d, n, self.batch_size, run.iterations
@@ -194,20 +184,9 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )
