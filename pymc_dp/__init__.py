@@ -17,6 +17,8 @@ from pymc_dp.step_methods import (
     DPSGLD,
     DPSGNHT,
     BudgetExceededError,
+    ControlVariate,
+    CoordinateWalk,
     CorrelatedNoise,
     DPBarker,
     DPExpFamilyPenalty,
@@ -24,9 +26,13 @@ from pymc_dp.step_methods import (
     DPPenaltyMetropolis,
     DPStep,
     DPSubsampledPenalty,
+    GuidedWalk,
+    Independent,
     LikelihoodSettings,
     PrivacySettings,
+    RandomWalk,
     StatCentre,
+    TunaMHTest,
 )
 
 try:
@@ -58,4 +64,10 @@ __all__ = [
     "CorrelatedNoise",
     "LikelihoodSettings",
     "PrivacySettings",
+    "ControlVariate",
+    "CoordinateWalk",
+    "GuidedWalk",
+    "Independent",
+    "RandomWalk",
+    "TunaMHTest",
 ]

@@ -7,6 +7,14 @@ from pymc_dp.step_methods.fastmh import DPFastMH
 from pymc_dp.step_methods.hmc import DPHMC
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
+from pymc_dp.step_methods.proposals import (
+    ControlVariate,
+    CoordinateWalk,
+    GuidedWalk,
+    Independent,
+    RandomWalk,
+    TunaMHTest,
+)
 from pymc_dp.step_methods.sgmcmc import DPSGLD, DPSGNHT
 from pymc_dp.step_methods.subsampled_penalty import DPSubsampledPenalty
 
@@ -25,4 +33,10 @@ __all__ = [
     "CorrelatedNoise",
     "LikelihoodSettings",
     "PrivacySettings",
+    "ControlVariate",
+    "CoordinateWalk",
+    "GuidedWalk",
+    "Independent",
+    "RandomWalk",
+    "TunaMHTest",
 ]

@@ -87,30 +87,38 @@ class DPBarker(ScaleAdaptation, DPStep):
     batch_size : int, optional
         ``b`` (``11 <= b <= n``). Give either this or a target ``epsilon``/``delta`` with the
         planned ``draws``, ``tune``, ``chains`` (then the largest feasible ``b`` is used).
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run.
-    draws, tune, chains : int, optional
-        The planned run; a chain never runs longer.
-    tempering : float
-        Likelihood temperature ``T`` (required in practice: the bound is ``sqrt(b) / n``).
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run; a chain never runs
+          longer.
+        - ``nonprivate_diagnostics`` (bool): Emit ``clip_fraction_NONPRIVATE`` and
+          ``batch_var_NONPRIVATE`` (NOT private).
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (required in practice: the bound is
+          ``sqrt(b) / n``).
+        - ``chunk_size`` (int, optional): Records per chunk of the in-memory records (a minibatch is
+          evaluated chunk by chunk); with ``records=`` the partitions are the chunks.
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` is free of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sums, and the driver combines the partition sums in partition order and
+          adds the noise.
     proposal_scale : float or array
         Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
     scaling : float
         Initial global scale ``s``; adapted in warmup from the DP accept decisions.
     target_accept : float
         Target acceptance rate of the warmup adaptation.
-    chunk_size : int, optional
-        Records per chunk of the in-memory records (a minibatch is evaluated chunk by
-        chunk); with ``records=`` the partitions are the chunks.
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` is free of the data.
-    nonprivate_diagnostics : bool
-        Emit ``clip_fraction_NONPRIVATE`` and ``batch_var_NONPRIVATE`` (NOT private).
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sums, and the driver
-        combines the partition sums in partition order and adds the noise.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
     """
 
     remote_records = True

@@ -308,13 +308,23 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    data_bounds : dict, optional
-        Public bounds of one record, ``{"y": (lo, hi), "X": (lo, hi)}`` (``"y"`` or the
-        observed variable's name; ``"X"`` or a covariate's ``pm.Data`` name; bounds may be
-        arrays matching a row). The clip bound ``C`` on ``||T(x_i)||`` is derived from this
-        box (no privacy cost). Bernoulli, Binomial and Categorical need no box.
-    stat_clip_bound : float, optional
-        ``C`` given directly (instead of ``data_bounds``).
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``data_bounds`` (dict, optional): Public bounds of one record, ``{"y": (lo, hi), "X": (lo,
+          hi)}`` (``"y"`` or the observed variable's name; ``"X"`` or a covariate's ``pm.Data``
+          name; bounds may be arrays matching a row). The clip bound ``C`` on ``||T(x_i)||`` is
+          derived from this box (no privacy cost). Bernoulli, Binomial and Categorical need no box.
+        - ``clip_bound`` (float, optional): ``C`` given directly (instead of ``data_bounds``).
+        - ``noise_multiplier`` (float, optional): ``z`` (noise std over sensitivity). Give either
+          this or ``epsilon``/``delta`` with the planned ``draws``, ``tune`` and ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included).
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run; a chain may not run
+          longer (it stops before reading the data again).
+        - ``nonprivate_diagnostics`` (bool): Also emit ``clip_fraction_NONPRIVATE``, the fraction of
+          records whose ``T(x_i)`` was clipped, computed WITHOUT noise. Not differentially private.
     centre : StatCentre, {"private", "data_bounds"} or array, optional
         Centre and clip the statistics (`StatCentre`; a string or array is
         ``StatCentre(value)``). Default: ``StatCentre()`` (private centre, DP whitening and
@@ -328,13 +338,6 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         chain as the penalty test). ``"fresh"`` (the default with ``noise_multiplier``): the
         penalty test above, a fresh release per iteration (`log_acceptance` is always this
         test).
-    noise_multiplier : float, optional
-        ``z`` (noise std over sensitivity). Give either this or ``epsilon``/``delta`` with the
-        planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included).
-    draws, tune, chains : int, optional
-        The planned run; a chain may not run longer (it stops before reading the data again).
     proposal : {"gaussian", "coordinate", "guided"}
         As in `DPPenaltyMetropolis`.
     proposal_scale : float or array
@@ -343,18 +346,22 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         Initial global scale, adapted during warmup from the DP accept decisions.
     target_accept : float, optional
         Target acceptance rate of the warmup adaptation.
-    chunk_size : int, optional
-        Records per chunk of the pass that computes ``S`` (default 100 000).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``clip_fraction_NONPRIVATE``, the fraction of records whose ``T(x_i)`` was
-        clipped, computed WITHOUT noise. Not differentially private.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory), keyed by the
-        names of the observed variable and the covariate ``pm.Data`` containers: each
-        partition computes its clipped statistic sum where it lives, and only the sums reach
-        the driver (their sum is ``S``; the partitions are the chunks).
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``chunk_size`` (int, optional): Records per chunk of the pass that computes ``S`` (default
+          100 000).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory), keyed by the names of the observed variable and
+          the covariate ``pm.Data`` containers: each partition computes its clipped statistic sum
+          where it lives, and only the sums reach the driver (their sum is ``S``; the partitions are
+          the chunks).
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
     """
 
     name = "dp_expfam_penalty"

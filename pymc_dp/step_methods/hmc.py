@@ -98,29 +98,34 @@ class DPHMC(DPStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    llr_clip_bound : float
-        ``b_l``: per-record log-likelihood ratios are clipped to ``+-b_l ||theta' - theta||``
-        (a Lipschitz bound of each record's log-likelihood makes the clipping inactive).
-    grad_clip_bound : float
-        ``b_g``: each record's log-likelihood gradient is clipped to L2 norm ``b_g``.
-        Choose both bounds from knowledge of the model, not by looking at the data: tuning
-        them on the private data costs privacy.
-    llr_noise_multiplier, grad_noise_multiplier : float, optional
-        ``z_l`` and ``z_g`` (noise std over sensitivity). Give both, or give ``epsilon`` and
-        ``delta`` with the planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included); ``z_l`` and
-        ``z_g`` are calibrated so that the run's epsilon never exceeds the target
-        (`calibrate_dphmc_noise`).
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    grad_budget_fraction : float
-        With a target epsilon: the fraction of the total privacy-loss parameter ``mu`` spent
-        on the ``L + 1`` gradient releases per iteration; the rest goes to the penalty test.
-        Default 0.5 (the paper's tuned settings spend 46 % and 68 % on gradients for its two
-        models). More gradient budget gives straighter trajectories, more ratio budget a less
-        noisy test; both noises lower the acceptance rate.
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound["llr"]`` (float): ``b_l``: per-record log-likelihood ratios are clipped to
+          ``+-b_l ||theta' - theta||`` (a Lipschitz bound of each record's log-likelihood makes the
+          clipping inactive).
+        - ``clip_bound["grad"]`` (float): ``b_g``: each record's log-likelihood gradient is clipped
+          to L2 norm ``b_g``. Choose both bounds from knowledge of the model, not by looking at the
+          data: tuning them on the private data costs privacy.
+        - ``noise_multiplier["llr"]``, ``noise_multiplier["grad"]`` (float, optional): ``z_l`` and
+          ``z_g`` (noise std over sensitivity). Give both, or give ``epsilon`` and ``delta`` with
+          the planned ``draws``, ``tune`` and ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included); ``z_l`` and ``z_g`` are calibrated so that the run's epsilon
+          never exceeds the target (`calibrate_dphmc_noise`).
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``budget_split["grad"]`` (float): With a target epsilon: the fraction of the total
+          privacy-loss parameter ``mu`` spent on the ``L + 1`` gradient releases per iteration; the
+          rest goes to the penalty test. Default 0.5 (the paper's tuned settings spend 46 % and 68 %
+          on gradients for its two models). More gradient budget gives straighter trajectories, more
+          ratio budget a less noisy test; both noises lower the acceptance rate.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``grad_clip_fraction_NONPRIVATE`` and
+          ``llr_clip_fraction_NONPRIVATE`` (fractions of clipped per-record gradients and ratios),
+          computed from the data WITHOUT noise. Not differentially private; the privacy report flags
+          the run.
     n_leapfrog : int
         ``L``, leapfrog steps per iteration (each costs one gradient release).
     step_size : float, optional
@@ -141,27 +146,28 @@ class DPHMC(DPStep):
         HMC with a fixed number of steps (Beskos et al. 2013) and PyMC's default for
         ``HamiltonianMC``. The noise of the test and of the gradients shrinks with the step
         size, so any target is reachable; lower targets give longer, noisier moves.
-    tempering : float
-        Likelihood temperature ``T`` (thesis Sec. 3.2).
-    chunk_size : int, optional
-        Records per call of the compiled functions (bounded memory for large ``n``).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``grad_clip_fraction_NONPRIVATE`` and ``llr_clip_fraction_NONPRIVATE``
-        (fractions of clipped per-record gradients and ratios), computed from the data
-        WITHOUT noise. Not differentially private; the privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): every clipped
-        sum is computed where the partitions live and only the sums reach the driver, which
-        adds the noise. With data owners (``DaskRecords(..., owners=...)``) the step runs the
-        data-sharing scheme of Yildirim & Ermis (2019), Algorithm 2, on all its ``L + 2``
-        releases: each of the ``K`` owners adds its own noise (the central scheme's
-        ``sigma_g`` to its gradient sums, ``sigma_l`` to its ratio sum) before its
-        contribution leaves it; the total noise variance is ``K`` times the central one and
-        the penalty correction is ``K sigma_l^2 / 2``. Each owner's privacy against the
-        curator and the other owners is that of the central scheme at the same noise
-        multipliers (``dp_owners`` records ``K``).
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (thesis Sec. 3.2).
+        - ``chunk_size`` (int, optional): Records per call of the compiled functions (bounded memory
+          for large ``n``).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): every clipped sum is computed where the partitions
+          live and only the sums reach the driver, which adds the noise. With data owners
+          (``DaskRecords(..., owners=...)``) the step runs the data-sharing scheme of Yildirim &
+          Ermis (2019), Algorithm 2, on all its ``L + 2`` releases: each of the ``K`` owners adds
+          its own noise (the central scheme's ``sigma_g`` to its gradient sums, ``sigma_l`` to its
+          ratio sum) before its contribution leaves it; the total noise variance is ``K`` times the
+          central one and the penalty correction is ``K sigma_l^2 / 2``. Each owner's privacy
+          against the curator and the other owners is that of the central scheme at the same noise
+          multipliers (``dp_owners`` records ``K``).
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
 
     Notes
     -----

@@ -256,10 +256,29 @@ class DPSGLD(_SGMCMCStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    clip_bound : float
-        ``C``: each record's log-likelihood gradient (transformed space) is clipped to L2 norm
-        ``C``. Choose it from knowledge of the model, not from the data (the DP-HMC paper
-        tuned it so that under 20 % of the gradients are clipped).
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float): ``C``: each record's log-likelihood gradient (transformed space)
+          is clipped to L2 norm ``C``. Choose it from knowledge of the model, not from the data (the
+          DP-HMC paper tuned it so that under 20 % of the gradients are clipped).
+        - ``noise_multiplier`` (float, optional): ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)``
+          added to the clipped minibatch sum. ``0`` relies on the diffusion noise alone (Wang et al.
+          2015). Give this, or ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and
+          ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included): the total noise multiplier ``z`` is calibrated with
+          dp-accounting's PLD accountant for ``(draws + tune) * chains`` Poisson-subsampled Gaussian
+          mechanisms (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and ``sigma =
+          sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone suffices (``sigma =
+          0``) the run spends less than the target.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction
+          of the minibatch whose gradient was clipped), computed from the data WITHOUT noise. Not
+          differentially private; the privacy report flags the run.
     step_size : float
         ``eta`` (constant; the bias grows with it).
     batch_size : int, optional
@@ -268,35 +287,20 @@ class DPSGLD(_SGMCMCStep):
         varies; it is never published. Give this or ``sampling_rate``.
     sampling_rate : float, optional
         ``q`` in (0, 1] directly.
-    noise_multiplier : float, optional
-        ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)`` added to the clipped minibatch sum.
-        ``0`` relies on the diffusion noise alone (Wang et al. 2015). Give this, or
-        ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included): the total
-        noise multiplier ``z`` is calibrated with dp-accounting's PLD accountant for
-        ``(draws + tune) * chains`` Poisson-subsampled Gaussian mechanisms
-        (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
-        ``sigma = sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone
-        suffices (``sigma = 0``) the run spends less than the target.
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    tempering : float
-        Likelihood temperature ``T`` (the clip bound applies to the tempered gradients).
-    chunk_size : int, optional
-        Records per call of the compiled gradient function (bounded memory for large batches).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
-        was clipped), computed from the data WITHOUT noise. Not differentially private; the
-        privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sum, and the driver combines
-        the partition sums in partition order and adds the noise.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (the clip bound applies to the
+          tempered gradients).
+        - ``chunk_size`` (int, optional): Records per call of the compiled gradient function
+          (bounded memory for large batches).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sum, and the driver combines the partition sums in partition order and
+          adds the noise.
     model : pymc.Model, optional
         As for PyMC's step methods.
     rng : numpy Generator or seed, optional
@@ -307,6 +311,11 @@ class DPSGLD(_SGMCMCStep):
         As for PyMC's step methods.
     blocked : bool
         As for PyMC's step methods.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
+
     Notes
     -----
     Sampler stats: ``accepted`` (always 1), ``step_size``, ``grad_noise_std`` (``sigma C``),
@@ -401,10 +410,29 @@ class DPSGNHT(_SGMCMCStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    clip_bound : float
-        ``C``: each record's log-likelihood gradient (transformed space) is clipped to L2 norm
-        ``C``. Choose it from knowledge of the model, not from the data (the DP-HMC paper
-        tuned it so that under 20 % of the gradients are clipped).
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float): ``C``: each record's log-likelihood gradient (transformed space)
+          is clipped to L2 norm ``C``. Choose it from knowledge of the model, not from the data (the
+          DP-HMC paper tuned it so that under 20 % of the gradients are clipped).
+        - ``noise_multiplier`` (float, optional): ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)``
+          added to the clipped minibatch sum. ``0`` relies on the diffusion noise alone (Wang et al.
+          2015). Give this, or ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and
+          ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included): the total noise multiplier ``z`` is calibrated with
+          dp-accounting's PLD accountant for ``(draws + tune) * chains`` Poisson-subsampled Gaussian
+          mechanisms (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and ``sigma =
+          sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone suffices (``sigma =
+          0``) the run spends less than the target.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction
+          of the minibatch whose gradient was clipped), computed from the data WITHOUT noise. Not
+          differentially private; the privacy report flags the run.
     step_size : float
         ``eta`` (constant; the bias grows with it).
     batch_size : int, optional
@@ -413,35 +441,20 @@ class DPSGNHT(_SGMCMCStep):
         varies; it is never published. Give this or ``sampling_rate``.
     sampling_rate : float, optional
         ``q`` in (0, 1] directly.
-    noise_multiplier : float, optional
-        ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)`` added to the clipped minibatch sum.
-        ``0`` relies on the diffusion noise alone (Wang et al. 2015). Give this, or
-        ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included): the total
-        noise multiplier ``z`` is calibrated with dp-accounting's PLD accountant for
-        ``(draws + tune) * chains`` Poisson-subsampled Gaussian mechanisms
-        (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
-        ``sigma = sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone
-        suffices (``sigma = 0``) the run spends less than the target.
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    tempering : float
-        Likelihood temperature ``T`` (the clip bound applies to the tempered gradients).
-    chunk_size : int, optional
-        Records per call of the compiled gradient function (bounded memory for large batches).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
-        was clipped), computed from the data WITHOUT noise. Not differentially private; the
-        privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sum, and the driver combines
-        the partition sums in partition order and adds the noise.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (the clip bound applies to the
+          tempered gradients).
+        - ``chunk_size`` (int, optional): Records per call of the compiled gradient function
+          (bounded memory for large batches).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sum, and the driver combines the partition sums in partition order and
+          adds the noise.
     model : pymc.Model, optional
         As for PyMC's step methods.
     rng : numpy Generator or seed, optional
@@ -454,6 +467,10 @@ class DPSGNHT(_SGMCMCStep):
         As for PyMC's step methods.
     diffusion : float
         ``A > 0``, the injected noise ``sqrt(2 A eta) N(0, I)`` and the thermostat's start.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
 
     Notes
     -----

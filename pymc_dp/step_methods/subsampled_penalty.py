@@ -90,38 +90,44 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         Value variables to sample (default: all free variables).
     batch_size : int
         ``b``, records per iteration (``1 < b <= n``).
-    clip_bound : float
-        ``L``: each tempered per-record ratio is clipped to ``+-L ||theta' - theta||``; choose
-        it from the model (a Lipschitz bound), never from the data.
-    noise_multiplier : float, optional
-        ``z``; give either this or a target ``epsilon``/``delta`` with ``draws``, ``tune``,
-        ``chains`` (then ``z`` comes from
-        `pymc_dp.accounting.calibrate_wor_subsampled_noise`).
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included).
-    draws, tune, chains : int, optional
-        The planned run; a chain never runs longer.
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float): ``L``: each tempered per-record ratio is clipped to ``+-L ||theta'
+          - theta||``; choose it from the model (a Lipschitz bound), never from the data.
+        - ``noise_multiplier`` (float, optional): ``z``; give either this or a target
+          ``epsilon``/``delta`` with ``draws``, ``tune``, ``chains`` (then ``z`` comes from
+          `pymc_dp.accounting.calibrate_wor_subsampled_noise`).
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included).
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run; a chain never runs
+          longer.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``clip_fraction_NONPRIVATE`` and
+          ``batch_var_NONPRIVATE`` (computed from the data WITHOUT noise; the result is then not
+          DP).
     proposal_scale : float or array
         Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
     scaling : float
         Initial global scale ``s``; adapted in warmup from the DP accept decisions.
     target_accept : float
         Target acceptance rate of the warmup adaptation.
-    tempering : float
-        Likelihood temperature ``T`` (thesis Sec. 3.2: ``T = n_0 / n``).
-    chunk_size : int, optional
-        Records per chunk of the in-memory records (a minibatch is evaluated chunk by
-        chunk); with ``records=`` the partitions are the chunks.
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``clip_fraction_NONPRIVATE`` and ``batch_var_NONPRIVATE`` (computed from the
-        data WITHOUT noise; the result is then not DP).
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sums, and the driver
-        combines the partition sums in partition order and adds the noise.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (thesis Sec. 3.2: ``T = n_0 / n``).
+        - ``chunk_size`` (int, optional): Records per chunk of the in-memory records (a minibatch is
+          evaluated chunk by chunk); with ``records=`` the partitions are the chunks.
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` is free of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sums, and the driver combines the partition sums in partition order and
+          adds the noise.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
     """
 
     remote_records = True
