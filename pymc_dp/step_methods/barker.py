@@ -42,6 +42,7 @@ from pymc_dp.step_methods.base import (
     noise_or_target,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords
 
 __all__ = ["DPBarker", "barker_runner"]
 
@@ -109,15 +110,18 @@ class DPBarker(ScaleAdaptation, DPStep):
           random stream as in memory), each partition holding some of them evaluates only those rows
           and returns their sums, and the driver combines the partition sums in partition order and
           adds the noise.
-    proposal_scale : float or array
-        Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
-    scaling : float
-        Initial global scale ``s``; adapted in warmup from the DP accept decisions.
-    target_accept : float
-        Target acceptance rate of the warmup adaptation.
+    proposal : RandomWalk, optional
+        The Gaussian random walk (`pymc_dp.RandomWalk`; default ``RandomWalk()``), its fields:
+
+        - ``scale`` (float or array): Per-coordinate proposal std ``S``, as in
+          `DPPenaltyMetropolis`.
+        - ``scaling`` (float): Initial global scale ``s``; adapted in warmup from the DP accept
+          decisions.
+        - ``target_accept`` (float): Target acceptance rate of the warmup adaptation.
     **deprecated
         The keywords above by their former names (``clip_bound=``, ``epsilon=``,
-        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the walk's
+        (``proposal_scale``, ``scaling``, ``target_accept``): deprecated,
         kept for the 0.1 releases (docs/api.md).
     """
 
@@ -136,15 +140,20 @@ class DPBarker(ScaleAdaptation, DPStep):
     #: DP Barker's privacy is set by its batch size: no clip bound, no noise multiplier
     _privacy_keywords: dict = {}
 
+    @staticmethod
+    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
+        old = {k: keywords[k] for k in WALK_KEYWORDS if k in keywords}
+        rest = {k: v for k, v in keywords.items() if k not in old}
+        return {**rest, "proposal": walk_from_keywords("", None, old)}
+
     def __init__(
         self,
         vars=None,
         *,
         privacy: PrivacySettings | None = None,
         batch_size: int | None = None,
-        proposal_scale=1.0,
-        scaling: float = 1.0,
-        target_accept: float = 0.234,
+        proposal: RandomWalk | None = None,
         likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
@@ -153,7 +162,14 @@ class DPBarker(ScaleAdaptation, DPStep):
         blocked: bool = True,
         **deprecated: Any,
     ) -> None:
-        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
+        )
+        self.proposal = walk_from_keywords(type(self).__name__, proposal, old)
+        scaling, proposal_scale = self.proposal.scaling, self.proposal.scale
+        target_accept = (
+            0.234 if self.proposal.target_accept is None else self.proposal.target_accept
+        )
         check_positive(likelihood.tempering, "tempering", coerce=True)
         self.scaling = check_positive(scaling, "scaling", coerce=True)
         self.target_accept = check_unit_interval(target_accept, "target_accept")

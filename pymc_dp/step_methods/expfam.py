@@ -52,6 +52,12 @@ from pymc_dp.step_methods.base import (
     n_records_of,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import (
+    WALK_KEYWORDS,
+    CoordinateWalk,
+    RandomWalk,
+    walk_from_keywords,
+)
 
 __all__ = ["CorrelatedNoise", "DPExpFamilyPenalty", "StatCentre"]
 
@@ -338,14 +344,15 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         chain as the penalty test). ``"fresh"`` (the default with ``noise_multiplier``): the
         penalty test above, a fresh release per iteration (`log_acceptance` is always this
         test).
-    proposal : {"gaussian", "coordinate", "guided"}
-        As in `DPPenaltyMetropolis`.
-    proposal_scale : float or array
-        Per-coordinate proposal std (transformed space).
-    scaling : float
-        Initial global scale, adapted during warmup from the DP accept decisions.
-    target_accept : float, optional
-        Target acceptance rate of the warmup adaptation.
+    proposal : RandomWalk, CoordinateWalk or GuidedWalk, optional
+        The random walk (`pymc_dp.RandomWalk`, the default; `pymc_dp.CoordinateWalk`, one
+        coordinate at a time; `pymc_dp.GuidedWalk`, direction flipped after a rejection),
+        its fields:
+
+        - ``scale`` (float or array): Per-coordinate proposal std (transformed space).
+        - ``scaling`` (float): Initial global scale, adapted during warmup from the DP accept
+          decisions.
+        - ``target_accept`` (float, optional): Target acceptance rate of the warmup adaptation.
     likelihood : LikelihoodSettings, optional
         How the records are read (`LikelihoodSettings`); its fields:
 
@@ -360,7 +367,8 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
           the chunks).
     **deprecated
         The keywords above by their former names (``clip_bound=``, ``epsilon=``,
-        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the walk's
+        (``proposal_scale``, ``scaling``, ``target_accept``): deprecated,
         kept for the 0.1 releases (docs/api.md).
     """
 
@@ -384,6 +392,14 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         "noise_multiplier": ("noise_multiplier", None),
     }
 
+    @staticmethod
+    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
+        old = {k: keywords[k] for k in WALK_KEYWORDS if k in keywords}
+        rest = {k: v for k, v in keywords.items() if k not in old and k != "proposal"}
+        walk = walk_from_keywords("", keywords.get("proposal"), old, _PROPOSALS)
+        return {**rest, "proposal": walk}
+
     def __init__(
         self,
         vars=None,
@@ -391,10 +407,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         privacy: PrivacySettings | None = None,
         centre: StatCentre | str | np.ndarray | None = None,
         noise: CorrelatedNoise | str | None = None,
-        proposal: str = "gaussian",
-        proposal_scale=1.0,
-        scaling: float = 1.0,
-        target_accept: float | None = None,
+        proposal: RandomWalk | CoordinateWalk | None = None,
         likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
@@ -404,7 +417,12 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         **deprecated: Any,
     ) -> None:
         # Validate everything before the data is touched.
-        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
+        )
+        walk = walk_from_keywords(type(self).__name__, proposal, old, _PROPOSALS)
+        proposal, proposal_scale, scaling = walk.kind, walk.scale, walk.scaling
+        target_accept = walk.target_accept
         epsilon, delta, noise_multiplier = privacy.epsilon, privacy.delta, privacy.noise_multiplier
         stat_clip_bound, data_bounds = privacy.clip_bound, privacy.data_bounds
         if likelihood.tempering != 1.0:
@@ -412,9 +430,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
                 "DPExpFamilyPenalty does not temper the likelihood (LikelihoodSettings "
                 f"tempering must be 1); got {likelihood.tempering!r}"
             )
-        if proposal not in _PROPOSALS:
-            raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
-        self.proposal = proposal
+        self.proposal, self._kind = walk, proposal
         self.scaling = check_positive("scaling", scaling)
         self.target_accept = (
             _TARGET_ACCEPT[proposal] if target_accept is None else float(target_accept)
@@ -786,7 +802,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         d = q.size
-        if self.proposal == "gaussian":
+        if self._kind == "gaussian":
             xi = self.rng.normal(size=d)
             if self._laplace is not None:  # the metric of the natural parameters at c
                 return q + self.scaling * (2.38 / np.sqrt(d)) * (self._laplace[1] @ xi), None
@@ -795,11 +811,11 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         if self._laplace is not None:
             # one principal axis of the metric at the centre (columns of U diag(sqrt(lam)))
             step = self.scaling * self.rng.normal()
-            if self.proposal == "guided":
+            if self._kind == "guided":
                 step = self._direction[j] * abs(step)
             return q + step * self._axes[:, j], j
         step = self.scaling * self.proposal_scale[j] * self.rng.normal()
-        if self.proposal == "guided":
+        if self._kind == "guided":
             step = self._direction[j] * abs(step)
         q1 = q.copy()
         q1[j] += step
@@ -913,7 +929,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             if not np.isfinite(log_a):
                 log_a = -np.inf
             ok = accept(log_a, self.rng)
-            if self.proposal == "guided" and not ok:
+            if self._kind == "guided" and not ok:
                 self._direction[j] = -self._direction[j]
             if self.tune:
                 self._adapt_scaling(ok)
@@ -963,7 +979,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         if not np.isfinite(log_a):
             log_a = -np.inf  # NaN (proposal outside the support): reject
         accepted = accept(log_a, self.rng)
-        if self.proposal == "guided" and not accepted:
+        if self._kind == "guided" and not accepted:
             self._direction[j] = -self._direction[j]
         if self.tune:
             self._adapt_scaling(accepted)

@@ -31,6 +31,7 @@ __all__ = [
     "Independent",
     "RandomWalk",
     "TunaMHTest",
+    "walk_from_keywords",
 ]
 
 
@@ -203,3 +204,38 @@ class TunaMHTest:
     max_batch: int | None = None
     branching: str = "independent"
     privacy_for_free: bool = False
+
+
+#: The older keywords of a random walk (deprecated): folded into the walk object.
+WALK_KEYWORDS = ("proposal_scale", "scaling", "target_accept")
+_WALKS = {"gaussian": RandomWalk, "coordinate": CoordinateWalk, "guided": GuidedWalk}
+
+
+def walk_from_keywords(
+    step: str, proposal: Any, old: dict[str, Any], kinds: tuple[str, ...] = ("gaussian",)
+) -> RandomWalk | CoordinateWalk:
+    """A step's random walk: the object given, or the one the older keywords describe (a
+    kind string ``proposal=`` among ``kinds`` with ``proposal_scale``, ``scaling``,
+    ``target_accept``; deprecated). Refuses a walk the step does not take, and keywords
+    given beside an object, before any data is read."""
+    if proposal is None or isinstance(proposal, str):
+        kind = kinds[0] if proposal is None else proposal
+        if kind not in kinds:
+            raise ValueError(f"proposal must be one of {kinds}; got {proposal!r}")
+        return _WALKS[kind](
+            scale=old.get("proposal_scale", 1.0),
+            scaling=old.get("scaling", 1.0),
+            target_accept=old.get("target_accept"),
+        )
+    allowed = tuple(_WALKS[k] for k in kinds)
+    if type(proposal) not in allowed:
+        names = ", ".join(f"pymc_dp.{c.__name__}" for c in allowed)
+        raise TypeError(f"{step} takes a proposal among {names}; got {proposal!r}")
+    given = [k for k in WALK_KEYWORDS if k in old]
+    if given:
+        raise TypeError(f"{given}: give them in the proposal object, not as keywords")
+    if isinstance(proposal, RandomWalk) and (
+        proposal.cov is not None or proposal.max_step is not None or proposal.free_moves
+    ):
+        raise ValueError(f"{step}'s RandomWalk takes scale, scaling and target_accept only")
+    return proposal

@@ -43,6 +43,7 @@ from pymc_dp.step_methods.base import (
     noise_or_target,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords
 
 __all__ = [
     "DPSubsampledPenalty",
@@ -106,12 +107,14 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         - ``nonprivate_diagnostics`` (bool): Also emit ``clip_fraction_NONPRIVATE`` and
           ``batch_var_NONPRIVATE`` (computed from the data WITHOUT noise; the result is then not
           DP).
-    proposal_scale : float or array
-        Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
-    scaling : float
-        Initial global scale ``s``; adapted in warmup from the DP accept decisions.
-    target_accept : float
-        Target acceptance rate of the warmup adaptation.
+    proposal : RandomWalk, optional
+        The Gaussian random walk (`pymc_dp.RandomWalk`; default ``RandomWalk()``), its fields:
+
+        - ``scale`` (float or array): Per-coordinate proposal std ``S``, as in
+          `DPPenaltyMetropolis`.
+        - ``scaling`` (float): Initial global scale ``s``; adapted in warmup from the DP accept
+          decisions.
+        - ``target_accept`` (float): Target acceptance rate of the warmup adaptation.
     likelihood : LikelihoodSettings, optional
         How the records are read (`LikelihoodSettings`); its fields:
 
@@ -126,7 +129,8 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
           adds the noise.
     **deprecated
         The keywords above by their former names (``clip_bound=``, ``epsilon=``,
-        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the walk's
+        (``proposal_scale``, ``scaling``, ``target_accept``): deprecated,
         kept for the 0.1 releases (docs/api.md).
     """
 
@@ -145,15 +149,20 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    @staticmethod
+    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
+        old = {k: keywords[k] for k in WALK_KEYWORDS if k in keywords}
+        rest = {k: v for k, v in keywords.items() if k not in old}
+        return {**rest, "proposal": walk_from_keywords("", None, old)}
+
     def __init__(
         self,
         vars=None,
         *,
         privacy: PrivacySettings | None = None,
         batch_size: int,
-        proposal_scale=1.0,
-        scaling: float = 1.0,
-        target_accept: float = 0.234,
+        proposal: RandomWalk | None = None,
         likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
@@ -163,7 +172,14 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         **deprecated: Any,
     ) -> None:
         # Validate everything before the data is touched (n is public: counted from shapes).
-        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
+        )
+        self.proposal = walk_from_keywords(type(self).__name__, proposal, old)
+        scaling, proposal_scale = self.proposal.scaling, self.proposal.scale
+        target_accept = (
+            0.234 if self.proposal.target_accept is None else self.proposal.target_accept
+        )
         noise_multiplier = privacy.noise_multiplier
         self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
         self.batch_size = check_positive(batch_size, "batch_size", integer=True, coerce=True)

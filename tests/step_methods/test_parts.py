@@ -179,3 +179,11 @@ def test_a_setting_given_twice_or_unknown_is_refused_before_the_data_is_read():
                 privacy=pymc_dp.PrivacySettings(clip_bound=1.0, noise_multiplier=1.0),
                 likelihood=pymc_dp.LikelihoodSettings(tempering=2.0),
             )
+
+
+@pytest.mark.parametrize("cls", PUBLIC_STEPS, ids=lambda c: c.__name__)
+def test_no_public_step_constructor_has_more_than_15_parameters(cls):
+    """Issue 30's bound: a constructor a reader can hold in mind (the deprecated keywords
+    live in the parts and in one ``**deprecated``, counted here as one parameter)."""
+    params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    assert len(params) <= 15, params
