@@ -27,7 +27,7 @@ from pymc_dp.records import (
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
 from pymc_dp.step_methods.laplace import DPLaplaceDraws
-from pymc_dp.step_methods.parts import accepted_keywords
+from pymc_dp.step_methods.parts import accepted_keywords, to_keywords
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
 __all__ = ["OneShotWarning", "sample", "check_run_is_private"]
@@ -274,6 +274,9 @@ def sample(
         )
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
+    if inspect.isclass(step) and issubclass(step, DPStep) and step_kwargs:
+        # the settings objects spelled as the keywords the class checks are made with
+        step_kwargs = to_keywords(step, step_kwargs)
     if (
         inspect.isclass(step)
         and data_bounds is not None

@@ -28,6 +28,7 @@ __all__ = [
     "accepted_keywords",
     "from_keywords",
     "resolve_parts",
+    "to_keywords",
 ]
 
 
@@ -208,6 +209,14 @@ def resolve_parts(
         updates[part][fname] = value
     if updates["privacy"]:
         privacy = replace(privacy, **updates["privacy"])
+    read = {f for part, f, _ in table.values() if part == "privacy"}
+    unread = [
+        f.name
+        for f in fields(privacy)
+        if f.name not in read and not _is_default(getattr(privacy, f.name), f.default)
+    ]
+    if unread:
+        raise ValueError(f"{name} does not read PrivacySettings {unread}; leave them out")
     if updates["likelihood"]:
         likelihood = replace(likelihood, **updates["likelihood"])
     return privacy, likelihood, {k: v for k, v in keywords.items() if k in extra}
@@ -226,6 +235,31 @@ def accepted_keywords(step: type) -> set[str]:
     params = inspect.signature(step.__init__).parameters
     named = {k for k, p in params.items() if p.kind is not p.VAR_KEYWORD and k != "self"}
     return named | set(_keyword_map(step)) | set(getattr(step, "_deprecated_keywords", ()))
+
+
+def to_keywords(step: type, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``privacy=`` and ``likelihood=`` of ``kwargs`` spelled as the step's older keywords
+    (the inverse of `from_keywords` for the settings objects): `pymc_dp.sample` checks a
+    step class's ``step_kwargs`` by those names before it reads any data."""
+    out = {k: v for k, v in kwargs.items() if k not in ("privacy", "likelihood")}
+    privacy, likelihood, _ = resolve_parts(
+        step, kwargs.get("privacy"), kwargs.get("likelihood"), {}
+    )
+    for key, (part, fname, kind) in _keyword_map(step).items():
+        obj = privacy if part == "privacy" else likelihood
+        if kwargs.get(part) is None:
+            continue
+        value = getattr(obj, fname)
+        if kind is not None:
+            kinds = tuple(k for p, f, k in _keyword_map(step).values() if f == fname)
+            value = obj.of_kind(fname, kind, kinds)
+        default = next(f.default for f in fields(obj) if f.name == fname)
+        if value is None or _is_default(value, default):
+            continue
+        if key in out:
+            raise ValueError(f"{step.__name__}: {key} given twice (in {part}= and as a keyword)")
+        out[key] = value
+    return out
 
 
 def from_keywords(step: type, keywords: Mapping[str, Any]) -> dict[str, Any]:

@@ -187,3 +187,32 @@ def test_no_public_step_constructor_has_more_than_15_parameters(cls):
     live in the parts and in one ``**deprecated``, counted here as one parameter)."""
     params = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     assert len(params) <= 15, params
+
+
+def test_settings_spelled_as_keywords_for_pymc_dp_sample_step_classes():
+    from pymc_dp.auto.steps import wants_configuration
+    from pymc_dp.step_methods.parts import to_keywords
+
+    privacy = pymc_dp.PrivacySettings(clip_bound={"llr": 1.0, "grad": 2.0})
+    kw = to_keywords(pymc_dp.DPHMC, {"privacy": privacy, "n_leapfrog": 3})
+    assert kw == {"llr_clip_bound": 1.0, "grad_clip_bound": 2.0, "n_leapfrog": 3}
+    # both bounds given: DPHMC is configured by hand, not by the private phases
+    assert not wants_configuration(pymc_dp.DPHMC, kw)
+    one = to_keywords(pymc_dp.DPHMC, {"privacy": pymc_dp.PrivacySettings(clip_bound=1.5)})
+    assert one == {"llr_clip_bound": 1.5, "grad_clip_bound": 1.5}
+    half = to_keywords(pymc_dp.DPHMC, {"privacy": pymc_dp.PrivacySettings(clip_bound={"llr": 1})})
+    assert wants_configuration(pymc_dp.DPHMC, half)
+    lik = pymc_dp.LikelihoodSettings(chunk_size=50)
+    assert to_keywords(pymc_dp.DPSGLD, {"likelihood": lik}) == {"chunk_size": 50}
+
+
+def test_a_setting_the_step_does_not_read_is_refused():
+    with _model():
+        with pytest.raises(ValueError, match=r"does not read PrivacySettings \['clip_bound'\]"):
+            pymc_dp.DPBarker(privacy=pymc_dp.PrivacySettings(clip_bound=1.0, epsilon=1.0))
+        with pytest.raises(ValueError, match=r"does not read PrivacySettings \['data_bounds'\]"):
+            pymc_dp.DPPenaltyMetropolis(
+                privacy=pymc_dp.PrivacySettings(
+                    clip_bound=1.0, noise_multiplier=1.0, data_bounds={"y": (0, 1)}
+                )
+            )
