@@ -20,7 +20,6 @@ import numpy as np
 from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
-    check_unit_interval,
 )
 from pymc_dp.accounting import DPBarkerEvent
 from pymc_dp.kernels.barker import (
@@ -42,7 +41,7 @@ from pymc_dp.step_methods.base import (
     noise_or_target,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
-from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords
+from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords, walk_parts
 
 __all__ = ["DPBarker", "barker_runner"]
 
@@ -140,12 +139,7 @@ class DPBarker(ScaleAdaptation, DPStep):
     #: DP Barker's privacy is set by its batch size: no clip bound, no noise multiplier
     _privacy_keywords: dict = {}
 
-    @staticmethod
-    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
-        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
-        old = {k: keywords[k] for k in WALK_KEYWORDS if k in keywords}
-        rest = {k: v for k, v in keywords.items() if k not in old}
-        return {**rest, "proposal": walk_from_keywords("", None, old)}
+    _parts_from_keywords = staticmethod(walk_parts)
 
     def __init__(
         self,
@@ -165,14 +159,9 @@ class DPBarker(ScaleAdaptation, DPStep):
         privacy, likelihood, old = resolve_parts(
             type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
         )
-        self.proposal = walk_from_keywords(type(self).__name__, proposal, old)
-        scaling, proposal_scale = self.proposal.scaling, self.proposal.scale
-        target_accept = (
-            0.234 if self.proposal.target_accept is None else self.proposal.target_accept
-        )
+        walk = walk_from_keywords(type(self).__name__, proposal, old)
+        proposal_scale = self._set_walk(walk, 0.234)
         check_positive(likelihood.tempering, "tempering", coerce=True)
-        self.scaling = check_positive(scaling, "scaling", coerce=True)
-        self.target_accept = check_unit_interval(target_accept, "target_accept")
         n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
 
         def given_batch() -> int:

@@ -21,7 +21,7 @@ from pymc.step_methods.compound import Competence
 from pymc.util import get_value_vars_from_user_vars
 
 from pymc_dp._validation import check_positive as _check_positive
-from pymc_dp._validation import check_target, resolve_noise_or_target
+from pymc_dp._validation import check_target, check_unit_interval, resolve_noise_or_target
 from pymc_dp.records import build_record_functions, count_records, deterministics_reading_data
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings
 
@@ -464,6 +464,15 @@ class ScaleAdaptation:
 
     scaling: float
     target_accept: float
+
+    def _set_walk(self, walk, default_target: float):
+        """Take a random walk's initial ``scaling`` and warmup ``target_accept``
+        (validated, before any data is read); returns its per-coordinate ``scale``."""
+        self.proposal = walk
+        self.scaling = check_positive("scaling", walk.scaling)
+        target = default_target if walk.target_accept is None else walk.target_accept
+        self.target_accept = check_unit_interval(target, "target_accept")
+        return walk.scale
 
     def _reset_scaling(self) -> None:
         if not hasattr(self, "_initial_scaling"):

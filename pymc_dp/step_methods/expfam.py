@@ -18,6 +18,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,7 @@ from pymc_dp.step_methods.proposals import (
     CoordinateWalk,
     RandomWalk,
     walk_from_keywords,
+    walk_parts,
 )
 
 __all__ = ["CorrelatedNoise", "DPExpFamilyPenalty", "StatCentre"]
@@ -392,13 +394,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         "noise_multiplier": ("noise_multiplier", None),
     }
 
-    @staticmethod
-    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
-        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
-        old = {k: keywords[k] for k in WALK_KEYWORDS if k in keywords}
-        rest = {k: v for k, v in keywords.items() if k not in old and k != "proposal"}
-        walk = walk_from_keywords("", keywords.get("proposal"), old, _PROPOSALS)
-        return {**rest, "proposal": walk}
+    _parts_from_keywords = staticmethod(partial(walk_parts, kinds=_PROPOSALS))
 
     def __init__(
         self,

@@ -282,16 +282,14 @@ class DPFastMH(ScaleAdaptation, DPStep):
         )
         epsilon, delta, noise_multiplier = privacy.epsilon, privacy.delta, privacy.noise_multiplier
         proposal, test = _fastmh_parts(proposal, test, old)
-        proposal_scale, scaling, max_step = proposal.scale, proposal.scaling, proposal.max_step
-        target_accept = 0.234 if proposal.target_accept is None else proposal.target_accept
+        max_step = proposal.max_step
         lam, max_batch, branching = test.lam, test.max_batch, test.branching
         privacy_for_free = test.privacy_for_free
-        self.proposal, self.test = proposal, test
+        self.test = test
         if branching not in _BRANCHING:
             raise ValueError(f"branching must be one of {_BRANCHING}; got {branching!r}")
         self.branching = branching
-        self.scaling = check_positive(scaling, "scaling", coerce=True)
-        self.target_accept = check_unit_interval(target_accept, "target_accept")
+        proposal_scale = self._set_walk(proposal, 0.234)
         s = np.asarray(proposal_scale, dtype=float)
         if s.size == 0 or not np.all(np.isfinite(s) & (s > 0)):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")

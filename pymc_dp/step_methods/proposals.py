@@ -31,7 +31,6 @@ __all__ = [
     "Independent",
     "RandomWalk",
     "TunaMHTest",
-    "walk_from_keywords",
 ]
 
 
@@ -239,3 +238,10 @@ def walk_from_keywords(
     ):
         raise ValueError(f"{step}'s RandomWalk takes scale, scaling and target_accept only")
     return proposal
+
+
+def walk_parts(keywords: dict[str, Any], kinds: tuple[str, ...] = ("gaussian",)) -> dict:
+    """The parts of a call written with a walk's older keywords (`parts.from_keywords`)."""
+    old = {k: keywords[k] for k in WALK_KEYWORDS if k in keywords}
+    rest = {k: v for k, v in keywords.items() if k not in old and k != "proposal"}
+    return {**rest, "proposal": walk_from_keywords("", keywords.get("proposal"), old, kinds)}

@@ -23,7 +23,6 @@ import numpy as np
 from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
-    check_unit_interval,
 )
 from pymc_dp.accounting import WORSubsampledGaussian, calibrate_wor_subsampled_noise
 from pymc_dp.kernels.penalty import accept
@@ -43,7 +42,7 @@ from pymc_dp.step_methods.base import (
     noise_or_target,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
-from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords
+from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords, walk_parts
 
 __all__ = [
     "DPSubsampledPenalty",
@@ -149,12 +148,7 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
-    @staticmethod
-    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
-        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
-        old = {k: keywords[k] for k in WALK_KEYWORDS if k in keywords}
-        rest = {k: v for k, v in keywords.items() if k not in old}
-        return {**rest, "proposal": walk_from_keywords("", None, old)}
+    _parts_from_keywords = staticmethod(walk_parts)
 
     def __init__(
         self,
@@ -175,17 +169,12 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         privacy, likelihood, old = resolve_parts(
             type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
         )
-        self.proposal = walk_from_keywords(type(self).__name__, proposal, old)
-        scaling, proposal_scale = self.proposal.scaling, self.proposal.scale
-        target_accept = (
-            0.234 if self.proposal.target_accept is None else self.proposal.target_accept
-        )
+        walk = walk_from_keywords(type(self).__name__, proposal, old)
+        proposal_scale = self._set_walk(walk, 0.234)
         noise_multiplier = privacy.noise_multiplier
         self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
         self.batch_size = check_positive(batch_size, "batch_size", integer=True, coerce=True)
         check_positive(likelihood.tempering, "tempering", coerce=True)
-        self.scaling = check_positive(scaling, "scaling", coerce=True)
-        self.target_accept = check_unit_interval(target_accept, "target_accept")
         n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
         if not 2 <= self.batch_size <= n:
             raise ValueError(
