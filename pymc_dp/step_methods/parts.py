@@ -198,6 +198,8 @@ def resolve_parts(
         default = next(f.default for f in fields(obj) if f.name == fname)
         current = updates[part].get(fname, getattr(obj, fname))
         if kind is not None:
+            if current is not None and not isinstance(current, Mapping):
+                raise ValueError(f"{name}: {key} given twice (in privacy= and as a keyword)")
             current = {} if current is None else dict(current)
             if kind in current:
                 raise ValueError(f"{name}: {key} given twice (in privacy= and as a keyword)")

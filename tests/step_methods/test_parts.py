@@ -168,6 +168,8 @@ def test_a_setting_given_twice_or_unknown_is_refused_before_the_data_is_read():
             )
         with pytest.raises(TypeError, match="privacy must be a pymc_dp.PrivacySettings"):
             pymc_dp.DPPenaltyMetropolis(privacy={"clip_bound": 1.0})
+        with pytest.raises(ValueError, match="llr_clip_bound given twice"):
+            pymc_dp.DPHMC(privacy=pymc_dp.PrivacySettings(clip_bound=1.0), llr_clip_bound=2.0)
         with pytest.raises(ValueError, match=r"unknown release kinds \['ratio'\]"):
             pymc_dp.DPHMC(
                 privacy=pymc_dp.PrivacySettings(
