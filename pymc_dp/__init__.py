@@ -17,6 +17,8 @@ from pymc_dp.step_methods import (
     DPSGLD,
     DPSGNHT,
     BudgetExceededError,
+    ControlVariate,
+    CoordinateWalk,
     CorrelatedNoise,
     DPBarker,
     DPExpFamilyPenalty,
@@ -24,7 +26,13 @@ from pymc_dp.step_methods import (
     DPPenaltyMetropolis,
     DPStep,
     DPSubsampledPenalty,
+    GuidedWalk,
+    Independent,
+    LikelihoodSettings,
+    PrivacySettings,
+    RandomWalk,
     StatCentre,
+    TunaMHTest,
 )
 
 try:
@@ -55,4 +63,12 @@ __all__ = [
     "sample",
     "StatCentre",
     "CorrelatedNoise",
+    "PrivacySettings",
+    "LikelihoodSettings",
+    "RandomWalk",
+    "CoordinateWalk",
+    "GuidedWalk",
+    "Independent",
+    "ControlVariate",
+    "TunaMHTest",
 ]

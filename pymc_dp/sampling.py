@@ -27,6 +27,7 @@ from pymc_dp.records import (
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
 from pymc_dp.step_methods.laplace import DPLaplaceDraws
+from pymc_dp.step_methods.parts import accepted_keywords, to_keywords
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
 __all__ = ["NoiseDominatedWarning", "OneShotWarning", "sample", "check_run_is_private"]
@@ -281,10 +282,13 @@ def sample(
         )
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
+    if inspect.isclass(step) and issubclass(step, DPStep) and step_kwargs:
+        # the settings objects spelled as the keywords the class checks are made with
+        step_kwargs = to_keywords(step, step_kwargs)
     if (
         inspect.isclass(step)
         and data_bounds is not None
-        and "data_bounds" in inspect.signature(step.__init__).parameters
+        and "data_bounds" in accepted_keywords(step)
         and "data_bounds" not in (step_kwargs or {})
     ):
         # a class that takes the public bounds itself (DPExpFamilyPenalty) gets them

@@ -51,6 +51,8 @@ from pymc_dp.kernels.warmstart import (
     prior_curvature_fd,
     private_laplace,
 )
+from pymc_dp.step_methods.parts import PrivacySettings
+from pymc_dp.step_methods.proposals import ControlVariate, Independent, RandomWalk
 
 __all__ = [
     "AutoPlan",
@@ -895,16 +897,10 @@ def auto_configure(
         )
         # a little wider than the approximation: an independence sampler suffers from a
         # proposal narrower than its target (heavy importance weights in the tails)
-        kwargs = {
-            "proposal": "independent",
-            "proposal_cov": PROPOSAL_INFLATION**2 * cov,
-            "proposal_mean": mean,
-            "local_moves": local_moves,
-        }
-        if free.any() and not free.all():
-            # the coordinates no record reads move by data-free Metropolis-within-Gibbs
-            # moves; the independence proposal moves the others given them
-            kwargs["free_moves"] = FREE_MOVES
+        # the coordinates no record reads move by data-free Metropolis-within-Gibbs moves;
+        # the independence proposal moves the others given them
+        moves = FREE_MOVES if free.any() and not free.all() else 0
+        proposal = Independent(mean, PROPOSAL_INFLATION**2 * cov, 1.0, local_moves, moves)
     else:
         plan.tune = max(100, rw_len // chains // 5) if tune is None else int(tune)
         plan.draws = draws if fixed else max(50, rw_len // chains - plan.tune)
@@ -913,27 +909,17 @@ def auto_configure(
             "its scale adapted from the accept decisions, warmup charged and discarded)"
         )
         step = 2.38 / math.sqrt(1.0 + (pred.test_noise_std / max(2.38, 1e-12)) ** 2)
-        kwargs = {
-            "proposal": "gaussian",
-            "proposal_cov": cov,
-            "scaling": step / math.sqrt(d),
-        }
+        proposal = RandomWalk(cov=cov, scaling=step / math.sqrt(d))
     iterations = chains * (plan.draws + plan.tune)
     z_s = _last_noise_multiplier(plan, mu_left, iterations)
     plan.phases.append(Phase(SAMPLING_PHASE, z_s, iterations))
-    kwargs.update(
-        {
-            "clip_bound": clip,
-            "noise_multiplier": z_s,
-            "delta": delta,
-            "control_variate": (anchor_q, anchor_grad, info.anchor_bound),
-            "control_variate_basis": basis,
-            "clip_metric": metric,
-        }
-    )
-    if coords.rp is not None:
-        kwargs["reparametrization"] = coords.rp
-    plan.step_kwargs = kwargs
+    plan.step_kwargs = {
+        "privacy": PrivacySettings(clip_bound=clip, noise_multiplier=z_s, delta=delta),
+        "proposal": proposal,
+        "control_variate": ControlVariate(anchor_q, anchor_grad, info.anchor_bound, basis),
+        "coordinates": coords.rp,
+        "clip_metric": metric,
+    }
     # chains start at draws from the approximation, widened (dispersed starts for R-hat)
     point_info = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).point_map_info
     plan.initvals = [

@@ -17,7 +17,6 @@ always win over the configured values.
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -35,6 +34,7 @@ from pymc_dp.auto.configure import (
     RunLengthWarning,
     auto_configure,
 )
+from pymc_dp.step_methods.parts import accepted_keywords
 
 __all__ = [
     "ClassConfig",
@@ -135,20 +135,15 @@ def _fit_noise(plan: AutoPlan, parts: list[tuple[float, int]]) -> float:
     return f
 
 
+def _auto_configure(model, ctx, **options) -> AutoPlan:
+    """`auto_configure` for the run in ``ctx`` (the target, run length, records)."""
+    keys = ("epsilon", "delta", "chains", "draws", "tune", "rng", "records", "spend")
+    chunk_size = ctx["step_kwargs"].get("chunk_size")
+    return auto_configure(model, **{k: ctx[k] for k in keys}, chunk_size=chunk_size, **options)
+
+
 def _warm_start(model, ctx) -> AutoPlan:
-    return auto_configure(
-        model,
-        epsilon=ctx["epsilon"],
-        delta=ctx["delta"],
-        chains=ctx["chains"],
-        draws=ctx["draws"],
-        tune=ctx["tune"],
-        rng=ctx["rng"],
-        records=ctx["records"],
-        spend=ctx["spend"],
-        chunk_size=ctx["step_kwargs"].get("chunk_size"),
-        warm_start_only=True,
-    )
+    return _auto_configure(model, ctx, warm_start_only=True)
 
 
 def _configure_penalty(model, ctx) -> ConfiguredStep:
@@ -156,19 +151,7 @@ def _configure_penalty(model, ctx) -> ConfiguredStep:
     independence proposal on the private Laplace approximation, first-order control variate
     and DP clip of the ratio residuals, run length by the predicted effective sample size
     unless ``draws`` is given."""
-    plan = auto_configure(
-        model,
-        epsilon=ctx["epsilon"],
-        delta=ctx["delta"],
-        chains=ctx["chains"],
-        draws=ctx["draws"],
-        tune=ctx["tune"],
-        rng=ctx["rng"],
-        records=ctx["records"],
-        spend=ctx["spend"],
-        chunk_size=ctx["step_kwargs"].get("chunk_size"),
-        method="chain",
-    )
+    plan = _auto_configure(model, ctx, method="chain")
     return ConfiguredStep(dict(plan.step_kwargs), plan.draws, plan.tune, plan.initvals, plan)
 
 
@@ -458,9 +441,9 @@ def check_configurable(
             name=cls.__name__, keys=keys or "its hyperparameters"
         )
         raise ValueError(f"pymc_dp.sample(step={cls.__name__}) without {keys}: " + text)
-    params = inspect.signature(cls.__init__).parameters
+    params = accepted_keywords(cls)
     unknown = sorted(k for k in (step_kwargs or {}) if k not in params)
-    if unknown and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+    if unknown:
         raise TypeError(
             f"step_kwargs {unknown}: {cls.__name__} takes no such argument (checked before "
             "the private configuration reads any data)"

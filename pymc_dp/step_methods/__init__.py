@@ -5,7 +5,16 @@ from pymc_dp.step_methods.base import BudgetExceededError, DPStep
 from pymc_dp.step_methods.expfam import CorrelatedNoise, DPExpFamilyPenalty, StatCentre
 from pymc_dp.step_methods.fastmh import DPFastMH
 from pymc_dp.step_methods.hmc import DPHMC
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
+from pymc_dp.step_methods.proposals import (
+    ControlVariate,
+    CoordinateWalk,
+    GuidedWalk,
+    Independent,
+    RandomWalk,
+    TunaMHTest,
+)
 from pymc_dp.step_methods.sgmcmc import DPSGLD, DPSGNHT
 from pymc_dp.step_methods.subsampled_penalty import DPSubsampledPenalty
 
@@ -22,4 +31,12 @@ __all__ = [
     "DPStep",
     "StatCentre",
     "CorrelatedNoise",
+    "PrivacySettings",
+    "LikelihoodSettings",
+    "RandomWalk",
+    "CoordinateWalk",
+    "GuidedWalk",
+    "Independent",
+    "ControlVariate",
+    "TunaMHTest",
 ]

@@ -13,14 +13,13 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
-    check_unit_interval,
-    resolve_noise_or_target,
 )
 from pymc_dp.accounting import DPBarkerEvent
 from pymc_dp.kernels.barker import (
@@ -38,9 +37,11 @@ from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
     ScaleAdaptation,
-    make_plan,
     n_records_of,
+    noise_or_target,
 )
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords, walk_parts
 
 __all__ = ["DPBarker", "barker_runner"]
 
@@ -86,30 +87,41 @@ class DPBarker(ScaleAdaptation, DPStep):
     batch_size : int, optional
         ``b`` (``11 <= b <= n``). Give either this or a target ``epsilon``/``delta`` with the
         planned ``draws``, ``tune``, ``chains`` (then the largest feasible ``b`` is used).
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run.
-    draws, tune, chains : int, optional
-        The planned run; a chain never runs longer.
-    tempering : float
-        Likelihood temperature ``T`` (required in practice: the bound is ``sqrt(b) / n``).
-    proposal_scale : float or array
-        Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
-    scaling : float
-        Initial global scale ``s``; adapted in warmup from the DP accept decisions.
-    target_accept : float
-        Target acceptance rate of the warmup adaptation.
-    chunk_size : int, optional
-        Records per chunk of the in-memory records (a minibatch is evaluated chunk by
-        chunk); with ``records=`` the partitions are the chunks.
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` is free of the data.
-    nonprivate_diagnostics : bool
-        Emit ``clip_fraction_NONPRIVATE`` and ``batch_var_NONPRIVATE`` (NOT private).
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sums, and the driver
-        combines the partition sums in partition order and adds the noise.
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run; a chain never runs
+          longer.
+        - ``nonprivate_diagnostics`` (bool): Emit ``clip_fraction_NONPRIVATE`` and
+          ``batch_var_NONPRIVATE`` (NOT private).
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (required in practice: the bound is
+          ``sqrt(b) / n``).
+        - ``chunk_size`` (int, optional): Records per chunk of the in-memory records (a minibatch is
+          evaluated chunk by chunk); with ``records=`` the partitions are the chunks.
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` is free of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sums, and the driver combines the partition sums in partition order and
+          adds the noise.
+    proposal : RandomWalk, optional
+        The Gaussian random walk (`pymc_dp.RandomWalk`; default ``RandomWalk()``), its fields:
+
+        - ``scale`` (float or array): Per-coordinate proposal std ``S``, as in
+          `DPPenaltyMetropolis`.
+        - ``scaling`` (float): Initial global scale ``s``; adapted in warmup from the DP accept
+          decisions.
+        - ``target_accept`` (float): Target acceptance rate of the warmup adaptation.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the walk's
+        (``proposal_scale``, ``scaling``, ``target_accept``): deprecated,
+        kept for the 0.1 releases (docs/api.md).
     """
 
     remote_records = True
@@ -124,34 +136,33 @@ class DPBarker(ScaleAdaptation, DPStep):
         "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    #: DP Barker's privacy is set by its batch size: no clip bound, no noise multiplier
+    _privacy_keywords: dict = {}
+
+    _parts_from_keywords = staticmethod(walk_parts)
+
     def __init__(
         self,
         vars=None,
         *,
+        privacy: PrivacySettings | None = None,
         batch_size: int | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        tempering: float = 1.0,
-        proposal_scale=1.0,
-        scaling: float = 1.0,
-        target_accept: float = 0.234,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        proposal: RandomWalk | None = None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
-        check_positive(tempering, "tempering", coerce=True)
-        self.scaling = check_positive(scaling, "scaling", coerce=True)
-        self.target_accept = check_unit_interval(target_accept, "target_accept")
-        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
+        )
+        walk = walk_from_keywords(type(self).__name__, proposal, old)
+        proposal_scale = self._set_walk(walk, 0.234)
+        check_positive(likelihood.tempering, "tempering", coerce=True)
+        n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
 
         def given_batch() -> int:
             b = check_positive(batch_size, "batch_size", integer=True, coerce=True)
@@ -162,13 +173,11 @@ class DPBarker(ScaleAdaptation, DPStep):
                 )
             return b
 
-        b, plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
+        b, plan, epsilon, delta = noise_or_target(
+            privacy,
             noise_given=batch_size is not None,
             message="give exactly one of batch_size or epsilon (with delta, draws, tune, chains): "
             "DP Barker's privacy is set by its batch size (thesis Theorem 8)",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
             noise=given_batch,
             calibrate=lambda run, eps, d: calibrate_barker_batch_size(eps, d, n, run.iterations),
         )
@@ -178,20 +187,9 @@ class DPBarker(ScaleAdaptation, DPStep):
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )

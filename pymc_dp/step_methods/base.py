@@ -11,6 +11,7 @@ spend of a whole run. The step never does privacy math beyond calling
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,8 +21,9 @@ from pymc.step_methods.compound import Competence
 from pymc.util import get_value_vars_from_user_vars
 
 from pymc_dp._validation import check_positive as _check_positive
-from pymc_dp._validation import check_target
+from pymc_dp._validation import check_target, check_unit_interval, resolve_noise_or_target
 from pymc_dp.records import build_record_functions, count_records, deterministics_reading_data
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings
 
 __all__ = [
     "BudgetExceededError",
@@ -29,6 +31,8 @@ __all__ = [
     "RunPlan",
     "ScaleAdaptation",
     "NONPRIVATE_SUFFIX",
+    "NOISE_OR_TARGET",
+    "noise_or_target",
     "check_positive",
     "check_target",
 ]
@@ -93,6 +97,35 @@ def make_plan(draws, tune, chains, *, epsilon) -> RunPlan | None:
     return RunPlan(draws, tune, chains)
 
 
+#: The refusal of a step given both (or neither) a noise multiplier and a target epsilon.
+NOISE_OR_TARGET = (
+    "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, chains): the "
+    "noise is set either directly or by a target for a planned run (PrivacySettings)"
+)
+
+
+def noise_or_target(
+    privacy: PrivacySettings,
+    *,
+    noise_given: bool,
+    noise: Callable[[], Any],
+    calibrate: Callable[[RunPlan, float, float], Any],
+    message: str = NOISE_OR_TARGET,
+) -> tuple[Any, RunPlan | None, float | None, float | None]:
+    """A step's noise from its `PrivacySettings`: given, or calibrated for the target over
+    the planned run (`pymc_dp._validation.resolve_noise_or_target`)."""
+    eps = privacy.epsilon
+    return resolve_noise_or_target(
+        eps,
+        privacy.delta,
+        noise_given=noise_given,
+        message=message,
+        plan=lambda: make_plan(privacy.draws, privacy.tune, privacy.chains, epsilon=eps),
+        noise=noise,
+        calibrate=calibrate,
+    )
+
+
 class DPStep(ArrayStepShared):
     """Base class of the differentially private step methods.
 
@@ -131,6 +164,13 @@ class DPStep(ArrayStepShared):
         "dp_needs_presample": (np.int64, []),
     }
 
+    #: The step's deprecated privacy keywords: ``keyword -> (PrivacySettings field, release
+    #: kind or None)`` (`pymc_dp.step_methods.parts.resolve_parts`).
+    _privacy_keywords: dict[str, tuple[str, str | None]] = {
+        "clip_bound": ("clip_bound", None),
+        "noise_multiplier": ("noise_multiplier", None),
+    }
+
     #: Whether the step uses a release made before the chains (set by the step).
     _needs_presample = False
 
@@ -142,20 +182,22 @@ class DPStep(ArrayStepShared):
     def _setup(
         self,
         vars,
-        *,
-        model,
-        rng,
-        initial_point,
-        compile_kwargs,
-        blocked,
-        tempering: float,
-        chunk_size: int | None,
-        data_free_potentials: bool,
+        privacy: PrivacySettings,
+        likelihood: LikelihoodSettings,
         plan: RunPlan | None,
         target_delta: float | None,
-        nonprivate_diagnostics: bool,
-        records=None,
+        **pymc_args: Any,
     ) -> None:
+        """The one construction path of every step: check the model and the records,
+        compile the per-record functions and start the PyMC step.
+
+        ``pymc_args`` are the PyMC step arguments ``model``, ``rng``, ``initial_point``,
+        ``compile_kwargs`` and ``blocked``, passed on as the constructor received them.
+        """
+        model, rng = pymc_args["model"], pymc_args["rng"]
+        initial_point, blocked = pymc_args["initial_point"], pymc_args["blocked"]
+        records, nonprivate_diagnostics = likelihood.records, privacy.nonprivate_diagnostics
+        data_free_potentials = likelihood.data_free_potentials
         model = pm.modelcontext(model)
         _check_records(type(self), records, nonprivate_diagnostics)
         if initial_point is None:
@@ -211,10 +253,10 @@ class DPStep(ArrayStepShared):
             model,
             vars,
             initial_point,
-            tempering=tempering,
-            chunk_size=chunk_size,
+            tempering=likelihood.tempering,
+            chunk_size=likelihood.chunk_size,
             data_free_potentials=data_free_potentials,
-            compile_kwargs=compile_kwargs,
+            compile_kwargs=pymc_args["compile_kwargs"],
             records=records,
         )
         if not self._fns.records.local:
@@ -422,6 +464,15 @@ class ScaleAdaptation:
 
     scaling: float
     target_accept: float
+
+    def _set_walk(self, walk, default_target: float):
+        """Take a random walk's initial ``scaling`` and warmup ``target_accept``
+        (validated, before any data is read); returns its per-coordinate ``scale``."""
+        self.proposal = walk
+        self.scaling = check_positive("scaling", walk.scaling)
+        target = default_target if walk.target_accept is None else walk.target_accept
+        self.target_accept = check_unit_interval(target, "target_accept")
+        return walk.scale
 
     def _reset_scaling(self) -> None:
         if not hasattr(self, "_initial_scaling"):

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -44,6 +45,14 @@ from pymc_dp.step_methods.base import (
     check_target,
     make_plan,
     n_records_of,
+)
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import (
+    WALK_KEYWORDS,
+    CoordinateWalk,
+    RandomWalk,
+    walk_from_keywords,
+    walk_parts,
 )
 
 __all__ = ["CorrelatedNoise", "DPExpFamilyPenalty", "StatCentre"]
@@ -301,13 +310,23 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    data_bounds : dict, optional
-        Public bounds of one record, ``{"y": (lo, hi), "X": (lo, hi)}`` (``"y"`` or the
-        observed variable's name; ``"X"`` or a covariate's ``pm.Data`` name; bounds may be
-        arrays matching a row). The clip bound ``C`` on ``||T(x_i)||`` is derived from this
-        box (no privacy cost). Bernoulli, Binomial and Categorical need no box.
-    stat_clip_bound : float, optional
-        ``C`` given directly (instead of ``data_bounds``).
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``data_bounds`` (dict, optional): Public bounds of one record, ``{"y": (lo, hi), "X": (lo,
+          hi)}`` (``"y"`` or the observed variable's name; ``"X"`` or a covariate's ``pm.Data``
+          name; bounds may be arrays matching a row). The clip bound ``C`` on ``||T(x_i)||`` is
+          derived from this box (no privacy cost). Bernoulli, Binomial and Categorical need no box.
+        - ``clip_bound`` (float, optional): ``C`` given directly (instead of ``data_bounds``).
+        - ``noise_multiplier`` (float, optional): ``z`` (noise std over sensitivity). Give either
+          this or ``epsilon``/``delta`` with the planned ``draws``, ``tune`` and ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included).
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run; a chain may not run
+          longer (it stops before reading the data again).
+        - ``nonprivate_diagnostics`` (bool): Also emit ``clip_fraction_NONPRIVATE``, the fraction of
+          records whose ``T(x_i)`` was clipped, computed WITHOUT noise. Not differentially private.
     centre : StatCentre, {"private", "data_bounds"} or array, optional
         Centre and clip the statistics (`StatCentre`; a string or array is
         ``StatCentre(value)``). Default: ``StatCentre()`` (private centre, DP whitening and
@@ -321,33 +340,32 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         chain as the penalty test). ``"fresh"`` (the default with ``noise_multiplier``): the
         penalty test above, a fresh release per iteration (`log_acceptance` is always this
         test).
-    noise_multiplier : float, optional
-        ``z`` (noise std over sensitivity). Give either this or ``epsilon``/``delta`` with the
-        planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included).
-    draws, tune, chains : int, optional
-        The planned run; a chain may not run longer (it stops before reading the data again).
-    proposal : {"gaussian", "coordinate", "guided"}
-        As in `DPPenaltyMetropolis`.
-    proposal_scale : float or array
-        Per-coordinate proposal std (transformed space).
-    scaling : float
-        Initial global scale, adapted during warmup from the DP accept decisions.
-    target_accept : float, optional
-        Target acceptance rate of the warmup adaptation.
-    chunk_size : int, optional
-        Records per chunk of the pass that computes ``S`` (default 100 000).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``clip_fraction_NONPRIVATE``, the fraction of records whose ``T(x_i)`` was
-        clipped, computed WITHOUT noise. Not differentially private.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory), keyed by the
-        names of the observed variable and the covariate ``pm.Data`` containers: each
-        partition computes its clipped statistic sum where it lives, and only the sums reach
-        the driver (their sum is ``S``; the partitions are the chunks).
+    proposal : RandomWalk, CoordinateWalk or GuidedWalk, optional
+        The random walk (`pymc_dp.RandomWalk`, the default; `pymc_dp.CoordinateWalk`, one
+        coordinate at a time; `pymc_dp.GuidedWalk`, direction flipped after a rejection),
+        its fields:
+
+        - ``scale`` (float or array): Per-coordinate proposal std (transformed space).
+        - ``scaling`` (float): Initial global scale, adapted during warmup from the DP accept
+          decisions.
+        - ``target_accept`` (float, optional): Target acceptance rate of the warmup adaptation.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``chunk_size`` (int, optional): Records per chunk of the pass that computes ``S`` (default
+          100 000).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory), keyed by the names of the observed variable and
+          the covariate ``pm.Data`` containers: each partition computes its clipped statistic sum
+          where it lives, and only the sums reach the driver (their sum is ``S``; the partitions are
+          the chunks).
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the walk's
+        (``proposal_scale``, ``scaling``, ``target_accept``): deprecated,
+        kept for the 0.1 releases (docs/api.md).
     """
 
     name = "dp_expfam_penalty"
@@ -364,38 +382,45 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    _privacy_keywords = {
+        "stat_clip_bound": ("clip_bound", None),
+        "data_bounds": ("data_bounds", None),
+        "noise_multiplier": ("noise_multiplier", None),
+    }
+
+    _parts_from_keywords = staticmethod(partial(walk_parts, kinds=_PROPOSALS))
+
     def __init__(
         self,
         vars=None,
         *,
-        data_bounds: Mapping[str, Any] | None = None,
-        stat_clip_bound: float | None = None,
+        privacy: PrivacySettings | None = None,
         centre: StatCentre | str | np.ndarray | None = None,
         noise: CorrelatedNoise | str | None = None,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        proposal: str = "gaussian",
-        proposal_scale=1.0,
-        scaling: float = 1.0,
-        target_accept: float | None = None,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        proposal: RandomWalk | CoordinateWalk | None = None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # Validate everything before the data is touched.
-        if proposal not in _PROPOSALS:
-            raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
-        self.proposal = proposal
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
+        )
+        walk = walk_from_keywords(type(self).__name__, proposal, old, _PROPOSALS)
+        proposal, proposal_scale, scaling = walk.kind, walk.scale, walk.scaling
+        target_accept = walk.target_accept
+        epsilon, delta, noise_multiplier = privacy.epsilon, privacy.delta, privacy.noise_multiplier
+        stat_clip_bound, data_bounds = privacy.clip_bound, privacy.data_bounds
+        if likelihood.tempering != 1.0:
+            raise ValueError(
+                "DPExpFamilyPenalty does not temper the likelihood (LikelihoodSettings "
+                f"tempering must be 1); got {likelihood.tempering!r}"
+            )
+        self.proposal, self._kind = walk, proposal
         self.scaling = check_positive("scaling", scaling)
         self.target_accept = (
             _TARGET_ACCEPT[proposal] if target_accept is None else float(target_accept)
@@ -410,8 +435,9 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             stat_clip_bound = check_positive("stat_clip_bound", stat_clip_bound)
         if data_bounds is not None and not isinstance(data_bounds, Mapping):
             raise ValueError('data_bounds must be a dict like {"y": (lo, hi), "X": (lo, hi)}')
-        if chunk_size is not None:
-            chunk_size = check_positive("chunk_size", chunk_size, integer=True)
+        if likelihood.chunk_size is not None:
+            chunk_size = check_positive("chunk_size", likelihood.chunk_size, integer=True)
+            likelihood = replace(likelihood, chunk_size=chunk_size)
         if (noise_multiplier is None) == (epsilon is None):
             raise ValueError(
                 "give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
@@ -423,7 +449,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             centring = StatCentre(centre)
         if centring is None and stat_clip_bound is None and epsilon is not None:
             centring = StatCentre()  # a target run: private centre, DP clip of the deviations
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
+        plan = make_plan(*privacy.plan(), epsilon=epsilon)
         if noise is None:
             noise = CorrelatedNoise() if epsilon is not None else "fresh"
         if isinstance(noise, str) and noise == "fresh":
@@ -488,28 +514,20 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
         model = pm.modelcontext(model)
         structure = find_expfam_structure(model)  # data-free; refuses unsupported models
-        if records is not None:
+        if likelihood.records is not None:
             # the model holds a stand-in; the records' finiteness is checked by _setup
-            structure.n_records = n_records_of(type(self), model, records, nonprivate_diagnostics)
+            structure.n_records = n_records_of(
+                type(self), model, likelihood.records, privacy.nonprivate_diagnostics
+            )
         else:
             structure.check_data_finite()
         if initial_point is None:
             initial_point = model.initial_point()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=1.0,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
+        records, chunk_size = likelihood.records, likelihood.chunk_size
         shared = {v: self.shared[v.name] for v in model.value_vars if v.name in self.shared}
         self._expfam: ExpFamilyModel = structure.compile(
             self.vars, initial_point, shared, compile_kwargs
@@ -749,7 +767,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         d = q.size
-        if self.proposal == "gaussian":
+        if self._kind == "gaussian":
             xi = self.rng.normal(size=d)
             if self._laplace is not None:  # the metric of the natural parameters at c
                 return q + self.scaling * (2.38 / np.sqrt(d)) * (self._laplace[1] @ xi), None
@@ -758,11 +776,11 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         if self._laplace is not None:
             # one principal axis of the metric at the centre (columns of U diag(sqrt(lam)))
             step = self.scaling * self.rng.normal()
-            if self.proposal == "guided":
+            if self._kind == "guided":
                 step = self._direction[j] * abs(step)
             return q + step * self._axes[:, j], j
         step = self.scaling * self.proposal_scale[j] * self.rng.normal()
-        if self.proposal == "guided":
+        if self._kind == "guided":
             step = self._direction[j] * abs(step)
         q1 = q.copy()
         q1[j] += step
@@ -876,7 +894,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
             if not np.isfinite(log_a):
                 log_a = -np.inf
             ok = accept(log_a, self.rng)
-            if self.proposal == "guided" and not ok:
+            if self._kind == "guided" and not ok:
                 self._direction[j] = -self._direction[j]
             if self.tune:
                 self._adapt_scaling(ok)
@@ -926,7 +944,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         if not np.isfinite(log_a):
             log_a = -np.inf  # NaN (proposal outside the support): reject
         accepted = accept(log_a, self.rng)
-        if self.proposal == "guided" and not accepted:
+        if self._kind == "guided" and not accepted:
             self._direction[j] = -self._direction[j]
         if self.tune:
             self._adapt_scaling(accepted)

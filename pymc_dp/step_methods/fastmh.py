@@ -45,6 +45,8 @@ from pymc_dp.step_methods.base import (
     make_plan,
     n_records_of,
 )
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import RandomWalk, TunaMHTest
 
 __all__ = ["DPFastMH"]
 
@@ -60,6 +62,41 @@ def _dimension(model: pm.Model, vars, initial_point) -> int:
     point = model.initial_point() if initial_point is None else initial_point
     vs = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
     return int(sum(np.size(point[v.name]) for v in vs))
+
+
+#: The older keywords the proposal and test objects replace (deprecated).
+_OLD_PROPOSAL = ("proposal_scale", "scaling", "target_accept", "max_step")
+_OLD_TEST = ("lam", "max_batch", "branching", "privacy_for_free")
+_OLD_KEYWORDS = (*_OLD_PROPOSAL, *_OLD_TEST)
+
+
+def _fastmh_parts(proposal, test, old: dict[str, Any]) -> tuple[RandomWalk, TunaMHTest]:
+    """The walk and the test, from the objects or the older keywords (deprecated)."""
+    if proposal is None:
+        proposal = RandomWalk(
+            scale=old.get("proposal_scale", 1.0),
+            scaling=old.get("scaling", 1.0),
+            target_accept=old.get("target_accept"),
+            max_step=old.get("max_step"),
+        )
+    elif not isinstance(proposal, RandomWalk):
+        raise TypeError(f"DPFastMH takes a pymc_dp.RandomWalk proposal; got {proposal!r}")
+    elif any(k in old for k in _OLD_PROPOSAL):
+        raise TypeError("give proposal_scale, scaling, target_accept, max_step in RandomWalk")
+    elif proposal.cov is not None or proposal.free_moves:
+        raise ValueError("DPFastMH's RandomWalk takes scale (per coordinate), not cov/free_moves")
+    if test is None:
+        test = TunaMHTest(
+            lam=old.get("lam"),
+            max_batch=old.get("max_batch"),
+            branching=old.get("branching", "independent"),
+            privacy_for_free=old.get("privacy_for_free", False),
+        )
+    elif not isinstance(test, TunaMHTest):
+        raise TypeError(f"DPFastMH takes a pymc_dp.TunaMHTest test; got {test!r}")
+    elif any(k in old for k in _OLD_TEST):
+        raise TypeError("give lam, max_batch, branching, privacy_for_free in TunaMHTest")
+    return proposal, test
 
 
 class DPFastMH(ScaleAdaptation, DPStep):
@@ -117,69 +154,83 @@ class DPFastMH(ScaleAdaptation, DPStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    clip_bound : float or array of shape (n,)
-        The per-record bounds $c_i$ of the (tempered) log-likelihood differences:
-        $|\log p(x_i|\theta') - \log p(x_i|\theta)| \le c_i \|\theta' - \theta\|_2$,
-        enforced by clipping. A scalar means the same bound for every record. They must be
-        **public**: a Lipschitz bound from the model and the public range of the data, never
-        computed from the private records (they set the sampling probabilities).
-    max_step : float, optional
-        $A$: proposals are truncated to $\|\theta' - \theta\|_2 \le A$
-        (Assumption 2); the privacy bound is computed at $M = A$. Default: twice the norm
-        of the initial proposal std, $2 s \|S\|_2$.
-    lam : float, optional
-        $\lambda > 0$ of the batch size $B \sim \mathrm{Poisson}(\lambda + CM)$.
-        TunaMH's efficiency needs roughly $\lambda \gtrsim (CM)^2$ (the spectral-gap factor
-        $\exp(-C^2M^2/\lambda)$ of the paper's Theorem 4). Default
-        $\max(10, (CA)^2)$; with global bounds $c_i$ this is often more than
-        $n$ (the step warns): choose smaller steps or a smaller ``lam`` for speed.
-    max_batch : int, optional
-        $K$: the full-batch branch is taken when the branch draw is $\ge K$.
-        Default: the smallest $K$ with $P(\mathrm{Poisson}(\lambda + CA) \ge K) \le
-        10^{-3}$, i.e. the full batch in at most 0.1 % of the iterations.
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float or array of shape (n,)):
+          The per-record bounds $c_i$ of the (tempered) log-likelihood differences:
+          $|\log p(x_i|\theta') - \log p(x_i|\theta)| \le c_i \|\theta' - \theta\|_2$,
+          enforced by clipping. A scalar means the same bound for every record. They must be
+          **public**: a Lipschitz bound from the model and the public range of the data, never
+          computed from the private records (they set the sampling probabilities).
+        - ``noise_multiplier`` (float or (float, float), optional): $(z_1, z_2)$ given directly (a
+          scalar is used for both); with ``iter_delta`` the per-iteration epsilon is then computed.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included); requires ``draws``, ``tune`` and ``chains``.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``kept_NONPRIVATE`` (the thinned minibatch
+          size) and ``clip_fraction_NONPRIVATE``, computed from the data WITHOUT noise. Not
+          differentially private; the privacy report flags the run.
+    proposal : RandomWalk, optional
+        The truncated Gaussian random walk (`pymc_dp.RandomWalk`; default ``RandomWalk()``),
+        its fields:
+
+        - ``scale`` (float or array): Per-coordinate proposal std ``S`` (transformed space), before
+          truncation.
+        - ``scaling`` (float): Initial global scale ``s``, adapted during warmup from the (DP)
+          accept decisions.
+        - ``target_accept`` (float): Target acceptance rate of the warmup adaptation.
+        - ``max_step`` (float, optional): $A$: proposals are truncated to $\|\theta' - \theta\|_2
+          \le A$
+          (Assumption 2); the privacy bound is computed at $M = A$. Default: twice the norm
+          of the initial proposal std, $2 s \|S\|_2$.
+    test : TunaMHTest, optional
+        The minibatch test (`pymc_dp.TunaMHTest`; default ``TunaMHTest()``), its fields:
+
+        - ``lam`` (float, optional): $\lambda > 0$ of the batch size $B \sim
+          \mathrm{Poisson}(\lambda + CM)$.
+          TunaMH's efficiency needs roughly $\lambda \gtrsim (CM)^2$ (the spectral-gap factor
+          $\exp(-C^2M^2/\lambda)$ of the paper's Theorem 4). Default
+          $\max(10, (CA)^2)$; with global bounds $c_i$ this is often more than
+          $n$ (the step warns): choose smaller steps or a smaller ``lam`` for speed.
+        - ``max_batch`` (int, optional): $K$: the full-batch branch is taken when the branch draw
+          is $\ge K$.
+          Default: the smallest $K$ with $P(\mathrm{Poisson}(\lambda + CA) \ge K) \le
+          10^{-3}$, i.e. the full batch in at most 0.1 % of the iterations.
+        - ``branching`` ({"independent", "paper"}): How the full-batch branch is chosen (see above).
+        - ``privacy_for_free`` (bool): Reproduce the paper's rule: no noise when the branch's
+          sensitivity is below the
+          per-iteration epsilon (times $C/(6K\max c_i)$ for the minibatch). Such an
+          iteration's accept/reject bit is only $(\epsilon, 1 - e^{-\Delta})$-DP, and that is
+          what is charged (with $\Delta$ at $M = A$, capped at the threshold): the
+          report shows a large delta. Warns at construction. Off by default.
     iter_epsilon, iter_delta : float, optional
         The paper's per-iteration target (Theorem 2): both branches are calibrated to be
         (iter_epsilon, iter_delta)-DP.
-    noise_multiplier : float or (float, float), optional
-        $(z_1, z_2)$ given directly (a scalar is used for both); with ``iter_delta`` the
-        per-iteration epsilon is then computed.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included); requires
-        ``draws``, ``tune`` and ``chains``.
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    branching : {"independent", "paper"}
-        How the full-batch branch is chosen (see above).
-    privacy_for_free : bool
-        Reproduce the paper's rule: no noise when the branch's sensitivity is below the
-        per-iteration epsilon (times $C/(6K\max c_i)$ for the minibatch). Such an
-        iteration's accept/reject bit is only $(\epsilon, 1 - e^{-\Delta})$-DP, and that is
-        what is charged (with $\Delta$ at $M = A$, capped at the threshold): the
-        report shows a large delta. Warns at construction. Off by default.
-    proposal_scale : float or array
-        Per-coordinate proposal std ``S`` (transformed space), before truncation.
-    scaling : float
-        Initial global scale ``s``, adapted during warmup from the (DP) accept decisions.
-    target_accept : float
-        Target acceptance rate of the warmup adaptation.
-    tempering : float
-        Likelihood temperature ``T`` (the $c_i$ bound the tempered log-likelihood).
-    chunk_size : int, optional
-        Records per call of the compiled likelihood in the full-batch branch.
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``kept_NONPRIVATE`` (the thinned minibatch size) and
-        ``clip_fraction_NONPRIVATE``, computed from the data WITHOUT noise. Not differentially
-        private; the privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sums (the TunaMH sum of
-        the kept ones; their keep uniforms are sent along), and the driver combines the
-        partition sums in partition order and adds the noise. The full-batch branch reads
-        every partition's clipped sum.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (the $c_i$ bound the tempered
+          log-likelihood).
+        - ``chunk_size`` (int, optional): Records per call of the compiled likelihood in the
+          full-batch branch.
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sums (the TunaMH sum of the kept ones; their keep uniforms are sent
+          along), and the driver combines the partition sums in partition order and adds the noise.
+          The full-batch branch reads every partition's clipped sum.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the walk's and
+        the test's (``proposal_scale``, ``scaling``, ``target_accept``, ``max_step``;
+        ``lam``, ``max_batch``, ``branching``, ``privacy_for_free``): deprecated,
+        kept for the 0.1 releases (docs/api.md).
 
     Notes
     -----
@@ -212,46 +263,39 @@ class DPFastMH(ScaleAdaptation, DPStep):
         self,
         vars=None,
         *,
-        clip_bound,
-        max_step: float | None = None,
-        lam: float | None = None,
-        max_batch: int | None = None,
+        privacy: PrivacySettings | None = None,
+        proposal: RandomWalk | None = None,
+        test: TunaMHTest | None = None,
         iter_epsilon: float | None = None,
         iter_delta: float | None = None,
-        noise_multiplier: float | tuple[float, float] | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        branching: str = "independent",
-        privacy_for_free: bool = False,
-        proposal_scale=1.0,
-        scaling: float = 1.0,
-        target_accept: float = 0.234,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # -- validate everything before the data is touched (shapes only) --------------------
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=_OLD_KEYWORDS
+        )
+        epsilon, delta, noise_multiplier = privacy.epsilon, privacy.delta, privacy.noise_multiplier
+        proposal, test = _fastmh_parts(proposal, test, old)
+        max_step = proposal.max_step
+        lam, max_batch, branching = test.lam, test.max_batch, test.branching
+        privacy_for_free = test.privacy_for_free
+        self.test = test
         if branching not in _BRANCHING:
             raise ValueError(f"branching must be one of {_BRANCHING}; got {branching!r}")
         self.branching = branching
-        self.scaling = check_positive(scaling, "scaling", coerce=True)
-        self.target_accept = check_unit_interval(target_accept, "target_accept")
+        proposal_scale = self._set_walk(proposal, 0.234)
         s = np.asarray(proposal_scale, dtype=float)
         if s.size == 0 or not np.all(np.isfinite(s) & (s > 0)):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
         m = pm.modelcontext(model)
-        n = n_records_of(type(self), m, records, nonprivate_diagnostics)
-        c = self._check_clip_bound(clip_bound, n)
+        n = n_records_of(type(self), m, likelihood.records, privacy.nonprivate_diagnostics)
+        c = self._check_clip_bound(privacy.clip_bound, n)
         C = float(n * c) if np.ndim(c) == 0 else float(np.sum(c))
         c_max = float(np.max(c))
         if max_step is None:
@@ -278,7 +322,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
                 "target), noise_multiplier (with iter_delta) or epsilon (with delta, draws, "
                 f"tune, chains: a run target); got {given or 'none'}"
             )
-        plan = make_plan(draws, tune, chains, epsilon=epsilon)
+        plan = make_plan(*privacy.plan(), epsilon=epsilon)
         kw: dict[str, Any] = {}
         if epsilon is not None:
             epsilon, delta = check_target(epsilon, delta)
@@ -388,25 +432,22 @@ class DPFastMH(ScaleAdaptation, DPStep):
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         d = self._fns.ndim
         if s.size not in (1, d):
             raise ValueError(f"proposal_scale must be a scalar or have {d} entries")
         self.proposal_scale = np.broadcast_to(s.ravel(), (d,)).copy()
         self._reset_chain_state()
+
+    @staticmethod
+    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
+        old = {k: keywords[k] for k in _OLD_KEYWORDS if k in keywords}
+        proposal, test = _fastmh_parts(None, None, old)
+        rest = {k: v for k, v in keywords.items() if k not in old}
+        return {**rest, "proposal": proposal, "test": test}
 
     @staticmethod
     def _check_clip_bound(clip_bound, n: int) -> float | np.ndarray:

@@ -16,6 +16,8 @@ References
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
@@ -24,7 +26,6 @@ from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
     check_unit_interval,
-    resolve_noise_or_target,
 )
 from pymc_dp.accounting import GaussianEvent
 from pymc_dp.kernels.hmc import (
@@ -37,9 +38,14 @@ from pymc_dp.kernels.hmc import (
 )
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
 from pymc_dp.records import GradSumMemo, LoglikMemo
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, noise_or_target
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
+
+#: DP-HMC's two release kinds: the penalty test's log-likelihood ratio and the gradients
+_KINDS = ("llr", "grad")
+_KINDS_GRAD = ("grad",)
 
 
 def _check_fraction(value) -> float:
@@ -92,29 +98,34 @@ class DPHMC(DPStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    llr_clip_bound : float
-        ``b_l``: per-record log-likelihood ratios are clipped to ``+-b_l ||theta' - theta||``
-        (a Lipschitz bound of each record's log-likelihood makes the clipping inactive).
-    grad_clip_bound : float
-        ``b_g``: each record's log-likelihood gradient is clipped to L2 norm ``b_g``.
-        Choose both bounds from knowledge of the model, not by looking at the data: tuning
-        them on the private data costs privacy.
-    llr_noise_multiplier, grad_noise_multiplier : float, optional
-        ``z_l`` and ``z_g`` (noise std over sensitivity). Give both, or give ``epsilon`` and
-        ``delta`` with the planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included); ``z_l`` and
-        ``z_g`` are calibrated so that the run's epsilon never exceeds the target
-        (`calibrate_dphmc_noise`).
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    grad_budget_fraction : float
-        With a target epsilon: the fraction of the total privacy-loss parameter ``mu`` spent
-        on the ``L + 1`` gradient releases per iteration; the rest goes to the penalty test.
-        Default 0.5 (the paper's tuned settings spend 46 % and 68 % on gradients for its two
-        models). More gradient budget gives straighter trajectories, more ratio budget a less
-        noisy test; both noises lower the acceptance rate.
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound["llr"]`` (float): ``b_l``: per-record log-likelihood ratios are clipped to
+          ``+-b_l ||theta' - theta||`` (a Lipschitz bound of each record's log-likelihood makes the
+          clipping inactive).
+        - ``clip_bound["grad"]`` (float): ``b_g``: each record's log-likelihood gradient is clipped
+          to L2 norm ``b_g``. Choose both bounds from knowledge of the model, not by looking at the
+          data: tuning them on the private data costs privacy.
+        - ``noise_multiplier["llr"]``, ``noise_multiplier["grad"]`` (float, optional): ``z_l`` and
+          ``z_g`` (noise std over sensitivity). Give both, or give ``epsilon`` and ``delta`` with
+          the planned ``draws``, ``tune`` and ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included); ``z_l`` and ``z_g`` are calibrated so that the run's epsilon
+          never exceeds the target (`calibrate_dphmc_noise`).
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``budget_split["grad"]`` (float): With a target epsilon: the fraction of the total
+          privacy-loss parameter ``mu`` spent on the ``L + 1`` gradient releases per iteration; the
+          rest goes to the penalty test. Default 0.5 (the paper's tuned settings spend 46 % and 68 %
+          on gradients for its two models). More gradient budget gives straighter trajectories, more
+          ratio budget a less noisy test; both noises lower the acceptance rate.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``grad_clip_fraction_NONPRIVATE`` and
+          ``llr_clip_fraction_NONPRIVATE`` (fractions of clipped per-record gradients and ratios),
+          computed from the data WITHOUT noise. Not differentially private; the privacy report flags
+          the run.
     n_leapfrog : int
         ``L``, leapfrog steps per iteration (each costs one gradient release).
     step_size : float, optional
@@ -135,27 +146,28 @@ class DPHMC(DPStep):
         HMC with a fixed number of steps (Beskos et al. 2013) and PyMC's default for
         ``HamiltonianMC``. The noise of the test and of the gradients shrinks with the step
         size, so any target is reachable; lower targets give longer, noisier moves.
-    tempering : float
-        Likelihood temperature ``T`` (thesis Sec. 3.2).
-    chunk_size : int, optional
-        Records per call of the compiled functions (bounded memory for large ``n``).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``grad_clip_fraction_NONPRIVATE`` and ``llr_clip_fraction_NONPRIVATE``
-        (fractions of clipped per-record gradients and ratios), computed from the data
-        WITHOUT noise. Not differentially private; the privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): every clipped
-        sum is computed where the partitions live and only the sums reach the driver, which
-        adds the noise. With data owners (``DaskRecords(..., owners=...)``) the step runs the
-        data-sharing scheme of Yildirim & Ermis (2019), Algorithm 2, on all its ``L + 2``
-        releases: each of the ``K`` owners adds its own noise (the central scheme's
-        ``sigma_g`` to its gradient sums, ``sigma_l`` to its ratio sum) before its
-        contribution leaves it; the total noise variance is ``K`` times the central one and
-        the penalty correction is ``K sigma_l^2 / 2``. Each owner's privacy against the
-        curator and the other owners is that of the central scheme at the same noise
-        multipliers (``dp_owners`` records ``K``).
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (thesis Sec. 3.2).
+        - ``chunk_size`` (int, optional): Records per call of the compiled functions (bounded memory
+          for large ``n``).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): every clipped sum is computed where the partitions
+          live and only the sums reach the driver, which adds the noise. With data owners
+          (``DaskRecords(..., owners=...)``) the step runs the data-sharing scheme of Yildirim &
+          Ermis (2019), Algorithm 2, on all its ``L + 2`` releases: each of the ``K`` owners adds
+          its own noise (the central scheme's ``sigma_g`` to its gradient sums, ``sigma_l`` to its
+          ratio sum) before its contribution leaves it; the total noise variance is ``K`` times the
+          central one and the penalty correction is ``K sigma_l^2 / 2``. Each owner's privacy
+          against the curator and the other owners is that of the central scheme at the same noise
+          multipliers (``dp_owners`` records ``K``).
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
 
     Notes
     -----
@@ -200,42 +212,45 @@ class DPHMC(DPStep):
         "llr_clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    _privacy_keywords = {
+        "llr_clip_bound": ("clip_bound", "llr"),
+        "grad_clip_bound": ("clip_bound", "grad"),
+        "llr_noise_multiplier": ("noise_multiplier", "llr"),
+        "grad_noise_multiplier": ("noise_multiplier", "grad"),
+        "grad_budget_fraction": ("budget_split", "grad"),
+    }
+
     def __init__(
         self,
         vars=None,
         *,
-        llr_clip_bound: float,
-        grad_clip_bound: float,
-        llr_noise_multiplier: float | None = None,
-        grad_noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        grad_budget_fraction: float = 0.5,
+        privacy: PrivacySettings | None = None,
         n_leapfrog: int = 10,
         step_size: float | None = None,
         mass_matrix=None,
         adapt_step_size: bool = True,
         adapt_mass_matrix: bool = True,
         target_accept: float = 0.65,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # -- validate everything before the data is touched ------------------------------------
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
+        llr_clip_bound, grad_clip_bound = (privacy.of_kind("clip_bound", k, _KINDS) for k in _KINDS)
+        llr_noise_multiplier, grad_noise_multiplier = (
+            privacy.of_kind("noise_multiplier", k, _KINDS) for k in _KINDS
+        )
         self.llr_clip_bound = check_positive(llr_clip_bound, "llr_clip_bound", coerce=True)
         self.grad_clip_bound = check_positive(grad_clip_bound, "grad_clip_bound", coerce=True)
         self.n_leapfrog = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True)
-        self.grad_budget_fraction = _check_fraction(grad_budget_fraction)
+        self.grad_budget_fraction = _check_fraction(
+            privacy.of_kind("budget_split", "grad", _KINDS_GRAD) if privacy.budget_split else 0.5
+        )
         if step_size is not None:
             step_size = check_positive(step_size, "step_size", coerce=True)
         self.target_accept = check_unit_interval(target_accept, "target_accept")
@@ -243,20 +258,18 @@ class DPHMC(DPStep):
         self.adapt_mass_matrix = bool(adapt_mass_matrix)
 
         given = [v is not None for v in (llr_noise_multiplier, grad_noise_multiplier)]
-        if epsilon is not None and any(given):
+        if privacy.epsilon is not None and any(given):
             raise ValueError(
                 "give either llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
                 "delta, draws, tune, chains), not both: the noise is set either directly or by "
                 "a target for a planned run"
             )
-        (z_l, z_g), plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
+        (z_l, z_g), plan, epsilon, delta = noise_or_target(
+            privacy,
             noise_given=all(given),
             message="give both llr_noise_multiplier and grad_noise_multiplier, or epsilon (with "
             "delta, draws, tune, chains): the noise is set either directly or by a target "
             "for a planned run",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
             noise=lambda: (
                 check_positive(llr_noise_multiplier, "llr_noise_multiplier", coerce=True),
                 check_positive(grad_noise_multiplier, "grad_noise_multiplier", coerce=True),
@@ -284,20 +297,9 @@ class DPHMC(DPStep):
         self._initial_step_size = float(step_size) if step_size is not None else 0.25 / d**0.25
 
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self._chain_tune: int | None = plan.tune if plan is not None else None
         others = self._other_values if self.shared else None
         self._grad_memo = GradSumMemo(self._fns, others)

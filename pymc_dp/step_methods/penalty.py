@@ -11,14 +11,11 @@ References
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from pymc_dp._validation import (
-    check_positive,
-    check_positive_vector,
-    check_unit_interval,
-    resolve_noise_or_target,
-)
+from pymc_dp._validation import check_positive, check_positive_vector, check_unit_interval
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
 from pymc_dp.kernels.penalty import (
     accept,
@@ -26,7 +23,20 @@ from pymc_dp.kernels.penalty import (
     penalty_noise_std,
     shared_penalty_log_acceptance,
 )
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, ScaleAdaptation, make_plan
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    ScaleAdaptation,
+    noise_or_target,
+)
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import (
+    ControlVariate,
+    CoordinateWalk,
+    GuidedWalk,
+    Independent,
+    RandomWalk,
+)
 
 __all__ = ["DPPenaltyMetropolis"]
 
@@ -58,37 +68,40 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    clip_bound : float
-        ``b``: per-record log-likelihood ratios are clipped to ``+-b ||theta' - theta||``.
-        Choose it from knowledge of the model (e.g. a Lipschitz bound of the log-likelihood),
-        not by looking at the data: tuning it on the private data costs privacy.
-    noise_multiplier : float, optional
-        ``z`` (noise std over sensitivity). Give either this or ``epsilon``/``delta`` with the
-        planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included); ``z`` is
-        calibrated so that the run's epsilon never exceeds the target.
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    proposal : {"gaussian", "coordinate", "guided", "independent"}
-        Full-vector Gaussian random walk (default), one coordinate at a time, the guided
-        random walk (one coordinate, direction flipped after a rejection; Gustafson 1998,
-        Yildirim & Ermis 2019), or an independence proposal
-        $\theta' \sim N(m, s^2 \Sigma)$ with ``proposal_mean`` $m$ and ``proposal_cov``
-        $\Sigma$ (e.g. a private Laplace approximation; the Hastings ratio
-        $\log q(\theta)/q(\theta')$ enters the test, Yildirim & Ermis 2019 Sec. 3).
-    proposal_scale : float or array
-        Per-coordinate proposal std ``S`` (transformed space).
-    proposal_cov : array, optional
-        Proposal covariance ``(d, d)`` (transformed space), positive definite: the random
-        walk ``gaussian`` then proposes $\theta + s L \xi$ with $L L^T = $ ``proposal_cov``
-        (``proposal_scale`` must stay 1), and ``independent`` needs it. Choose it from public
-        knowledge or from DP outputs (post-processing), never from the data.
-    proposal_mean : array, optional
-        Mean ``(d,)`` of the ``independent`` proposal.
-    control_variate : tuple (anchor, grad_sum, grad_bound), optional
-        A first-order control variate: the test uses
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float): ``b``: per-record log-likelihood ratios are clipped to ``+-b
+          ||theta' - theta||``. Choose it from knowledge of the model (e.g. a Lipschitz bound of the
+          log-likelihood), not by looking at the data: tuning it on the private data costs privacy.
+        - ``noise_multiplier`` (float, optional): ``z`` (noise std over sensitivity). Give either
+          this or ``epsilon``/``delta`` with the planned ``draws``, ``tune`` and ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included); ``z`` is calibrated so that the run's epsilon never exceeds the
+          target.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``clip_fraction_NONPRIVATE``, the fraction of
+          clipped ratios, computed from the data WITHOUT noise. Not differentially private; the
+          privacy report flags the run.
+    proposal : RandomWalk, CoordinateWalk, GuidedWalk or Independent, optional
+        The proposal (`pymc_dp.RandomWalk`, the default: a full-vector Gaussian random walk
+        with per-coordinate scales or a public covariance; `pymc_dp.CoordinateWalk`, one
+        coordinate at a time; `pymc_dp.GuidedWalk`, one coordinate, direction flipped after a
+        rejection, Gustafson 1998, Yildirim & Ermis 2019; `pymc_dp.Independent`,
+        $\theta' \sim N(m, s^2 \Sigma)$, e.g. a private Laplace approximation, whose Hastings
+        ratio $\log q(\theta)/q(\theta')$ enters the test, Yildirim & Ermis 2019 Sec. 3, with
+        optional local random-walk moves and data-free moves of the likelihood-free
+        coordinates). The walks' global scale ``s`` is adapted during warmup from the
+        acceptance decisions only (post-processing of DP outputs) toward their
+        ``target_accept`` (default 0.234 for the full vector, 0.44 for one coordinate); an
+        independence proposal's is not (it is calibrated: shrinking it toward a target rate
+        freezes the chain). Choose every setting from public knowledge or from DP outputs,
+        never from the data.
+    control_variate : ControlVariate, optional
+        A first-order control variate (`pymc_dp.ControlVariate`): the test uses
         $\sum_i \mathrm{clip}(r_i - c_i\cdot\Delta\theta) + \tilde G\cdot\Delta\theta$ with
         $c_i$ the per-record gradient at ``anchor`` clipped to ``grad_bound`` and
         $\tilde G$ = ``grad_sum``, which must be a *released* (noisy, accounted) value of
@@ -100,76 +113,54 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         that it used such a release (stat ``dp_needs_presample``): `pymc_dp.privacy_report`
         refuses to vouch for a result that does not carry that release's account (the
         ``dp_presample_mu`` attribute `pymc_dp.sample` writes in automatic mode; set it
-        yourself, with ``dp_presample_releases``, for a release of your own).
-    local_moves : float
-        With ``proposal="independent"``: the probability that an iteration proposes a
-        random-walk move ``theta + (2.38 / sqrt(d)) S xi`` (``S S^T`` = ``proposal_cov``)
-        instead, chosen independently of the state (a mixture of two kernels with the same
-        target, Tierney 1994): the chain still moves where the independence proposal fits its
-        target poorly. Default 0.
-    control_variate_basis : array, optional
-        ``L`` ``(d, d)``, invertible, public (e.g. a whitening from DP outputs): the control
-        variate's gradients are ``c_i = clip(L^{-1} g_i)`` and its step ``L^T dtheta``, so
-        ``c_i . L^T dtheta = g_i . dtheta`` before clipping; ``grad_sum`` must be the released
-        sum of those ``c_i``. Default the identity.
+        yourself, with ``dp_presample_releases``, for a release of your own). The tuple
+        ``(anchor, grad_sum, grad_bound)`` is accepted too (deprecated).
+    coordinates : object, optional
+        The coordinates the proposal works in: the identity (None, default) or a data-free
+        bijection ``y = T(theta)`` (`pymc_dp.auto.recentre.Recentring`: the recentred and
+        shifted blocks; methods ``forward_with_log_det``, ``inverse``, ``log_det_jacobian``,
+        ``gradient_map``, ``likelihood_free``): ``y' = y + ...`` for the walks,
+        ``y' ~ N(m, s^2 Sigma)`` for `Independent` (its mean and covariance are then in
+        ``y``), and ``theta' = T^{-1}(y')``. The Hastings ratio gains
+        ``log |det J(theta)| - log |det J(theta')|`` (the proposal's density in ``theta``),
+        so the chain still targets the posterior of ``theta``. With ``control_variate`` the
+        linearisation is in ``y`` too: ``c_i`` are the per-record gradients in ``y`` at the
+        anchor (``J^{-T}`` applied before clipping) and the step is ``T(theta') - T(theta)``;
+        ``grad_sum`` must then be the released sum of those ``c_i``. Its ``likelihood_free``
+        mask (from the model's graph: e.g. ``mu`` and ``log tau`` once ``a = mu + tau z``
+        replaces ``z``) is what the proposal's ``free_moves`` move.
     clip_metric : array, optional
         A public matrix ``M`` ``(k, d)`` (from public knowledge or DP outputs): the step's
         length is ``s = ||M dy||``, with ``dy`` the step in the proposal's coordinates (``y``
-        with a reparametrization), instead of ``||theta' - theta||``; the ratios (or
+        with ``coordinates``), instead of ``||theta' - theta||``; the ratios (or
         residuals) are clipped to ``+-b s`` and the noise is ``z 2 b s``. Any data-free
         length keeps the test a Gaussian mechanism with sensitivity ``2 b s`` and the same
         privacy; a length that follows what the likelihood reads (e.g. whitened steps of the
         coordinates the likelihood reads, zero on the others) clips fewer records at a given
         noise. Default: the Euclidean length of ``theta' - theta``.
-    free_moves : int
-        With a ``reparametrization`` whose ``likelihood_free`` marks coordinates of ``y`` that
-        no record's log-likelihood reads (`pymc_dp.auto.recentre.Recentring`, from the
-        model's graph: e.g. ``mu`` and ``log tau`` once ``a = mu + tau z`` replaces ``z``):
-        after each penalty test, ``free_moves`` random-walk Metropolis moves of those
-        coordinates alone, with the exact acceptance ratio of the density of ``y`` (the
-        prior of ``theta`` over ``|det J|``; the likelihood is constant along them). They read
-        no record: no noise, no privacy cost (Metropolis-within-Gibbs, Tierney 1994: each
-        move keeps the posterior). The independence proposal then moves the other
-        coordinates only, drawn from its Gaussian conditioned on the current free ones.
-        The moves' covariance is the conditional one of ``proposal_cov`` given the others,
-        times ``2.38^2 / d_free``. Default 0.
-    reparametrization : object, optional
-        A data-free bijection ``y = T(theta)`` (e.g. `pymc_dp.auto.recentre.Recentring`:
-        methods ``forward_with_log_det``, ``inverse``, ``log_det_jacobian``,
-        ``gradient_map``) in whose coordinates the proposal works: ``y' = y + ...`` for the
-        walks, ``y' ~ N(m, s^2 Sigma)`` for ``independent`` (``proposal_mean`` and
-        ``proposal_cov`` are then in ``y``), and ``theta' = T^{-1}(y')``. The Hastings ratio gains
-        ``log |det J(theta)| - log |det J(theta')|`` (the proposal's density in ``theta``),
-        so the chain still targets the posterior of ``theta``. With ``control_variate`` the
-        linearisation is in ``y`` too: ``c_i`` are the per-record gradients in ``y`` at the
-        anchor (``J^{-T}`` applied before clipping) and the step is ``T(theta') - T(theta)``;
-        ``grad_sum`` must then be the released sum of those ``c_i``.
-    scaling : float
-        Initial global scale ``s``; adapted during warmup from the acceptance decisions only
-        (post-processing of DP outputs) toward ``target_accept``. Not adapted with
-        ``proposal="independent"``: an independence proposal is calibrated, and shrinking it
-        toward a target acceptance rate freezes the chain (warmup iterations are then
-        plain iterations, discarded by ``pm.sample`` and charged).
-    target_accept : float, optional
-        Target acceptance rate of the warmup adaptation (default 0.234 for full-vector
-        proposals, 0.44 for one-coordinate proposals).
-    tempering : float
-        Likelihood temperature ``T`` (thesis Sec. 3.2).
-    chunk_size : int, optional
-        Records per call of the compiled likelihood (bounded memory for large ``n``).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``clip_fraction_NONPRIVATE``, the fraction of clipped ratios, computed from
-        the data WITHOUT noise. Not differentially private; the privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory). With data
-        owners (``DaskRecords(..., owners=...)``) the step runs the data-sharing scheme of
-        Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2: each of the ``K`` owners adds
-        its own ``N(0, sigma^2)`` to its own clipped sum, the test's penalty correction is
-        ``K sigma^2 / 2`` and ``noise_std`` is the total ``sqrt(K) sigma``; each owner's
-        privacy against the curator and the other owners is that of the central scheme at
-        the same ``z`` (``dp_owners`` records ``K``).
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (thesis Sec. 3.2).
+        - ``chunk_size`` (int, optional): Records per call of the compiled likelihood (bounded
+          memory for large ``n``).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory). With data owners (``DaskRecords(...,
+          owners=...)``) the step runs the data-sharing scheme of Yildirim & Ermis (2019), Sec.
+          3.2.2, Algorithm 2: each of the ``K`` owners adds its own ``N(0, sigma^2)`` to its own
+          clipped sum, the test's penalty correction is ``K sigma^2 / 2`` and ``noise_std`` is the
+          total ``sqrt(K) sigma``; each owner's privacy against the curator and the other owners is
+          that of the central scheme at the same ``z`` (``dp_owners`` records ``K``).
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the proposal's
+        (a kind string ``proposal="gaussian"``, ``"coordinate"``, ``"guided"`` or
+        ``"independent"`` with ``proposal_scale``, ``proposal_cov``, ``proposal_mean``,
+        ``local_moves``, ``free_moves``, ``scaling``, ``target_accept``),
+        ``control_variate_basis`` and ``reparametrization`` (``coordinates``): deprecated,
+        kept for the 0.1 releases (docs/api.md).
     """
 
     name = "dp_penalty_metropolis"
@@ -188,103 +179,94 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         self,
         vars=None,
         *,
-        clip_bound: float,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        proposal: str = "gaussian",
-        proposal_scale=1.0,
-        proposal_cov=None,
-        proposal_mean=None,
-        control_variate=None,
-        control_variate_basis=None,
-        local_moves: float = 0.0,
+        privacy: PrivacySettings | None = None,
+        proposal: RandomWalk | CoordinateWalk | Independent | None = None,
+        control_variate: ControlVariate | None = None,
+        coordinates=None,
         clip_metric=None,
-        free_moves: int = 0,
-        reparametrization=None,
-        scaling: float = 1.0,
-        target_accept: float | None = None,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=_OLD_KEYWORDS
+        )
         # Validate everything before the data is touched.
-        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
-        if proposal not in _PROPOSALS:
-            raise ValueError(f"proposal must be one of {_PROPOSALS}; got {proposal!r}")
-        self.proposal = proposal
+        p = _proposal_settings(proposal, old)
+        cv, basis, coordinates = _other_parts(control_variate, coordinates, old)
+        if privacy.clip_bound is None:
+            raise TypeError(f"{type(self).__name__} needs clip_bound (PrivacySettings)")
+        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
+        given = proposal is not None and not isinstance(proposal, str)
+        #: the proposal object (built from the deprecated keywords when they were used)
+        self.proposal = proposal if given else _proposal_object(p)
+        self._kind = p["kind"]
         try:
-            self.local_moves = float(local_moves)
+            self.local_moves = float(p["local_moves"])
         except (TypeError, ValueError):
             self.local_moves = float("nan")
         if not 0.0 <= self.local_moves < 1.0:
-            raise ValueError(f"local_moves must be a probability in [0, 1); got {local_moves!r}")
-        if self.local_moves and proposal != "independent":
+            raise ValueError(
+                f"local_moves must be a probability in [0, 1); got {p['local_moves']!r}"
+            )
+        if self.local_moves and self._kind != "independent":
             raise ValueError("local_moves goes with proposal='independent'")
         self._local = False
-        self.scaling = check_positive(scaling, "scaling", coerce=True)
+        self.scaling = check_positive(p["scaling"], "scaling", coerce=True)
+        target_accept = p["target_accept"]
         self.target_accept = check_unit_interval(
-            _TARGET_ACCEPT[proposal] if target_accept is None else target_accept, "target_accept"
+            _TARGET_ACCEPT[self._kind] if target_accept is None else target_accept,
+            "target_accept",
         )
-        z, plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
-            noise_given=noise_multiplier is not None,
-            message="give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
-            "chains): the noise is set either directly or by a target for a planned run",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
-            noise=lambda: check_positive(noise_multiplier, "noise_multiplier", coerce=True),
+        z, plan, self.epsilon, delta = noise_or_target(
+            privacy,
+            noise_given=privacy.noise_multiplier is not None,
+            noise=lambda: check_positive(privacy.noise_multiplier, "noise_multiplier", coerce=True),
             calibrate=lambda run, eps, d: calibrate_noise_multiplier(eps, d, run.iterations),
         )
         self.noise_multiplier = float(z)
-        self.epsilon = epsilon
         self._mu_per_iteration = GaussianEvent(self.noise_multiplier).mu
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
-        self.proposal_scale = check_positive_vector(
-            proposal_scale, "proposal_scale", self._fns.ndim
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
+        d = self._fns.ndim
+        self.proposal_scale = check_positive_vector(p["scale"], "proposal_scale", d)
         self._chol, self.proposal_mean = _check_proposal_shape(
-            proposal, proposal_cov, proposal_mean, self.proposal_scale, self._fns.ndim
+            self._kind, p["cov"], p["mean"], self.proposal_scale, d
         )
-        self.control_variate = _check_control_variate(control_variate, self._fns.ndim)
+        self.control_variate = _check_control_variate(cv, d)
         # its gradient sum is a release made before the chains: the report needs its account
         self._needs_presample = self.control_variate is not None
-        self.reparametrization = reparametrization
-        self.local_scaling = 2.38 / np.sqrt(self._fns.ndim)
+        self.reparametrization = self.coordinates = coordinates
+        self.local_scaling = 2.38 / np.sqrt(d)
         self._cv_map, self._cv_dir = _control_variate_maps(
-            self.control_variate, control_variate_basis, reparametrization, self._fns.ndim
+            self.control_variate, basis, coordinates, d
         )
-        self.clip_metric = _check_clip_metric(clip_metric, self._fns.ndim)
-        self.free_moves, self._free = _check_free_moves(
-            free_moves, reparametrization, self._chol, self._fns.ndim
-        )
+        self.clip_metric = _check_clip_metric(clip_metric, d)
+        self.free_moves, self._free = _check_free_moves(p["free_moves"], coordinates, self._chol, d)
         self._reset_chain_state()
+
+    @staticmethod
+    def _parts_from_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
+        """The parts of a call written with the older keywords (`parts.from_keywords`)."""
+        old = {k: keywords[k] for k in _OLD_KEYWORDS if k in keywords}
+        named = ("proposal", "control_variate")
+        rest = {k: v for k, v in keywords.items() if k not in old and k not in named}
+        p = _proposal_settings(keywords.get("proposal"), old)
+        cv, basis, coordinates = _other_parts(keywords.get("control_variate"), None, old)
+        rest["proposal"] = _proposal_object(p)
+        if cv is not None:
+            rest["control_variate"] = ControlVariate(*cv, basis=basis)
+        if coordinates is not None:
+            rest["coordinates"] = coordinates
+        return rest
 
     def _reset_chain_state(self) -> None:
         d = self._fns.ndim
@@ -294,7 +276,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         """A proposal in the sampler's coordinates (``y`` with a reparametrization)."""
         d = q.size
-        if self.proposal == "independent":
+        if self._kind == "independent":
             if self.local_moves and self.rng.uniform() < self.local_moves:
                 # a random-walk move with the same covariance (a mixture of two kernels that
                 # each keep the target, chosen independently of the state)
@@ -309,13 +291,13 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
                 )
                 return y1, None
             return self.proposal_mean + self.scaling * (self._chol @ self.rng.normal(size=d)), None
-        if self.proposal == "gaussian":
+        if self._kind == "gaussian":
             if self._chol is not None:
                 return q + self.scaling * (self._chol @ self.rng.normal(size=d)), None
             return q + self.scaling * self.proposal_scale * self.rng.normal(size=d), None
         j = int(self.rng.integers(d))
         step = self.scaling * self.proposal_scale[j] * self.rng.normal()
-        if self.proposal == "guided":
+        if self._kind == "guided":
             step = self._direction[j] * abs(step)
         q1 = q.copy()
         q1[j] += step
@@ -324,7 +306,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     def _log_q_ratio(self, q: np.ndarray, q1: np.ndarray) -> float:
         """``log q(q | q1) - log q(q1 | q)`` in the proposal's coordinates: 0 for the
         symmetric walks (data-free)."""
-        if self.proposal != "independent" or self._local:
+        if self._kind != "independent" or self._local:
             return 0.0
         if self._free is not None:  # the conditional density of y_L given the same y_F
             f = self._free
@@ -377,14 +359,14 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             log_a = penalty_log_acceptance(llr, lp1 - lp0, log_q, sigma, self.rng)
         # -- everything below is post-processing of the noisy ratio -----------------------------
         accepted = accept(log_a, self.rng)
-        if self.proposal == "guided" and not accepted:
+        if self._kind == "guided" and not accepted:
             self._direction[j] = -self._direction[j]
         q_out, lp_out = (q1, lp1) if accepted else (q, lp0)
         if self.free_moves:  # data-free: the prior of y along what the likelihood ignores
             y_out, ld_out = (y1, log_det1) if accepted else (y, log_det)
             q_out, lp_out = self._free_moves(q_out, y_out, lp_out, ld_out)
         self._remember_prior(q_out, lp_out)
-        if self.tune and self.proposal != "independent":
+        if self.tune and self._kind != "independent":
             # an independence proposal is calibrated (e.g. a private Laplace approximation):
             # its scale is not adapted. Driven toward a target acceptance rate from the low
             # acceptance of a noisy test it shrinks without bound (to ~1e-6 over 300
@@ -420,6 +402,91 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
             if np.log(self.rng.uniform()) < target1 - target:
                 y, q, lp, target = y1, q1, lp1, target1
         return q, lp
+
+
+#: The older keywords that the proposal, control variate and coordinates objects replace
+#: (deprecated; folded into the objects by `_proposal_settings` and `_other_parts`).
+_OLD_PROPOSAL = (
+    "proposal_scale",
+    "proposal_cov",
+    "proposal_mean",
+    "local_moves",
+    "free_moves",
+    "scaling",
+    "target_accept",
+)
+_OLD_KEYWORDS = (*_OLD_PROPOSAL, "control_variate_basis", "reparametrization")
+
+
+def _proposal_settings(proposal, old: dict[str, Any]) -> dict[str, Any]:
+    """The proposal's settings as one flat dict (``kind``, ``scale``, ``cov``, ``mean``,
+    ``local_moves``, ``free_moves``, ``scaling``, ``target_accept``): from a proposal object,
+    or from the older keywords (a kind string and ``proposal_*``, deprecated)."""
+    given = [k for k in _OLD_PROPOSAL if k in old]
+    if proposal is None or isinstance(proposal, str):
+        kind = "gaussian" if proposal is None else proposal
+        if kind not in _PROPOSALS:
+            raise ValueError(
+                f"proposal must be a proposal object (pymc_dp.RandomWalk, CoordinateWalk, "
+                f"GuidedWalk, Independent) or, deprecated, one of {_PROPOSALS}; got {proposal!r}"
+            )
+        return {
+            "kind": kind,
+            "scale": old.get("proposal_scale", 1.0),
+            "cov": old.get("proposal_cov"),
+            "mean": old.get("proposal_mean"),
+            "local_moves": old.get("local_moves", 0.0),
+            "free_moves": old.get("free_moves", 0),
+            "scaling": old.get("scaling", 1.0),
+            "target_accept": old.get("target_accept"),
+        }
+    if not isinstance(proposal, RandomWalk | CoordinateWalk | Independent):
+        raise TypeError(
+            "proposal must be pymc_dp.RandomWalk, CoordinateWalk, GuidedWalk or Independent; "
+            f"got {type(proposal).__name__}"
+        )
+    if given:
+        raise TypeError(f"{given}: give them in the proposal object, not as keywords")
+    if isinstance(proposal, RandomWalk) and proposal.max_step is not None:
+        raise ValueError("RandomWalk max_step is DPFastMH's truncation; leave it None here")
+    return {
+        "kind": proposal.kind,
+        "scale": getattr(proposal, "scale", 1.0),
+        "cov": getattr(proposal, "cov", None),
+        "mean": getattr(proposal, "mean", None),
+        "local_moves": getattr(proposal, "local_moves", 0.0),
+        "free_moves": getattr(proposal, "free_moves", 0),
+        "scaling": proposal.scaling,
+        "target_accept": getattr(proposal, "target_accept", None),
+    }
+
+
+def _proposal_object(p: dict[str, Any]) -> RandomWalk | CoordinateWalk | Independent:
+    """The proposal object of flat settings (`_proposal_settings`)."""
+    if p["kind"] == "independent":
+        return Independent(p["mean"], p["cov"], p["scaling"], p["local_moves"], p["free_moves"])
+    if p["kind"] == "gaussian":
+        return RandomWalk(
+            p["scale"], p["cov"], p["scaling"], p["target_accept"], free_moves=p["free_moves"]
+        )
+    cls = GuidedWalk if p["kind"] == "guided" else CoordinateWalk
+    return cls(p["scale"], p["scaling"], p["target_accept"])
+
+
+def _other_parts(control_variate, coordinates, old: dict[str, Any]):
+    """``(control variate tuple or None, its basis, coordinates)`` from the objects or the
+    older keywords (a tuple ``control_variate``, ``control_variate_basis``,
+    ``reparametrization``; deprecated)."""
+    basis = old.get("control_variate_basis")
+    if isinstance(control_variate, ControlVariate):
+        if "control_variate_basis" in old:
+            raise TypeError("control_variate_basis: give it as ControlVariate(basis=...)")
+        basis, control_variate = control_variate.basis, control_variate.as_tuple()
+    if "reparametrization" in old:
+        if coordinates is not None:
+            raise TypeError("give coordinates= (reparametrization= is its deprecated name)")
+        coordinates = old["reparametrization"]
+    return control_variate, basis, coordinates
 
 
 def _check_proposal_shape(proposal, cov, mean, scale, d):

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pymc as pm
 
-from pymc_dp._validation import check_positive, resolve_noise_or_target
+from pymc_dp._validation import check_positive
 from pymc_dp.accounting import (
     PoissonSubsampledGaussian,
     calibrate_poisson_subsampled_noise,
@@ -48,7 +48,13 @@ from pymc_dp.kernels.sgmcmc import (
     sgnht_update,
     total_noise_multiplier,
 )
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, make_plan, n_records_of
+from pymc_dp.step_methods.base import (
+    NONPRIVATE_SUFFIX,
+    DPStep,
+    n_records_of,
+    noise_or_target,
+)
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["DPSGLD", "DPSGNHT", "sgld_runner", "sgnht_runner"]
 
@@ -92,31 +98,17 @@ class _SGMCMCStep(DPStep):
     }
 
     def _init_common(
-        self,
-        *,
-        clip_bound,
-        step_size,
-        batch_size,
-        sampling_rate,
-        noise_multiplier,
-        epsilon,
-        delta,
-        draws,
-        tune,
-        chains,
-        model,
-        records=None,
-        nonprivate_diagnostics=False,
-    ):
+        self, *, step_size, batch_size, sampling_rate, privacy, likelihood, model
+    ):  # fmt: skip
         """Validate (before the data is touched: shapes only) and calibrate.
 
         Returns ``(model, plan, delta)`` for `DPStep._setup`, which the subclass calls
         itself (so that the base class's warnings point at the user's code).
         """
-        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
+        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
         self.step_size = check_positive(step_size, "step_size", coerce=True)
         model = pm.modelcontext(model)
-        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
+        n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
         self.sampling_rate, self.batch_size = _check_rate(batch_size, sampling_rate, n)
         z_int = self._intrinsic_noise_multiplier()
 
@@ -126,14 +118,13 @@ class _SGMCMCStep(DPStep):
                 self._warn_underspent(eps, d, z, z_int, run)
             return z, added_noise_multiplier(z, z_int)
 
-        (z_target, sigma), plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
+        noise_multiplier = privacy.noise_multiplier
+        (z_target, sigma), plan, epsilon, delta = noise_or_target(
+            privacy,
             noise_given=noise_multiplier is not None,
             message="give either noise_multiplier (the added DP noise; 0 relies on the sampler's "
             "own diffusion noise) or epsilon (with delta, draws, tune, chains: a target for a "
             "planned run), not both and not neither",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
             noise=lambda: (
                 None,
                 check_positive(noise_multiplier, "noise_multiplier", allow_zero=True, coerce=True),
@@ -265,10 +256,29 @@ class DPSGLD(_SGMCMCStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    clip_bound : float
-        ``C``: each record's log-likelihood gradient (transformed space) is clipped to L2 norm
-        ``C``. Choose it from knowledge of the model, not from the data (the DP-HMC paper
-        tuned it so that under 20 % of the gradients are clipped).
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float): ``C``: each record's log-likelihood gradient (transformed space)
+          is clipped to L2 norm ``C``. Choose it from knowledge of the model, not from the data (the
+          DP-HMC paper tuned it so that under 20 % of the gradients are clipped).
+        - ``noise_multiplier`` (float, optional): ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)``
+          added to the clipped minibatch sum. ``0`` relies on the diffusion noise alone (Wang et al.
+          2015). Give this, or ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and
+          ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included): the total noise multiplier ``z`` is calibrated with
+          dp-accounting's PLD accountant for ``(draws + tune) * chains`` Poisson-subsampled Gaussian
+          mechanisms (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and ``sigma =
+          sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone suffices (``sigma =
+          0``) the run spends less than the target.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction
+          of the minibatch whose gradient was clipped), computed from the data WITHOUT noise. Not
+          differentially private; the privacy report flags the run.
     step_size : float
         ``eta`` (constant; the bias grows with it).
     batch_size : int, optional
@@ -277,35 +287,20 @@ class DPSGLD(_SGMCMCStep):
         varies; it is never published. Give this or ``sampling_rate``.
     sampling_rate : float, optional
         ``q`` in (0, 1] directly.
-    noise_multiplier : float, optional
-        ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)`` added to the clipped minibatch sum.
-        ``0`` relies on the diffusion noise alone (Wang et al. 2015). Give this, or
-        ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included): the total
-        noise multiplier ``z`` is calibrated with dp-accounting's PLD accountant for
-        ``(draws + tune) * chains`` Poisson-subsampled Gaussian mechanisms
-        (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
-        ``sigma = sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone
-        suffices (``sigma = 0``) the run spends less than the target.
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    tempering : float
-        Likelihood temperature ``T`` (the clip bound applies to the tempered gradients).
-    chunk_size : int, optional
-        Records per call of the compiled gradient function (bounded memory for large batches).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
-        was clipped), computed from the data WITHOUT noise. Not differentially private; the
-        privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sum, and the driver combines
-        the partition sums in partition order and adds the noise.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (the clip bound applies to the
+          tempered gradients).
+        - ``chunk_size`` (int, optional): Records per call of the compiled gradient function
+          (bounded memory for large batches).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sum, and the driver combines the partition sums in partition order and
+          adds the noise.
     model : pymc.Model, optional
         As for PyMC's step methods.
     rng : numpy Generator or seed, optional
@@ -316,6 +311,11 @@ class DPSGLD(_SGMCMCStep):
         As for PyMC's step methods.
     blocked : bool
         As for PyMC's step methods.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
+
     Notes
     -----
     Sampler stats: ``accepted`` (always 1), ``step_size``, ``grad_noise_std`` (``sigma C``),
@@ -330,57 +330,31 @@ class DPSGLD(_SGMCMCStep):
         self,
         vars=None,
         *,
-        clip_bound: float,
+        privacy: PrivacySettings | None = None,
         step_size: float,
         batch_size: int | None = None,
         sampling_rate: float | None = None,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
         model, plan, delta = self._init_common(
-            clip_bound=clip_bound,
             step_size=step_size,
             batch_size=batch_size,
             sampling_rate=sampling_rate,
-            noise_multiplier=noise_multiplier,
-            epsilon=epsilon,
-            delta=delta,
-            draws=draws,
-            tune=tune,
-            chains=chains,
+            privacy=privacy,
+            likelihood=likelihood,
             model=model,
-            records=records,
-            nonprivate_diagnostics=nonprivate_diagnostics,
         )
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self._reset_chain_state()
 
     def _intrinsic_noise_multiplier(self) -> float:
@@ -436,10 +410,29 @@ class DPSGNHT(_SGMCMCStep):
     ----------
     vars : list, optional
         Value variables to sample (default: all free variables of the model).
-    clip_bound : float
-        ``C``: each record's log-likelihood gradient (transformed space) is clipped to L2 norm
-        ``C``. Choose it from knowledge of the model, not from the data (the DP-HMC paper
-        tuned it so that under 20 % of the gradients are clipped).
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float): ``C``: each record's log-likelihood gradient (transformed space)
+          is clipped to L2 norm ``C``. Choose it from knowledge of the model, not from the data (the
+          DP-HMC paper tuned it so that under 20 % of the gradients are clipped).
+        - ``noise_multiplier`` (float, optional): ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)``
+          added to the clipped minibatch sum. ``0`` relies on the diffusion noise alone (Wang et al.
+          2015). Give this, or ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and
+          ``chains``.
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included): the total noise multiplier ``z`` is calibrated with
+          dp-accounting's PLD accountant for ``(draws + tune) * chains`` Poisson-subsampled Gaussian
+          mechanisms (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and ``sigma =
+          sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone suffices (``sigma =
+          0``) the run spends less than the target.
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run. A chain asked to run
+          more than ``draws + tune`` iterations stops with `BudgetExceededError` before it reads the
+          data again.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction
+          of the minibatch whose gradient was clipped), computed from the data WITHOUT noise. Not
+          differentially private; the privacy report flags the run.
     step_size : float
         ``eta`` (constant; the bias grows with it).
     batch_size : int, optional
@@ -448,35 +441,20 @@ class DPSGNHT(_SGMCMCStep):
         varies; it is never published. Give this or ``sampling_rate``.
     sampling_rate : float, optional
         ``q`` in (0, 1] directly.
-    noise_multiplier : float, optional
-        ``sigma >= 0``: noise ``N(0, (sigma C)^2 I)`` added to the clipped minibatch sum.
-        ``0`` relies on the diffusion noise alone (Wang et al. 2015). Give this, or
-        ``epsilon`` and ``delta`` with the planned ``draws``, ``tune`` and ``chains``.
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included): the total
-        noise multiplier ``z`` is calibrated with dp-accounting's PLD accountant for
-        ``(draws + tune) * chains`` Poisson-subsampled Gaussian mechanisms
-        (`pymc_dp.accounting.calibrate_poisson_subsampled_noise`), and
-        ``sigma = sqrt(max(z^2 - z_int^2, 0))`` is added. When the diffusion noise alone
-        suffices (``sigma = 0``) the run spends less than the target.
-    draws, tune, chains : int, optional
-        The planned run. A chain asked to run more than ``draws + tune`` iterations stops with
-        `BudgetExceededError` before it reads the data again.
-    tempering : float
-        Likelihood temperature ``T`` (the clip bound applies to the tempered gradients).
-    chunk_size : int, optional
-        Records per call of the compiled gradient function (bounded memory for large batches).
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` of the model is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``grad_clip_fraction_NONPRIVATE`` (fraction of the minibatch whose gradient
-        was clipped), computed from the data WITHOUT noise. Not differentially private; the
-        privacy report flags the run.
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sum, and the driver combines
-        the partition sums in partition order and adds the noise.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (the clip bound applies to the
+          tempered gradients).
+        - ``chunk_size`` (int, optional): Records per call of the compiled gradient function
+          (bounded memory for large batches).
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` of the model is free
+          of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sum, and the driver combines the partition sums in partition order and
+          adds the noise.
     model : pymc.Model, optional
         As for PyMC's step methods.
     rng : numpy Generator or seed, optional
@@ -489,6 +467,10 @@ class DPSGNHT(_SGMCMCStep):
         As for PyMC's step methods.
     diffusion : float
         ``A > 0``, the injected noise ``sqrt(2 A eta) N(0, I)`` and the thermostat's start.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``: deprecated,
+        kept for the 0.1 releases (docs/api.md).
 
     Notes
     -----
@@ -502,60 +484,34 @@ class DPSGNHT(_SGMCMCStep):
         self,
         vars=None,
         *,
-        clip_bound: float,
+        privacy: PrivacySettings | None = None,
         step_size: float,
         diffusion: float = 1.0,
         batch_size: int | None = None,
         sampling_rate: float | None = None,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         self.diffusion = check_positive(diffusion, "diffusion", coerce=True)
         self._state: SGNHTState | None = None
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
         model, plan, delta = self._init_common(
-            clip_bound=clip_bound,
             step_size=step_size,
             batch_size=batch_size,
             sampling_rate=sampling_rate,
-            noise_multiplier=noise_multiplier,
-            epsilon=epsilon,
-            delta=delta,
-            draws=draws,
-            tune=tune,
-            chains=chains,
+            privacy=privacy,
+            likelihood=likelihood,
             model=model,
-            records=records,
-            nonprivate_diagnostics=nonprivate_diagnostics,
         )
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self._reset_chain_state()
 
     def _intrinsic_noise_multiplier(self) -> float:

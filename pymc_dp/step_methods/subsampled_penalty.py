@@ -16,14 +16,13 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
-    check_unit_interval,
-    resolve_noise_or_target,
 )
 from pymc_dp.accounting import WORSubsampledGaussian, calibrate_wor_subsampled_noise
 from pymc_dp.kernels.penalty import accept
@@ -39,9 +38,11 @@ from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
     DPStep,
     ScaleAdaptation,
-    make_plan,
     n_records_of,
+    noise_or_target,
 )
+from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords, walk_parts
 
 __all__ = [
     "DPSubsampledPenalty",
@@ -89,38 +90,47 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         Value variables to sample (default: all free variables).
     batch_size : int
         ``b``, records per iteration (``1 < b <= n``).
-    clip_bound : float
-        ``L``: each tempered per-record ratio is clipped to ``+-L ||theta' - theta||``; choose
-        it from the model (a Lipschitz bound), never from the data.
-    noise_multiplier : float, optional
-        ``z``; give either this or a target ``epsilon``/``delta`` with ``draws``, ``tune``,
-        ``chains`` (then ``z`` comes from
-        `pymc_dp.accounting.calibrate_wor_subsampled_noise`).
-    epsilon, delta : float, optional
-        Target privacy of the whole planned run (all chains, warmup included).
-    draws, tune, chains : int, optional
-        The planned run; a chain never runs longer.
-    proposal_scale : float or array
-        Per-coordinate proposal std ``S``, as in `DPPenaltyMetropolis`.
-    scaling : float
-        Initial global scale ``s``; adapted in warmup from the DP accept decisions.
-    target_accept : float
-        Target acceptance rate of the warmup adaptation.
-    tempering : float
-        Likelihood temperature ``T`` (thesis Sec. 3.2: ``T = n_0 / n``).
-    chunk_size : int, optional
-        Records per chunk of the in-memory records (a minibatch is evaluated chunk by
-        chunk); with ``records=`` the partitions are the chunks.
-    data_free_potentials : bool
-        Declare that every ``pm.Potential`` is free of the data.
-    nonprivate_diagnostics : bool
-        Also emit ``clip_fraction_NONPRIVATE`` and ``batch_var_NONPRIVATE`` (computed from the
-        data WITHOUT noise; the result is then not DP).
-    records : pymc_dp.distributed.DaskRecords, optional
-        The records on a Dask cluster (default: the model's data, in memory): the minibatch
-        indices are drawn here (the same random stream as in memory), each partition holding
-        some of them evaluates only those rows and returns their sums, and the driver
-        combines the partition sums in partition order and adds the noise.
+    privacy : PrivacySettings
+        The noise and what it is calibrated to (`PrivacySettings`); the fields this
+        step reads:
+
+        - ``clip_bound`` (float): ``L``: each tempered per-record ratio is clipped to ``+-L ||theta'
+          - theta||``; choose it from the model (a Lipschitz bound), never from the data.
+        - ``noise_multiplier`` (float, optional): ``z``; give either this or a target
+          ``epsilon``/``delta`` with ``draws``, ``tune``, ``chains`` (then ``z`` comes from
+          `pymc_dp.accounting.calibrate_wor_subsampled_noise`).
+        - ``epsilon``, ``delta`` (float, optional): Target privacy of the whole planned run (all
+          chains, warmup included).
+        - ``draws``, ``tune``, ``chains`` (int, optional): The planned run; a chain never runs
+          longer.
+        - ``nonprivate_diagnostics`` (bool): Also emit ``clip_fraction_NONPRIVATE`` and
+          ``batch_var_NONPRIVATE`` (computed from the data WITHOUT noise; the result is then not
+          DP).
+    proposal : RandomWalk, optional
+        The Gaussian random walk (`pymc_dp.RandomWalk`; default ``RandomWalk()``), its fields:
+
+        - ``scale`` (float or array): Per-coordinate proposal std ``S``, as in
+          `DPPenaltyMetropolis`.
+        - ``scaling`` (float): Initial global scale ``s``; adapted in warmup from the DP accept
+          decisions.
+        - ``target_accept`` (float): Target acceptance rate of the warmup adaptation.
+    likelihood : LikelihoodSettings, optional
+        How the records are read (`LikelihoodSettings`); its fields:
+
+        - ``tempering`` (float): Likelihood temperature ``T`` (thesis Sec. 3.2: ``T = n_0 / n``).
+        - ``chunk_size`` (int, optional): Records per chunk of the in-memory records (a minibatch is
+          evaluated chunk by chunk); with ``records=`` the partitions are the chunks.
+        - ``data_free_potentials`` (bool): Declare that every ``pm.Potential`` is free of the data.
+        - ``records`` (pymc_dp.distributed.DaskRecords, optional): The records on a Dask cluster
+          (default: the model's data, in memory): the minibatch indices are drawn here (the same
+          random stream as in memory), each partition holding some of them evaluates only those rows
+          and returns their sums, and the driver combines the partition sums in partition order and
+          adds the noise.
+    **deprecated
+        The keywords above by their former names (``clip_bound=``, ``epsilon=``,
+        ``tempering=``, ...), folded into ``privacy`` and ``likelihood``, and the walk's
+        (``proposal_scale``, ``scaling``, ``target_accept``): deprecated,
+        kept for the 0.1 releases (docs/api.md).
     """
 
     remote_records = True
@@ -138,51 +148,42 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
     }
 
+    _parts_from_keywords = staticmethod(walk_parts)
+
     def __init__(
         self,
         vars=None,
         *,
+        privacy: PrivacySettings | None = None,
         batch_size: int,
-        clip_bound: float,
-        noise_multiplier: float | None = None,
-        epsilon: float | None = None,
-        delta: float | None = None,
-        draws: int | None = None,
-        tune: int | None = None,
-        chains: int | None = None,
-        proposal_scale=1.0,
-        scaling: float = 1.0,
-        target_accept: float = 0.234,
-        tempering: float = 1.0,
-        chunk_size: int | None = None,
-        data_free_potentials: bool = False,
-        nonprivate_diagnostics: bool = False,
-        records=None,
+        proposal: RandomWalk | None = None,
+        likelihood: LikelihoodSettings | None = None,
         model=None,
         rng=None,
         initial_point=None,
         compile_kwargs=None,
         blocked: bool = True,
+        **deprecated: Any,
     ) -> None:
         # Validate everything before the data is touched (n is public: counted from shapes).
-        self.clip_bound = check_positive(clip_bound, "clip_bound", coerce=True)
+        privacy, likelihood, old = resolve_parts(
+            type(self), privacy, likelihood, deprecated, extra=WALK_KEYWORDS
+        )
+        walk = walk_from_keywords(type(self).__name__, proposal, old)
+        proposal_scale = self._set_walk(walk, 0.234)
+        noise_multiplier = privacy.noise_multiplier
+        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
         self.batch_size = check_positive(batch_size, "batch_size", integer=True, coerce=True)
-        check_positive(tempering, "tempering", coerce=True)
-        self.scaling = check_positive(scaling, "scaling", coerce=True)
-        self.target_accept = check_unit_interval(target_accept, "target_accept")
-        n = n_records_of(type(self), model, records, nonprivate_diagnostics)
+        check_positive(likelihood.tempering, "tempering", coerce=True)
+        n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
         if not 2 <= self.batch_size <= n:
             raise ValueError(
                 f"batch_size must be between 2 and the number of records n = {n}; got "
                 f"{batch_size!r}"
             )
-        z, plan, epsilon, delta = resolve_noise_or_target(
-            epsilon,
-            delta,
+        z, plan, epsilon, delta = noise_or_target(
+            privacy,
             noise_given=noise_multiplier is not None,
-            message="give exactly one of noise_multiplier or epsilon (with delta, draws, tune, "
-            "chains): the noise is set either directly or by a target for a planned run",
-            plan=lambda: make_plan(draws, tune, chains, epsilon=epsilon),
             noise=lambda: check_positive(noise_multiplier, "noise_multiplier", coerce=True),
             calibrate=lambda run, eps, d: calibrate_wor_subsampled_noise(
                 eps, d, n, self.batch_size, run.iterations
@@ -194,20 +195,9 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         self._releases_per_iteration = 1
         self._reset_scaling()
         self._setup(
-            vars,
-            model=model,
-            rng=rng,
-            initial_point=initial_point,
-            compile_kwargs=compile_kwargs,
-            blocked=blocked,
-            tempering=tempering,
-            chunk_size=chunk_size,
-            data_free_potentials=data_free_potentials,
-            plan=plan,
-            target_delta=delta,
-            nonprivate_diagnostics=nonprivate_diagnostics,
-            records=records,
-        )
+            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
+            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        )  # fmt: skip
         self.proposal_scale = check_positive_vector(
             proposal_scale, "proposal_scale", self._fns.ndim
         )

@@ -494,9 +494,9 @@ def test_control_variate_release_carries_its_calibrated_noise(monkeypatch):
             model, epsilon=4.0, delta=1e-5, chains=2, draws=None, tune=None,
             rng=np.random.default_rng(seed), max_iterations=200, method="chain",
         )  # fmt: skip
-        anchor, released, bound = cfg.step_kwargs["control_variate"]
+        anchor, released, bound = cfg.step_kwargs["control_variate"].as_tuple()
         # the release is of the whitened gradients L^-1 g_i, L the control variate's basis
-        m = np.linalg.inv(cfg.step_kwargs["control_variate_basis"])
+        m = np.linalg.inv(cfg.step_kwargs["control_variate"].basis)
         exact, _ = fns.clipped_grad_moments(anchor, bound, m)
         (phase,) = [p for p in cfg.phases if p.name.startswith("control variate")]
         z.append((released - exact) / (2.0 * bound * phase.noise_multiplier))
