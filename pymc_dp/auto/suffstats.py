@@ -44,7 +44,7 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -103,6 +103,9 @@ STATS_EXTEND_SDS = 2.0
 #: was the grid's smallest bound, nearly every record was clipped, and the released
 #: statistics were the centre's noise with a noise model that did not include it.
 STATS_LOCATED_SHARE = 0.8
+
+#: The last release's clip bound is the DP quantile times this (public).
+STATS_CLIP_MARGIN = 1.0
 
 #: Share of records left unclipped by the whitened statistics' clip bound (the DP quantile).
 STATS_QUANTILE = 0.999
@@ -357,6 +360,8 @@ def release_linear_stats(
         clip_extend_sds=STATS_EXTEND_SDS,
         clip_located_share=STATS_LOCATED_SHARE,
     )
+    if STATS_CLIP_MARGIN != 1.0:  # public post-processing of the released bound
+        wh = replace(wh, clip=float(wh.clip) * STATS_CLIP_MARGIN)
     # -- release 7: the clipped whitened standardised deviations' sum --------------------------
     noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
     if on_release is not None:
