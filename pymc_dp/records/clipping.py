@@ -159,6 +159,13 @@ class ClipRoute:
     fast: Any
     masked: Any
     prepare: Any | None = None
+    #: ``(inputs, outputs, compile_kwargs, kwargs)`` of ``fast`` (symbolic, data-free), from
+    #: which `pymc_dp.records.routes.compile_fused_pass` builds the fused last pass of
+    #: DP-HMC; ``None``: no fused pass. Not pickled (the fused pass is in-memory only).
+    graph: Any | None = None
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "graph": None}
 
     def prepared(self, chunk) -> list | None:
         """The per-chunk data-only arrays (``[]`` when the route needs none); ``None`` when
