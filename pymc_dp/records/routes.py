@@ -24,6 +24,7 @@ from pytensor.tensor.subtensor import Subtensor
 
 from pymc_dp.records.backend import compile_function
 from pymc_dp.records.clipping import (
+    F32_MARGIN,
     ClipRoute,
     LazyFunction,
     clip_weights,
@@ -261,7 +262,10 @@ def build_glm_route(
         return None
     bound = pt.dscalar("grad_clip_bound")
     sq_terms, row_sq_in, row_sq_out = squared_row_norms(blocks, split)
-    finite, w, n_clipped = clip_weights(pt.add(*sq_terms), bound)
+    # the blocks route (cheap per-record gradients, e.g. the banana): the clip weight is
+    # most of its time; its square root and division in float32, with a margin
+    f32 = name == "blocks"
+    finite, w, n_clipped = clip_weights(pt.add(*sq_terms), bound, float32_weight=f32)
 
     def clipped(masked):
         parts = []
@@ -283,6 +287,7 @@ def build_glm_route(
         masked=LazyFunction(ins, [clipped(True), n_clipped], ck, **kw),
         prepare=compile_function(list(batch), row_sq_out, ck, **kw) if row_sq_out else None,
         graph=(ins, fast_out, ck, kw),
+        weight_margin=F32_MARGIN if f32 else 0.0,
     )
 
 

@@ -188,8 +188,9 @@ class DPHMC(DPStep):
     #: log-likelihoods at the end point in the same compiled call as the clipped gradient
     #: sum there, the ratios against those kept at the current point, ``n`` floats). The
     #: same releases, noise and accounting. ``None`` (default): where it pays
-    #: (`RecordFunctions.fused_pays`: not on the sorted route); True: wherever available
-    #: (in-memory records, central scheme, a route with a fused pass); False: never.
+    #: (`RecordFunctions.fused_pays`: a costly per-record log-likelihood, not on the sorted
+    #: route); True: wherever available (in-memory records, central scheme, a route with a
+    #: fused pass); False: never.
     fuse_ratio_pass: bool | None = None
     remote_records = True
     data_sharing = True
