@@ -97,67 +97,6 @@ class RecordSource(Protocol):
         self, q: np.ndarray, grid: np.ndarray, transform: np.ndarray | None = None
     ) -> np.ndarray: ...
 
-    @property
-    def fusable(self) -> bool:
-        """Whether `clipped_grad_and_ratio_sum_kept` is available: in-memory records and a
-        gradient route with a fused pass (`pymc_dp.records.routes.compile_fused_pass`).
-        Structural, data-free (compiles the gradient functions if needed)."""
-        if not getattr(self._records, "local", False):
-            return False
-        self._ensure_grad()
-        fs = self._c.grad_clipped
-        return fs["route"].graph is not None and fs["generic"].graph is not None
-
-    @property
-    def fused_pays(self) -> bool:
-        """Whether the fused pass (`clipped_grad_and_ratio_sum_kept`) is expected to be
-        faster than the two passes it replaces: `fusable`, the per-record log-likelihood is
-        costly (`loglik_worth_keeping`: a transcendental function or a row reduction, which
-        the gradient shares, e.g. a GLM's ``X beta`` and ``exp``) and the route is not the
-        sorted one (a generated loop nest the log-likelihood does not enter). Measured,
-        n = 10^5, the fused pass against the two passes: Poisson, StudentT and logistic
-        0.50-0.91x on both PyTensor lines; the arithmetic-only likelihoods mixed (banana on
-        the blocks route 0.74x on 3.3, 1.36x on 2.38) and the sorted route 1.07-2.13x
-        (docs/benchmarks.md, section 6). Structural, data-free."""
-        if not self.fusable or not self.loglik_worth_keeping:
-            return False
-        return self._c.grad_clipped["route"].name != "sorted"
-
-    def clipped_grad_and_ratio_sum_kept(
-        self, q_new: np.ndarray, grad_bound: float, l_old: list[np.ndarray], llr_bound: float
-    ) -> tuple[np.ndarray, int, float, int, list[np.ndarray]]:
-        """`clipped_grad_sum` at ``q_new`` and `clipped_loglik_ratio_sum_kept` from ``l_old``
-        to ``q_new`` in one pass over the records (one compiled call per chunk).
-
-        The last gradient release of a DP-HMC trajectory is at its end point ``q_new``,
-        where its ratio release evaluates the log-likelihoods; with the kept
-        log-likelihoods ``l_old`` at the start (``n`` floats, `LoglikMemo`) and the ratio
-        bound known by then, both sums come from one pass (DP-HMC paper, Algorithm 1;
-        issue 28): `pymc_dp.records.routes.compile_fused_pass`. Returns ``(grad sum,
-        n_grad_clipped, ratio sum, n_llr_clipped, l_new)``, ``l_new`` per chunk (kept,
-        never published). Two releases, counted as such (``released["grad"]`` and
-        ``released["llr"]``); the counts are non-private (0 unless `counts`). In-memory
-        records with a fusable route only (`fusable`).
-        """
-        if not self.fusable:
-            raise TypeError(
-                "the fused gradient and ratio pass needs in-memory records and a route "
-                "with a fused pass"
-            )
-        route = self._c.grad_clipped["route"]
-        kernel = self._kernel("fused")
-        init = (np.zeros(self.ndim), 0, 0.0, 0, [])
-        if route.prepare is None:  # no data-only arrays: the chunk function gets ``[]``
-            kw: dict[str, Any] = {"args": (q_new, grad_bound, llr_bound, [])}
-        else:
-            kw = {"args": (q_new, grad_bound, llr_bound), "prepare": self._kernel("prepare")}
-        g, k, s, kl, l_new = self._records.map_reduce(
-            kernel, _add_fused, init, per_chunk=l_old, **kw
-        )
-        self.released["grad"] += 1
-        self.released["llr"] += 1
-        return g, int(k), float(s), int(kl), l_new
-
     def shared_clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
     ) -> float: ...
@@ -784,15 +723,17 @@ class RecordFunctions:
     @property
     def fused_pays(self) -> bool:
         """Whether the fused pass (`clipped_grad_and_ratio_sum_kept`) is expected to be
-        faster than the two passes it replaces: `fusable`, and the gradient route is a
-        PyTensor graph whose work the log-likelihood shares (a GLM's ``X beta``, the
-        elementwise terms of the blocks and indexed routes). Not on the sorted route,
-        whose gradient is a generated loop nest the log-likelihood cannot enter: there the
-        fused function runs the log-likelihood as a second loop and the kept values cost
-        more than they save (measured, PyTensor 3.3, n = 10^5: the fused pass 1.09-1.96x
-        the two passes on the sorted route, 0.50-0.81x on the GLM, indexed and blocks
-        routes; docs/benchmarks.md, section 6). Structural, data-free."""
-        return self.fusable and self._c.grad_clipped["route"].name != "sorted"
+        faster than the two passes it replaces: `fusable`, the per-record log-likelihood is
+        costly (`loglik_worth_keeping`: a transcendental function or a row reduction, which
+        the gradient shares, e.g. a GLM's ``X beta`` and ``exp``) and the route is not the
+        sorted one (a generated loop nest the log-likelihood does not enter). Measured,
+        n = 10^5, the fused pass against the two passes: Poisson, StudentT and logistic
+        0.50-0.91x on both PyTensor lines; the arithmetic-only likelihoods mixed (banana on
+        the blocks route 0.74x on 3.3, 1.36x on 2.38) and the sorted route 1.07-2.13x
+        (docs/benchmarks.md, section 6). Structural, data-free."""
+        if not self.fusable or not self.loglik_worth_keeping:
+            return False
+        return self._c.grad_clipped["route"].name != "sorted"
 
     def clipped_grad_and_ratio_sum_kept(
         self, q_new: np.ndarray, grad_bound: float, l_old: list[np.ndarray], llr_bound: float
