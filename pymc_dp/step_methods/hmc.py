@@ -80,7 +80,10 @@ class DPHMC(DPStep):
     ``L`` sums are computed), the ratio once (the per-record log-likelihoods at the
     current point, computed by the last ratio release, are kept, ``n`` floats,
     `pymc_dp.records.LoglikMemo`, so each release evaluates them at its proposal only;
-    in-memory records, where that evaluation is costly: `reuse_loglik`); each is a
+    in-memory records, where that evaluation is costly: `reuse_loglik`; where it pays, the
+    ratio sum is computed in the same pass over the records as the last gradient sum of the
+    trajectory, whose end point is the ratio's proposal: `fuse_ratio_pass`,
+    `pymc_dp.records.FusedLastPass`, ``L`` record passes per iteration); each is a
     Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
     parameter $\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)$ and ``k`` iterations over all
     chains (warmup included) compose to $k\mu$ by the tight Gaussian bound (Sommer et
