@@ -21,6 +21,10 @@ For each model, side by side in one process (interleaved blocks, medians, one BL
    current point where that pays (``reuse_loglik``: one log-likelihood evaluation per ratio
    release; the row's note says whether they are kept), and with ``--two-point-ratio`` a
    row for the same step evaluating them at both points (``reuse_loglik = False``) is
+   timed in the same blocks; DPHMC computes the last gradient sum of each trajectory and
+   the ratio release in one pass over the records (``fuse_ratio_pass``; the row's note
+   says whether it does), and with ``--unfused`` a row for the same step with two passes
+   (``fuse_ratio_pass = False``, the log-likelihoods kept where ``reuse_loglik`` says) is
    timed in the same blocks;
 2. ``DPPenaltyMetropolis`` / ``pm.Metropolis`` per proposal (``pm.Metropolis`` updates a vector
    variable one coordinate at a time: one of its iterations is ``d`` proposals);
@@ -40,6 +44,7 @@ scaling in ``n`` and memory bounded by ``chunk_size``. Usage::
     python benchmarks/bench_models.py --models hier50 banana --mode NUMBA
     python benchmarks/bench_models.py --models hier50 logistic --steps DPHMC --l-plus-1
     python benchmarks/bench_models.py --models hier50 --steps DPHMC --two-point-ratio
+    python benchmarks/bench_models.py --models hier50 banana --steps DPHMC --unfused
     python benchmarks/bench_models.py --scaling --models hier50 slopes banana
     python benchmarks/bench_models.py --floor       # against PyMC's gradient and Numba loops
 
@@ -329,6 +334,7 @@ def run_model(
     kinds,
     l_plus_1: bool = False,
     two_point: bool = False,
+    unfused: bool = False,
 ) -> list[str]:
     rng = np.random.default_rng(0)
     model, data = MODELS[name](n, rng)
@@ -365,9 +371,19 @@ def run_model(
             "llr_np": lambda: ref.clipped_llr_sum(q2, q, 0.01),
             # DPHMC's ratio release with the log-likelihoods at q kept (one evaluation)
             "llr1_pkg": lambda: fns.clipped_loglik_ratio_sum_kept(q2, l_q, 0.01),
+            # DPHMC's last gradient release and its ratio release in one pass
+            "fused_pkg": lambda: fns.clipped_grad_and_ratio_sum_kept(q2, bound, l_q, 0.01),
         },
         blocks,
         block_s / 2,
+    )
+    g_f, k_f, l_f, kl_f, _ = fns.clipped_grad_and_ratio_sum_kept(q2, bound, l_q, 0.01)
+    g2_pkg, k2_pkg = fns.clipped_grad_sum(q2, bound)
+    agree_f = (
+        np.allclose(g_f, g2_pkg, rtol=1e-12, atol=1e-14)
+        and k_f == k2_pkg
+        and np.isclose(l_f, l1_pkg, rtol=1e-12, atol=1e-14)
+        and kl_f == kl1_pkg
     )
     route = fns.gradient_route
     t["llr1_np"] = t["llr_np"]
@@ -381,6 +397,15 @@ def run_model(
             f"{'function':<20} {name:<9} {n:>8,d} {d:>4} | {fn:<28} {a * 1e3:>9.4f} "
             f"{b * 1e3:>9.4f} {a / b:>7.2f} | route {route}; agree {agree}"
         )
+    # the fused pass against the two package passes it replaces (the ratio release as
+    # DPHMC makes it unfused: kept log-likelihoods where `loglik_worth_keeping`)
+    a = t["fused_pkg"]
+    b = t["grad_pkg"] + (t["llr1_pkg"] if fns.loglik_worth_keeping else t["llr_pkg"])
+    rows.append(
+        f"{'function':<20} {name:<9} {n:>8,d} {d:>4} | {'grad + LLR fused / unfused':<28} "
+        f"{a * 1e3:>9.4f} {b * 1e3:>9.4f} {a / b:>7.2f} | route {route}; ref: the two "
+        f"package passes; agree {agree_f}"
+    )
     # 2. steps against PyMC's (DP step and PyMC step interleaved)
     for kind in kinds:
         dp = make_dp(kind, model, compile_kwargs)
@@ -396,6 +421,11 @@ def run_model(
             dp_two = make_dp(kind, model, compile_kwargs)
             dp_two.reuse_loglik = False
             runners["dp_two"] = Runner(dp_two, model)
+        if kind == "DPHMC" and unfused:
+            # the same step with the last gradient pass and the ratio pass apart
+            dp_unf = make_dp(kind, model, compile_kwargs)
+            dp_unf.fuse_ratio_pass = False
+            runners["dp_unf"] = Runner(dp_unf, model)
         tt = time_interleaved(runners, block_s, blocks)
         props = pymc_proposals_per_iteration(pymc_step)
         ratio = tt["dp"] / (tt["pymc"] / props)
@@ -414,13 +444,22 @@ def run_model(
                 f"{tt['dp_two'] / tt['pymc']:>7.2f} | route {dp._fns.gradient_route}; "
                 "log-likelihoods at both points"
             )
+        if "dp_unf" in tt:
+            rows.append(
+                f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {'DPHMC unfused/pm.HMC':<28} "
+                f"{tt['dp_unf'] * 1e3:>9.4f} {tt['pymc'] * 1e3:>9.4f} "
+                f"{tt['dp_unf'] / tt['pymc']:>7.2f} | route {dp._fns.gradient_route}; "
+                "last gradient and ratio in two passes"
+                + ("; log-likelihoods kept" if dp_unf.keeps_loglik else "")
+            )
         rows.append(
             f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {tt['dp'] * 1e3:>9.4f} "
             f"{tt['pymc'] / props * 1e3:>9.4f} {ratio:>7.2f} | "
             + (
                 f"route {dp._fns.gradient_route}"
                 + ("; sum at the current point kept" if dp.reuse_gradient_sums else "")
-                + ("; log-likelihoods kept" if dp.keeps_loglik else "")
+                + ("; ratio fused" if dp.fuses_ratio_pass else "")
+                + ("; log-likelihoods kept" if dp.keeps_loglik or dp.fuses_ratio_pass else "")
                 if kind == "DPHMC"
                 else f"PyMC prop/it {props}"
             )
@@ -709,6 +748,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also time DPHMC evaluating the log-likelihoods at both points of each ratio "
         "release (reuse_loglik = False), interleaved with the others",
     )
+    ap.add_argument(
+        "--unfused",
+        action="store_true",
+        help="also time DPHMC with its last gradient pass and its ratio pass apart "
+        "(fuse_ratio_pass = False), interleaved with the others",
+    )
     ap.add_argument("--scaling", action="store_true", help="functions vs n, with chunking")
     ap.add_argument(
         "--floor",
@@ -756,7 +801,15 @@ def main(argv: list[str] | None = None) -> None:
     print(HEADER, flush=True)
     for name in args.models:
         for row in run_model(
-            name, n, blocks, block_s, ck, args.steps, args.l_plus_1, args.two_point_ratio
+            name,
+            n,
+            blocks,
+            block_s,
+            ck,
+            args.steps,
+            args.l_plus_1,
+            args.two_point_ratio,
+            args.unfused,
         ):
             print(row, flush=True)
 

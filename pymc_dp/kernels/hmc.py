@@ -297,6 +297,10 @@ def dphmc_transition(
     owners: int = 0,
     shared_grad_sum: Callable[[np.ndarray, float, float], np.ndarray] | None = None,
     shared_llr_sum: Callable[[np.ndarray, np.ndarray, float, float], float] | None = None,
+    clipped_grad_and_ratio_sum: Callable[
+        [np.ndarray, float, np.ndarray, float], tuple[np.ndarray, int, float, int]
+    ]
+    | None = None,
 ) -> tuple[np.ndarray, DPHMCInfo]:
     r"""One DP-HMC iteration (DP-HMC paper, Algorithm 1 [DPHMC]): ``(q_next, info)``.
 
@@ -334,6 +338,15 @@ def dphmc_transition(
     shared_grad_sum, shared_llr_sum : callable, optional
         With ``owners > 0``: ``shared_grad_sum(x, b_g, sigma_g)`` and
         ``shared_llr_sum(q', q, b_l ||q' - q||, sigma_l)``, the owners' noisy sums.
+    clipped_grad_and_ratio_sum : callable, optional
+        The fused last pass (central scheme): ``f(q', b_g, q, b_l ||q' - q||) -> (g, k,
+        llr, k_llr)``, the noise-free clipped gradient sum at the trajectory's end ``q'``
+        and the noise-free clipped ratio sum of the penalty test, computed together (one
+        pass over the records, e.g. `pymc_dp.records.FusedLastPass`). Used for the last
+        gradient release when ``q'`` is inside the prior's support (the prior is data-free
+        and evaluated first), in place of ``clipped_grad_sum`` there and of
+        ``clipped_loglik_ratio_sum``; the releases, their noise and the order of the
+        random draws are unchanged. ``None``: two passes.
     """
     shared = owners > 0
     if shared and (shared_grad_sum is None or shared_llr_sum is None):
@@ -341,17 +354,27 @@ def dphmc_transition(
     p = sample_momentum(mass_diag, rng)
     n_grad_clipped = 0
     prior_lp: list[float] = []
+    fused = None if shared else clipped_grad_and_ratio_sum
+    fused_llr: tuple[float, int] | None = None
 
     def grad_fn(x: np.ndarray) -> np.ndarray:
         # One gradient release (noisy_leapfrog adds the noise): clipped per-record sum of
         # log-likelihood gradients plus the exact, data-free prior/log-Jacobian gradient.
-        nonlocal n_grad_clipped
+        nonlocal n_grad_clipped, fused_llr
+        last = len(prior_lp) == n_leapfrog  # the (L + 1)-th evaluation: at the end point
         if shared:  # the owners' noisy contributions, summed (their noise included)
             g = shared_grad_sum(x, grad_clip_bound, grad_noise_std)
+            lp, g_prior = prior_logp_and_grad(x)
         else:
-            g, k = clipped_grad_sum(x, grad_clip_bound)
+            lp, g_prior = prior_logp_and_grad(x)  # data-free: first (the support decides)
+            if last and fused is not None and np.isfinite(lp) and np.all(np.isfinite(x)):
+                # the ratio release's bound is known now: one pass for both releases
+                b_l = llr_clip_bound * float(np.linalg.norm(x - q))
+                g, k, llr_fused, k_llr = fused(x, grad_clip_bound, q, b_l)
+                fused_llr = (llr_fused, k_llr)
+            else:
+                g, k = clipped_grad_sum(x, grad_clip_bound)
             n_grad_clipped += k
-        lp, g_prior = prior_logp_and_grad(x)
         prior_lp.append(lp)
         return g + g_prior
 
@@ -376,7 +399,9 @@ def dphmc_transition(
             log_a = -np.inf
         sigma_l = float(np.sqrt(owners)) * sigma_l  # the total noise of the release
     else:
-        if np.isfinite(lp1):
+        if np.isfinite(lp1) and fused_llr is not None:  # computed by the last gradient pass
+            llr, n_llr_clipped = fused_llr
+        elif np.isfinite(lp1):
             llr, n_llr_clipped = clipped_loglik_ratio_sum(q1, q, llr_clip_bound * norm)
         else:  # outside the prior's support: rejected whatever the data say (no data access)
             llr = 0.0

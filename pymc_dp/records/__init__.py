@@ -61,10 +61,17 @@ from pymc_dp.records.graph_facts import (
 )
 from pymc_dp.records.graphs import RecordGraphs, per_record_graphs
 from pymc_dp.records.guards import check_model_supported
-from pymc_dp.records.runtime import GradSumMemo, LoglikMemo, RecordFunctions, RecordSource
+from pymc_dp.records.runtime import (
+    FusedLastPass,
+    GradSumMemo,
+    LoglikMemo,
+    RecordFunctions,
+    RecordSource,
+)
 from pymc_dp.records.store import InMemoryRecords
 
 __all__ = [
+    "FusedLastPass",
     "GradSumMemo",
     "InMemoryRecords",
     "LoglikMemo",

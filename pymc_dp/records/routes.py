@@ -24,6 +24,7 @@ from pytensor.tensor.subtensor import Subtensor
 
 from pymc_dp.records.backend import compile_function
 from pymc_dp.records.clipping import (
+    F32_MARGIN,
     ClipRoute,
     LazyFunction,
     clip_weights,
@@ -43,6 +44,7 @@ __all__ = [
     "GRADIENT_ROUTES",
     "build_blocks_route",
     "build_glm_route",
+    "compile_fused_pass",
     "compile_gradients",
     "compile_kept_ratio",
     "compile_likelihood",
@@ -115,6 +117,37 @@ def compile_kept_ratio(graphs: RecordGraphs, compile_kwargs: dict | None = None)
     )
 
 
+def compile_fused_pass(route: ClipRoute, graphs: RecordGraphs):
+    """The last gradient pass of a DP-HMC trajectory fused with its ratio release, or None.
+
+    ``f(q, b, *prep, *chunk, b_l, l_old) -> (sum_i clip_b(g_i), n_clipped,
+    sum_i clip(r_i, -b_l, b_l), n_llr_clipped, l_new)``: the clipped gradient sum of
+    ``route`` (its ``fast`` function's graph, `ClipRoute.graph`) at ``q`` and, in the same
+    compiled function (one call per chunk, one pass over the records; subexpressions
+    shared by the gradient and the log-likelihood, such as a GLM's ``X beta``, computed
+    once), the per-record log-likelihoods ``l_new`` at ``q`` and the clipped sum of the
+    ratios ``r_i = l_new_i - l_old_i`` against the log-likelihoods ``l_old`` kept at the
+    previous point, with `compile_kept_ratio`'s handling of NaN (0, counted as clipped).
+    The ratio bound ``b_l = b ||q' - q||`` of DP-HMC's penalty test is known when the last
+    gradient of the trajectory is evaluated (at ``q'``), so the two releases read the
+    records once (DP-HMC paper, Algorithm 1 [DPHMC]; issue 28). Both are still released
+    as before: the sums are the same functions of the records, only computed together.
+    Compiled on first call (`LazyFunction`), in the backend of the route's kind.
+    """
+    if route.graph is None:
+        return None
+    ins, outs, ck, kw = route.graph
+    ll_batch = lift_switches(graphs.ll_batch)
+    bound = pt.dscalar("llr_clip_bound")
+    l_old = pt.vector("l_old", dtype=ll_batch.dtype)
+    r = ll_batch - l_old
+    nan = pt.isnan(r)
+    llr_sum = pt.sum(pt.switch(nan, 0.0, pt.clip(r, -bound, bound)))
+    llr_count = pt.sum(pt.or_(nan, pt.gt(pt.abs(r), bound)))
+    kw = {**kw, "on_unused_input": "ignore"}
+    return LazyFunction([*ins, bound, l_old], [*outs, llr_sum, llr_count, ll_batch], ck, **kw)
+
+
 def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
     """Per-record gradient function and the clipped-gradient-sum routes.
 
@@ -164,10 +197,12 @@ def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
     finite, w, n_clipped = clip_weights(pt.sum(pt.sqr(grads), axis=1), bound)
     f_grad = LazyFunction([x, *batch], grads, ck)
     ins = [x, bound, *batch]
+    generic_out = [pt.dot(w, grads), n_clipped]
     generic = ClipRoute(
         name="generic",
-        fast=LazyFunction(ins, [pt.dot(w, grads), n_clipped], ck),
+        fast=LazyFunction(ins, generic_out, ck),
         masked=LazyFunction(ins, [pt.dot(w, mask_rows(grads, finite)), n_clipped], ck),
+        graph=(ins, generic_out, ck, {}),
     )
     d = graphs.ndim
     chosen = generic
@@ -227,7 +262,10 @@ def build_glm_route(
         return None
     bound = pt.dscalar("grad_clip_bound")
     sq_terms, row_sq_in, row_sq_out = squared_row_norms(blocks, split)
-    finite, w, n_clipped = clip_weights(pt.add(*sq_terms), bound)
+    # the blocks route (cheap per-record gradients, e.g. the banana): the clip weight is
+    # most of its time; its square root and division in float32, with a margin
+    f32 = name == "blocks"
+    finite, w, n_clipped = clip_weights(pt.add(*sq_terms), bound, float32_weight=f32)
 
     def clipped(masked):
         parts = []
@@ -242,11 +280,14 @@ def build_glm_route(
     ck = dict(compile_kwargs or {})
     ins = [x, bound, *row_sq_in, *batch]
     kw = {"on_unused_input": "ignore", "kind": "route"}  # backend choice: see backend.py
+    fast_out = [clipped(False), n_clipped]
     return ClipRoute(
         name=name,
-        fast=compile_function(ins, [clipped(False), n_clipped], ck, **kw),
+        fast=compile_function(ins, fast_out, ck, **kw),
         masked=LazyFunction(ins, [clipped(True), n_clipped], ck, **kw),
         prepare=compile_function(list(batch), row_sq_out, ck, **kw) if row_sq_out else None,
+        graph=(ins, fast_out, ck, kw),
+        weight_margin=F32_MARGIN if f32 else 0.0,
     )
 
 

@@ -243,4 +243,5 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
         fast=compile_function(ins, [out, n_clipped], ck, **kw),
         masked=LazyFunction(ins, [out_masked, n_clipped], ck, **kw),
         prepare=compile_function(list(batch), row_sq_out, ck, **kw) if row_sq_out else None,
+        graph=(ins, [out, n_clipped], ck, kw),
     )

@@ -478,4 +478,5 @@ def build_sorted_route(
     v_idx = unbatch_gathers(vectorize_graph([n.inputs[1] for n in gathers], to_batch))
     f_idx = compile_function(list(batch), [pt.flatten(i, ndim=1) for i in v_idx], ck, **kw)
     prepare = _SortChunk(f_idx=f_idx, groups=groups, cols=tuple(rows.index(r) for r in used_rows))
-    return ClipRoute(name="sorted", fast=fast, masked=fast, prepare=prepare)
+    graph = ([x, bound, offs, *run_idx, *cols, *batch], [total, count], ck, kw)
+    return ClipRoute(name="sorted", fast=fast, masked=fast, prepare=prepare, graph=graph)

@@ -179,18 +179,11 @@ class InMemoryRecords:
         with the store (keyed by the ``prepare`` object, which must be kept alive by the
         caller) and never returned.
 
-        With ``per_chunk`` (one value per chunk, in chunk order; not with ``prepare``),
+        With ``per_chunk`` (one value per chunk, in chunk order),
         ``fn(*args, per_chunk[j], *chunk_j)``: values kept in this process from an earlier
-        pass over the same chunks (`pymc_dp.records.LoglikMemo`). In-memory stores only.
+        pass over the same chunks (`pymc_dp.records.LoglikMemo`); with both,
+        ``fn(*args, prepare(*chunk_j), per_chunk[j], *chunk_j)``. In-memory stores only.
         """
-        if per_chunk is not None:
-            if prepare is not None:
-                raise TypeError("map_reduce takes prepare or per_chunk, not both")
-            with np.errstate(all="ignore"):
-                acc = init
-                for v, c in zip(per_chunk, self.chunks(), strict=True):
-                    acc = reduce(acc, _private_call(fn, *args, v, *c))
-                return acc
         with np.errstate(all="ignore"):  # no data-dependent floating-point warning
             if prepare is not None:
                 key = id(prepare)
@@ -199,8 +192,17 @@ class InMemoryRecords:
                     self._prepared[key] = (prepare, preps)
                 preps = self._prepared[key][1]
                 acc = init
+                if per_chunk is not None:
+                    for p, v, c in zip(preps, per_chunk, self.chunks(), strict=True):
+                        acc = reduce(acc, _private_call(fn, *args, p, v, *c))
+                    return acc
                 for p, c in zip(preps, self.chunks(), strict=True):
                     acc = reduce(acc, _private_call(fn, *args, p, *c))
+                return acc
+            if per_chunk is not None:
+                acc = init
+                for v, c in zip(per_chunk, self.chunks(), strict=True):
+                    acc = reduce(acc, _private_call(fn, *args, v, *c))
                 return acc
             acc = init
             for c in self.chunks():

@@ -37,7 +37,7 @@ from pymc_dp.kernels.hmc import (
     gradient_noise_std,
 )
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
-from pymc_dp.records import GradSumMemo, LoglikMemo
+from pymc_dp.records import FusedLastPass, GradSumMemo, LoglikMemo
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, noise_or_target
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
@@ -86,7 +86,10 @@ class DPHMC(DPStep):
     ``L`` sums are computed), the ratio once (the per-record log-likelihoods at the
     current point, computed by the last ratio release, are kept, ``n`` floats,
     `pymc_dp.records.LoglikMemo`, so each release evaluates them at its proposal only;
-    in-memory records, where that evaluation is costly: `reuse_loglik`); each is a
+    in-memory records, where that evaluation is costly: `reuse_loglik`; where it pays, the
+    ratio sum is computed in the same pass over the records as the last gradient sum of the
+    trajectory, whose end point is the ratio's proposal: `fuse_ratio_pass`,
+    `pymc_dp.records.FusedLastPass`, ``L`` record passes per iteration); each is a
     Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
     parameter $\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)$ and ``k`` iterations over all
     chains (warmup included) compose to $k\mu$ by the tight Gaussian bound (Sommer et
@@ -195,6 +198,15 @@ class DPHMC(DPStep):
     #: (default): where it pays (`RecordFunctions.loglik_worth_keeping`: a transcendental
     #: function or a row reduction per record); True: always; False: never.
     reuse_loglik: bool | None = None
+    #: Compute the last gradient release of each trajectory and the ratio release in one
+    #: pass over the records (`pymc_dp.records.FusedLastPass`: the per-record
+    #: log-likelihoods at the end point in the same compiled call as the clipped gradient
+    #: sum there, the ratios against those kept at the current point, ``n`` floats). The
+    #: same releases, noise and accounting. ``None`` (default): where it pays
+    #: (`RecordFunctions.fused_pays`: a costly per-record log-likelihood, not on the sorted
+    #: route); True: wherever available (in-memory records, central scheme, a route with a
+    #: fused pass); False: never.
+    fuse_ratio_pass: bool | None = None
     remote_records = True
     data_sharing = True
     stats_dtypes_shapes = {
@@ -357,7 +369,8 @@ class DPHMC(DPStep):
         # The per-record log-likelihoods at q were computed by the last ratio release: kept
         # (`LoglikMemo`, in-memory records, central scheme), the release computes those at
         # the proposal only; the same release, the same noise.
-        ll_memo = self._ll_memo if self.keeps_loglik else None
+        fused = self._fused_pass() if self.fuses_ratio_pass else None
+        ll_memo = self._ll_memo if fused is not None or self.keeps_loglik else None
         # -- L + 1 gradient releases and one log-likelihood-ratio release (the kernel) ---------
         q_next, info = dphmc_transition(
             self.rng,
@@ -376,6 +389,7 @@ class DPHMC(DPStep):
             owners=self._owners,
             shared_grad_sum=fns.shared_clipped_grad_sum if self._owners else None,
             shared_llr_sum=fns.shared_clipped_loglik_ratio_sum if self._owners else None,
+            clipped_grad_and_ratio_sum=fused,
         )
         if memo is not None:
             memo.end_trajectory()
@@ -401,6 +415,26 @@ class DPHMC(DPStep):
             "llr_clip_fraction" + NONPRIVATE_SUFFIX: info.n_llr_clipped / n,
         }
         return q_next, stats
+
+    @property
+    def fuses_ratio_pass(self) -> bool:
+        """Whether the last gradient release and the ratio release share one pass over the
+        records (`fuse_ratio_pass`; in-memory records, central scheme, a route with a
+        fused pass: `pymc_dp.records.RecordFunctions.fusable`). Structural, data-free."""
+        if self.fuse_ratio_pass is False or self._owners:
+            return False
+        if not getattr(self._fns.records, "local", False):
+            return False
+        if self.fuse_ratio_pass is None:
+            return self._fns.fused_pays
+        return self._fns.fusable
+
+    def _fused_pass(self) -> FusedLastPass:
+        memo = self._grad_memo if self.reuse_gradient_sums else None
+        key = id(memo)
+        if getattr(self, "_fused", None) is None or self._fused[0] != key:
+            self._fused = (key, FusedLastPass(self._fns, self._ll_memo, memo))
+        return self._fused[1]
 
     @property
     def keeps_loglik(self) -> bool:

@@ -631,6 +631,17 @@ def _spy_penalty_tests(monkeypatch, module) -> list:
         return out
 
     monkeypatch.setattr(LoglikMemo, "__call__", spy_kept)
+    # DPHMC's ratio releases computed with the last gradient of the trajectory (one pass)
+    from pymc_dp.records import FusedLastPass
+
+    real_fused = FusedLastPass.__call__
+
+    def spy_fused(self, q_new, grad_bound, q_old, bound):
+        out = real_fused(self, q_new, grad_bound, q_old, bound)
+        pairs.append((np.array(q_new), np.array(q_old), out[2]))
+        return out
+
+    monkeypatch.setattr(FusedLastPass, "__call__", spy_fused)
     monkeypatch.setattr(module, "penalty_log_acceptance", spy_test)
     return tests
 
@@ -670,12 +681,15 @@ def test_penalty_tests_carry_noise_z_2b_step(monkeypatch):
     assert_standard_normal(u, "penalty tests (DPPenaltyMetropolis)")
 
 
-def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
+@pytest.mark.parametrize("fused", [True, False])
+def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch, fused):
     """DPHMC: each of the ``L + 1`` gradient releases of a trajectory is read back from the
     leapfrog's positions (``p_{i+1/2} = (q_{i+1} - q_i) / (eta M^-1)``, the half-step
     momenta) minus the exact gradient at the point (a spy on the gradient the kernel
     evaluates): N(0, (z_g 2 b_g)^2) per coordinate. The penalty test at the end of the
-    trajectory: N(0, (z_l 2 b_l ||q' - q||)^2), its exact part the kinetic-energy change."""
+    trajectory: N(0, (z_l 2 b_l ||q' - q||)^2), its exact part the kinetic-energy change.
+    ``fused``: the last gradient release and the ratio release from one pass over the
+    records (issue 28; the default here), or two."""
     import pymc as pm
     from conftest import normal_mean_model
 
@@ -708,6 +722,8 @@ def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
             llr_noise_multiplier=z_l, n_leapfrog=3, step_size=0.05,
         )  # fmt: skip
         step.reuse_loglik = True  # the ratio releases from kept log-likelihoods (as a GLM's)
+        step.fuse_ratio_pass = fused
+        assert step.fuses_ratio_pass == fused
         pm.sample(
             250, tune=0, chains=1, cores=1, step=step, random_seed=4, progressbar=False,
             compute_convergence_checks=False,
@@ -727,6 +743,8 @@ def test_dphmc_gradients_and_penalty_tests_carry_their_noise(monkeypatch):
     # the first release of every trajectory after the first is the kept noise-free sum at the
     # current state (computed in the previous trajectory) plus fresh noise: the same std
     assert step._grad_memo.reused == 249
+    if fused:  # every trajectory's last gradient and its ratio from one pass
+        assert step._fused[1].calls == 250
     assert_standard_normal(np.concatenate(first[1:]), "DPHMC releases of a kept sum")
     # two releases at the same point (a rejected trajectory, then the next one) differ
     same = [

@@ -142,7 +142,9 @@ def test_bench_models_tiny():
     )
     for model in models:
         rows = [r for r in out.splitlines() if f" {model} " in r and "|" in r]
-        assert len(rows) == 5, out  # three functions vs numpy, DPHMC, DPPenaltyMetropolis
+        # three functions vs numpy, the fused pass vs the two passes, DPHMC,
+        # DPPenaltyMetropolis
+        assert len(rows) == 6, out
         for r in rows:
             # package ms, reference ms and their ratio follow the second "|"
             pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
@@ -152,17 +154,20 @@ def test_bench_models_tiny():
 
 
 def test_bench_models_kept_value_rows_tiny():
-    """--l-plus-1 and --two-point-ratio add DPHMC rows with nothing kept, timed alongside."""
+    """--l-plus-1, --two-point-ratio and --unfused add DPHMC rows (nothing kept; the last
+    gradient and the ratio in two passes), timed alongside."""
     out = _run(
         "bench_models.py",
         *("--n", "400", "--blocks", "1", "--block-seconds", "0.01", "--models", "hier50"),
-        *("--steps", "DPHMC", "--l-plus-1", "--two-point-ratio"),
+        *("--steps", "DPHMC", "--l-plus-1", "--two-point-ratio", "--unfused"),
     )
     rows = [r for r in out.splitlines() if r.startswith("DPHMC ")]
-    assert len(rows) == 3, out
+    assert len(rows) == 4, out
     assert "every sum computed" in rows[0] and "log-likelihoods at both points" in rows[1]
-    # a normal likelihood: the log-likelihoods are not kept by default (arithmetic only)
-    assert rows[2].endswith("sum at the current point kept"), rows[2]
+    assert "last gradient and ratio in two passes" in rows[2]
+    # a normal likelihood: the log-likelihoods are not kept by default (arithmetic only),
+    # and the sorted route does not fuse the ratio pass
+    assert rows[3].endswith("sum at the current point kept"), rows[3]
     for r in rows:
         pkg, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
         assert _ratio_of_printed(pkg, ref, ratio), r
