@@ -987,7 +987,10 @@ def _one_shot(
         # coordinates the likelihood does not read have an exact sum of 0 (post-processing)
         released = np.where(free, 0.0, np.nan_to_num(released))
         p_hess = np.nan_to_num(coords.prior_curvature(y))
-        floor = max(1e-8, float(np.linalg.eigvalsh(0.5 * (p_hess + p_hess.T)).min()))
+        try:
+            floor = max(1e-8, float(np.linalg.eigvalsh(0.5 * (p_hess + p_hess.T)).min()))
+        except np.linalg.LinAlgError:  # an iterate where the prior's curvature overflows
+            floor = 1e-8
         steps.append(
             newton_step(
                 anchor=y,

@@ -194,12 +194,21 @@ class LaplaceInfo:
     basis: np.ndarray | None = None
 
 
+#: Smallest eigenvalue `_pd_floor` keeps, relative to the largest: a condition number of at
+#: most 1e12, so that the precision can be solved with and the covariance factored (measured:
+#: a 4-group hierarchy on 400 records at epsilon 3 stopped with numpy's "Singular matrix" and
+#: "Matrix is not positive definite" in 2 of 4 seeds).
+PD_RELATIVE_FLOOR = 1e-12
+
+
 def _pd_floor(h: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(precision, covariance)`` of a symmetrised Hessian whose eigenvalues are floored."""
+    """``(precision, covariance)`` of a symmetrised Hessian whose eigenvalues are floored
+    (at ``floor``, and at `PD_RELATIVE_FLOOR` of the largest)."""
     h = 0.5 * (h + h.T)
     w, v = np.linalg.eigh(h)
-    w = np.maximum(w, floor)
-    return (v * w) @ v.T, (v / w) @ v.T
+    w = np.maximum(w, max(floor, PD_RELATIVE_FLOOR * float(np.max(np.abs(w), initial=0.0))))
+    prec, cov = (v * w) @ v.T, (v / w) @ v.T
+    return 0.5 * (prec + prec.T), 0.5 * (cov + cov.T)
 
 
 #: Trust region of the uncentred (damped) Fisher-scoring steps, in standard deviations of

@@ -244,3 +244,25 @@ def test_sample_one_shot_is_private_honest_and_fast_to_a_closed_form():
         stripped = pymc_dp.privacy_report(idata, model=model, attach=False)
     assert not stripped.private
     assert any("one-shot strategy's releases" in r for r in stripped.not_private_reasons)
+
+
+def test_a_small_hierarchy_at_a_small_budget_is_flagged_not_crashed():
+    """A non-centred 4-group hierarchy on 400 records at epsilon 3 (DP seed 2) stopped with
+    numpy's "Matrix is not positive definite" (the warm start's covariance, conditioned past
+    1e16) and then "Eigenvalues did not converge" (the prior's curvature at a far iterate).
+    It must now run to its end and say that it has not converged."""
+    rng = np.random.default_rng(0)
+    g = rng.integers(4, size=400)
+    y = rng.normal(1 + rng.normal(0, 0.5, 4)[g], 1.0)
+    with pm.Model():
+        mu = pm.Normal("mu", 0, 5)
+        tau = pm.HalfNormal("tau", 2)
+        z = pm.Normal("z", 0, 1, shape=4)
+        pm.Normal("y", mu + tau * z[g], pm.HalfNormal("sigma", 2), observed=y)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            idata = pymc_dp.sample(
+                epsilon=3, delta=1e-6, chains=2, random_seed=2, progressbar=False
+            )
+    assert "NOT CONVERGED" in idata.attrs["dp_convergence"]
+    assert idata.attrs["dp_epsilon"] <= 3.0
