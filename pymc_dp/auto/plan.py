@@ -240,7 +240,11 @@ def plan(
     chains = check_positive(chains, "chains", integer=True, coerce=True)
     bounds = check_data_bounds(model, data_bounds) if data_bounds is not None else {}
     from pymc_dp.auto.recentre import find_recentring
-    from pymc_dp.auto.suffstats import linear_stats_model, stats_predicted_error
+    from pymc_dp.auto.suffstats import (
+        linear_stats_model,
+        stats_last_share,
+        stats_predicted_error,
+    )
 
     hierarchical = bool(find_recentring(model, model.value_vars))
     fm, why = (None, "a hierarchical or shifted block")
@@ -297,8 +301,8 @@ def plan(
         if method == "stats":
 
             def error_at(m: float) -> float:
-                left = m - sum(p.mu for p in stats_phases(m, math.inf, delta)[:-1])
-                return stats_predicted_error(n, fm.n_covariates, math.sqrt(1 / (2 * left)))
+                z = math.sqrt(1 / (2 * stats_last_share() * m))
+                return stats_predicted_error(n, fm.n_covariates, z)
 
             d_max = 0  # (the statistics grow with the covariates' products: not a count)
         else:

@@ -44,13 +44,18 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pymc as pm
 
-from pymc_dp.kernels.expfam import negative_hessian, normal_linear_stat_box, quadratic_fit
+from pymc_dp.kernels.expfam import (
+    negative_hessian,
+    normal_linear_stat_box,
+    private_centre,
+    quadratic_fit,
+)
 from pymc_dp.kernels.suffstats import (
     LinearStats,
     linear_stats_from_sum,
@@ -74,6 +79,7 @@ __all__ = [
     "release_linear_stats",
     "release_whitened_sum",
     "standardisation",
+    "stats_last_share",
     "stats_predicted_error",
 ]
 
@@ -104,11 +110,13 @@ STATS_EXTEND_SDS = 2.0
 #: statistics were the centre's noise with a noise model that did not include it.
 STATS_LOCATED_SHARE = 0.8
 
-#: The last release's clip bound is the DP quantile times this (public).
-STATS_CLIP_MARGIN = 1.0
-
 #: Share of records left unclipped by the whitened statistics' clip bound (the DP quantile).
 STATS_QUANTILE = 0.999
+
+
+def stats_last_share() -> float:
+    """The last release's share of ``mu``: what the fixed shares leave."""
+    return 1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE
 
 
 #: Predicted error of the worst posterior mean, in posterior sds, per unit of
@@ -271,10 +279,10 @@ def release_box_centre(
     mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
     w = 1.0 / np.where(half > 0, half, 1.0)  # (a constant statistic deviates by 0 in the box)
     C = float(np.sqrt(mid.size))  # the largest scaled deviation inside the box
-    S = passes.centred_clip_sum(mid, C, scale=w)
-    shape = S.shape if size is None else (int(size), S.size)
-    noisy = S + float(noise_multiplier) * 2.0 * C * rng.normal(size=shape)
-    return mid + noisy / (n * w), float(noise_multiplier) * 2.0 * C / (n * w)
+    scaled = private_centre(
+        passes.centred_clip_sum(mid, C, scale=w), n, C, noise_multiplier, rng, size
+    )
+    return mid + scaled / w, float(noise_multiplier) * 2.0 * C / (n * w)
 
 
 def release_whitened_sum(
@@ -361,8 +369,6 @@ def release_linear_stats(
         clip_extend_sds=STATS_EXTEND_SDS,
         clip_located_share=STATS_LOCATED_SHARE,
     )
-    if STATS_CLIP_MARGIN != 1.0:  # public post-processing of the released bound
-        wh = replace(wh, clip=float(wh.clip) * STATS_CLIP_MARGIN)
     # -- release 7: the clipped whitened standardised deviations' sum --------------------------
     noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
     if on_release is not None:

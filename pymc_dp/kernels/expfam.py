@@ -341,15 +341,18 @@ def private_centre(
     stat_clip_bound: float,
     noise_multiplier: float,
     rng: np.random.Generator,
+    size: int | None = None,
 ) -> np.ndarray:
     r"""A DP estimate of the mean statistic: $(\sum_i \mathrm{clip}_C(T(x_i)) + \zeta) / n$.
 
     $\zeta \sim N(0, (z\,2C)^2 I)$: under replace-one neighbours the clipped sum has L2
     sensitivity ``2C``, so this is one Gaussian mechanism with ``mu = 1 / (2 z^2)``
     (Dwork & Roth 2014, Thm A.1); dividing by the public ``n`` is post-processing.
+    ``size``: that many independent releases, shape ``(size, len(S))`` (an audit's trials).
     """
     S = np.asarray(clipped_sum, dtype=float)
-    noise = float(noise_multiplier) * 2.0 * float(stat_clip_bound) * rng.normal(size=S.shape)
+    shape = S.shape if size is None else (int(size), S.size)
+    noise = float(noise_multiplier) * 2.0 * float(stat_clip_bound) * rng.normal(size=shape)
     return (S + noise) / float(n)
 
 
