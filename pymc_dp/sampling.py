@@ -18,6 +18,7 @@ import pymc as pm
 import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
+from pymc_dp.auto.oneshot import CURVATURE_WIDENING_WARN
 from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
 from pymc_dp.records import (
     ModelNotSupportedError,
@@ -555,6 +556,15 @@ def _sample_auto(
             warnings.warn(
                 f"the release noise dominates this posterior: {widening} (the intervals "
                 "include the noise: wide, not off); a larger epsilon or more records would help",
+                NoiseDominatedWarning,
+                stacklevel=3,
+            )
+        if check is not None and check.curvature_widening > CURVATURE_WIDENING_WARN:
+            warnings.warn(
+                "the release noise dominates this result's curvature: its intervals are up to "
+                f"{check.curvature_widening:.3g} times as wide as the released curvature alone "
+                "gives (they include its noise: wide, not off); a larger epsilon or more "
+                "records would help",
                 NoiseDominatedWarning,
                 stacklevel=3,
             )

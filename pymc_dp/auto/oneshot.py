@@ -5,9 +5,11 @@ Bernstein-von Mises regime of n records and a few parameters), a chain adds litt
 private Laplace approximation, and its intervals ignore the noise of the releases it
 conditions on (the control variate tilts its target). Here, after the warm start
 (`pymc_dp.kernels.warmstart.private_laplace`: a few private Newton steps on a fifth of the
-budget), the budget left goes to **two** last releases, half each: the clipped gradient
-sum at the last iterate ``a``, in that iteration's whitened coordinates, and the same at
-the end ``m1`` of the Newton step it gives (`newton_step`):
+budget) and a fresh DP histogram there for their clip bound
+(`pymc_dp.auto.configure.ONESHOT_CLIP_SHARE`), the budget left goes to **two** last
+releases, half each: the clipped gradient sum at the last iterate ``a``, in that
+iteration's whitened coordinates, and the same at the end ``m1`` of the Newton step it
+gives (`newton_step`):
 
     m1 = a + P^-1 (L g~(a) + grad log prior(a)),    g~ = sum_i clip_b(L^-1 g_i) + N(0, s^2 I),
     m2 = m1 + P^-1 (L g~(m1) + grad log prior(m1)), s = 2 b z,
@@ -17,7 +19,7 @@ quadratic between them, ``m1`` and ``m2`` are the mode plus the effect of their 
 release's noise, ``N_j = s^2 P^-1 L D L^T P^-1`` (``D`` the coordinates the likelihood
 reads), independent; their inverse-variance combination carries the noise of one release
 with both halves of the budget, and the result is ``N(m, P_c^-1 + N)``, ``P_c`` the
-curvature less one noise level of its release (a conservative precision). Where ``m2 -
+curvature less its release noise's norm (a conservative precision; `newton_step`). Where ``m2 -
 m1`` is beyond its noise (a chi-square test), the warm start had not converged: the
 result is ``m2``, widened along the last step (`noise_aware_laplace`), and flagged. This is
 the private Newton method of the one-shot baselines (a few steps, most of the budget on
@@ -45,6 +47,7 @@ import scipy.stats
 __all__ = [
     "METHODS",
     "ONESHOT_NEWTON_STEPS",
+    "CURVATURE_WIDENING_WARN",
     "NewtonStep",
     "NoiseAwareLaplace",
     "newton_step",
@@ -59,6 +62,10 @@ METHODS = ("auto", "laplace", "stats", "chain")
 
 #: Private Newton steps of the one-shot strategy's warm start (public).
 ONESHOT_NEWTON_STEPS = 10
+
+#: `NoiseAwareLaplace.curvature_widening` above which the result warns that the released
+#: curvature's noise dominates its intervals (`pymc_dp.NoiseDominatedWarning`).
+CURVATURE_WIDENING_WARN = 2.0
 
 
 def bonferroni_sds(bins: int, family_wise: float = 1e-2) -> float:
@@ -136,6 +143,10 @@ class NoiseAwareLaplace:
     converged: bool = True
     #: the ratio of the second step's length to the first's (``P`` metric)
     contraction: float = float("nan")
+    #: how much wider the conservative curvature ``P_c`` makes the worst coordinate's sd
+    #: than the released curvature ``P`` alone (``max_j sqrt((P_c^-1)_jj / (P^-1)_jj)``):
+    #: above `CURVATURE_WIDENING_WARN` the curvature's noise dominates the intervals
+    curvature_widening: float = 1.0
 
 
 def release_gradient_sum(
@@ -187,7 +198,14 @@ def newton_step(
         The warm start's last released curvature, floored (``P``).
     damping : array (d, d) or float
         Its noise level's damping (`pymc_dp.kernels.warmstart.LaplaceInfo.damping`: two
-        noise levels on the data block); one level is taken off ``P`` for ``P_c``.
+        noise levels on the data block, about the spectral norm of the released
+        curvature's noise); all of it is taken off ``P`` for ``P_c``. The release's
+        eigenvalues were floored at one noise level, so where the data determine a
+        direction less well than the noise does, ``P`` sits above the Hessian there by up
+        to the noise's norm: ``P_c`` stays below it (measured: a logistic regression on
+        9 822 real records at epsilon 1, eight coefficients, ``P`` 1.3-70 times the
+        Hessian in seven of eight directions; with one level taken off, 5 of 8 posterior
+        means beyond 2 of their sds, the worst 13.8; with both, none beyond 0.4).
     basis : array (d, d)
         ``L``: the release was of ``L^-1 g_i`` (public).
     data : array of bool (d,)
@@ -200,7 +218,7 @@ def newton_step(
     p = 0.5 * (precision + precision.T)
     cov_p = np.linalg.inv(p)
     step = cov_p @ (basis @ released_grad + prior_grad)
-    pc = p - 0.5 * np.asarray(damping, dtype=float)
+    pc = p - np.asarray(damping, dtype=float)
     w, v = np.linalg.eigh(0.5 * (pc + pc.T))
     w = np.maximum(w, max(prior_precision_floor, 1e-12 * float(np.max(np.abs(w)))))
     k = cov_p @ (basis * data[None, :].astype(float))
@@ -274,4 +292,10 @@ def noise_aware_laplace(
     # log sigma off while the steps moved the coefficients)
     cov = second.cov_c + noise + doubt.T @ doubt + np.diag(np.sum(doubt * doubt, axis=0))
     err = float(np.max(np.sqrt(np.diag(noise) / np.diag(second.cov_c))))
-    return NoiseAwareLaplace(mean, 0.5 * (cov + cov.T), noise, err, chi2, bool(chi2 <= limit), r)
+    released = np.diag(np.linalg.pinv(second.precision, hermitian=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        widening = np.sqrt(np.diag(second.cov_c) / released)
+    widening = float(np.max(np.where(np.isfinite(widening), widening, np.inf)))
+    return NoiseAwareLaplace(
+        mean, 0.5 * (cov + cov.T), noise, err, chi2, bool(chi2 <= limit), r, widening
+    )

@@ -19,6 +19,8 @@ from pymc_dp._validation import check_positive, check_target
 from pymc_dp.accounting import gaussian_mu_for_epsilon
 from pymc_dp.auto.bounds import check_data_bounds, clip_plan
 from pymc_dp.auto.configure import (
+    ONESHOT_CLIP_PHASE,
+    ONESHOT_CLIP_SHARE,
     ONESHOT_FALLBACK_ESS,
     ONESHOT_SPLIT,
     WARM_START_GROWTH,
@@ -169,8 +171,9 @@ def _nominal_anchor_z(mu_total: float) -> float:
 
 def _oneshot_z(mu_total: float) -> float:
     """The noise multiplier of one release with the two last releases' budget together
-    (their combination's noise, `pymc_dp.auto.oneshot.noise_aware_laplace`)."""
-    share = 1.0 - ONESHOT_SPLIT.warm_start - ONESHOT_SPLIT.histograms
+    (their combination's noise, `pymc_dp.auto.oneshot.noise_aware_laplace`), after their
+    clip bound's histogram (`ONESHOT_CLIP_SHARE`)."""
+    share = 1.0 - ONESHOT_SPLIT.warm_start - ONESHOT_SPLIT.histograms - ONESHOT_CLIP_SHARE
     return math.sqrt(1.0 / (2.0 * share * mu_total))
 
 
@@ -266,6 +269,8 @@ def plan(
         residual_histogram=not one_shot and sources.get("penalty-test clip") != "data_bounds",
         **({"newton_steps": ONESHOT_NEWTON_STEPS} if one_shot else {"growth": WARM_START_GROWTH}),
     )
+    if method == "laplace" and sources.get("warm-start gradient clip") != "data_bounds":
+        phases.append(Phase(ONESHOT_CLIP_PHASE, math.sqrt(1 / (2 * ONESHOT_CLIP_SHARE * mu)), 1))
     z_of = _oneshot_z if one_shot else _nominal_anchor_z
     laplace_err = predicted_mean_error(n, d, z_of(mu)) * worst_of(d)
     err = laplace_err

@@ -59,6 +59,7 @@ __all__ = [
     "noisy_histogram_quantile",
     "prior_curvature_fd",
     "private_laplace",
+    "whitened_grid",
 ]
 
 #: L2 sensitivity of a histogram under replace-one neighbours (one record changes bins).
@@ -70,6 +71,14 @@ def clip_grid(low: float, high: float, bins: int) -> np.ndarray:
     if not (0.0 < low < high and np.isfinite(high)) or bins < 2:
         raise ValueError(f"clip_grid needs 0 < low < high and bins >= 2; got {low}, {high}, {bins}")
     return np.geomspace(low, high, int(bins))
+
+
+def whitened_grid(n: int, k: int, bins: int) -> np.ndarray:
+    """The public grid of clip bounds for whitened per-record gradients of ``k`` data
+    coordinates: ``bins`` log-spaced values around their typical norm ``sqrt(k / n)``
+    (whitened, ``sum_i g_i g_i^T ~ I``), two decades either side."""
+    scale = float(np.sqrt(max(int(k), 1) / n))
+    return np.geomspace(scale * 1e-2, scale * 1e2, int(bins))
 
 
 def histogram_from_counts(n: int, counts_above: np.ndarray) -> np.ndarray:
@@ -572,8 +581,7 @@ def private_laplace(
     # whitened gradients have sum_i g_i g_i^T ~ I, so norms ~ sqrt(d / n): once whitened, the
     # histograms use a public grid around that scale (a wide grid's many empty bins each add
     # a chance that noise passes for a count at the top)
-    scale = float(np.sqrt(max(int(data.sum()), 1) / n))
-    white_grid = np.geomspace(scale * 1e-2, scale * 1e2, grid.size)
+    white_grid = whitened_grid(n, int(data.sum()), grid.size)
     for it in range(newton_steps + 1):
         m = np.linalg.inv(basis)
         info.basis = basis

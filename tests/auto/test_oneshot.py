@@ -266,3 +266,53 @@ def test_a_small_hierarchy_at_a_small_budget_is_flagged_not_crashed():
             )
     assert "NOT CONVERGED" in idata.attrs["dp_convergence"]
     assert idata.attrs["dp_epsilon"] <= 3.0
+
+
+def test_conservative_curvature_stays_below_the_hessian_when_the_noise_lifts_it():
+    """The released curvature is the Hessian plus symmetric noise whose spectral norm is at
+    most the damping ``newton_step`` is told (two noise levels). ``P_c`` must never exceed
+    the Hessian (Loewner order): its covariance is then never narrower than the exact
+    one. 400 random noises at the largest norm, in random directions; taking half the
+    damping off (the code before) fails where the noise points up."""
+    rng = np.random.default_rng(11)
+    d = 4
+    a = rng.normal(size=(d, d))
+    hessian = a @ a.T + 4.0 * np.eye(d)
+    level = 1.5  # the damping: the noise's spectral norm bound
+    worst = []
+    for _ in range(400):
+        e = rng.normal(size=(d, d))
+        e = 0.5 * (e + e.T)
+        e *= level / np.max(np.abs(np.linalg.eigvalsh(e)))
+        step = newton_step(
+            anchor=np.zeros(d), released_grad=np.zeros(d), prior_grad=np.zeros(d),
+            precision=hessian + e, damping=level * np.eye(d), basis=np.eye(d),
+            data=np.ones(d, dtype=bool), noise_std=0.1, prior_precision_floor=1e-3,
+        )  # fmt: skip
+        worst.append(np.linalg.eigvalsh(hessian - np.linalg.inv(step.cov_c)).min())
+    assert min(worst) >= -1e-9
+    # and not needlessly wide: with noise of that norm the bound is attained in some draws
+    assert min(worst) < 0.5 * level
+
+
+def test_a_curvature_dominated_by_its_noise_is_reported_as_wide():
+    """``curvature_widening`` is the worst coordinate's ``sqrt((P_c^-1)_jj / (P^-1)_jj)``: a
+    damping of 4/5 of a diagonal curvature widens that coordinate's sd sqrt(5) times; with
+    none it is 1."""
+    d = 3
+    p = np.diag([10.0, 5.0, 2.0])
+
+    def steps(damping):
+        kw = dict(
+            released_grad=np.zeros(d), prior_grad=np.zeros(d), precision=p, damping=damping,
+            basis=np.eye(d), data=np.ones(d, dtype=bool), noise_std=0.01,
+            prior_precision_floor=1e-6,
+        )  # fmt: skip
+        first = newton_step(anchor=np.zeros(d), **kw)
+        return first, newton_step(anchor=first.mean, **kw)
+
+    assert noise_aware_laplace(*steps(0.0), np.ones(d, dtype=bool)).curvature_widening == (
+        pytest.approx(1.0)
+    )
+    res = noise_aware_laplace(*steps(np.diag([0.0, 0.0, 1.6])), np.ones(d, dtype=bool))
+    assert res.curvature_widening == pytest.approx(np.sqrt(5.0), rel=1e-9)

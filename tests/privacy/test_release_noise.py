@@ -402,10 +402,11 @@ def test_automatic_run_epsilon_is_the_composition_of_the_noise_it_added(monkeypa
 def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
     """The one-shot strategy (``method="laplace"``), every release traced. Its warm start's
     iterations share each phase equally: every histogram, gradient sum and outer-product sum
-    must carry the multiplier of its share, computed here from (epsilon, delta); the two last
-    gradient sums share what is left equally; the report's epsilon is the composition of
+    must carry the multiplier of its share, computed here from (epsilon, delta); the last
+    releases' clip histogram its own share; the two last gradient sums share what is left
+    equally; the report's epsilon is the composition of
     all of them, and the whole budget."""
-    from pymc_dp.auto.configure import ONESHOT_SPLIT
+    from pymc_dp.auto.configure import ONESHOT_CLIP_SHARE, ONESHOT_SPLIT
     from pymc_dp.auto.oneshot import ONESHOT_NEWTON_STEPS
 
     epsilon, delta = 3.0, 1e-5
@@ -415,15 +416,21 @@ def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
     assert report.epsilon == pytest.approx(epsilon, rel=1e-6)
 
     k = ONESHOT_NEWTON_STEPS + 1
-    assert z["histogram"].size == k and z["outer-product sum"].size == k
+    # the warm start's k histograms and the last releases' own clip histogram
+    assert z["histogram"].size == k + 1 and z["outer-product sum"].size == k
     assert z["gradient sum"].size == k + 2 and z["penalty test"].size == 0
     w = np.full(k, 1.0 / k)
     mu2, split = _gdp_mu(epsilon, delta) ** 2, ONESHOT_SPLIT
     sums = split.warm_start / 2 * mu2
-    np.testing.assert_allclose(z["histogram"], np.sqrt(1 / (w * split.histograms * mu2)), rtol=1e-9)
+    np.testing.assert_allclose(
+        z["histogram"][:k], np.sqrt(1 / (w * split.histograms * mu2)), rtol=1e-9
+    )
+    np.testing.assert_allclose(
+        z["histogram"][k], np.sqrt(1 / (ONESHOT_CLIP_SHARE * mu2)), rtol=1e-9
+    )
     np.testing.assert_allclose(z["gradient sum"][:k], np.sqrt(1 / (w * sums)), rtol=1e-9)
     np.testing.assert_allclose(z["outer-product sum"], np.sqrt(1 / (w * sums)), rtol=1e-9)
-    left = (1.0 - split.warm_start - split.histograms) * mu2
+    left = (1.0 - split.warm_start - split.histograms - ONESHOT_CLIP_SHARE) * mu2
     # (calibrated to the target to 1e-6: its multiplier nudged up until the composition fits)
     np.testing.assert_allclose(z["gradient sum"][k:], np.sqrt(2 / left), rtol=1e-6)
     assert np.all(z["gradient sum"][k:] >= np.sqrt(2 / left) * (1 - 1e-12))
