@@ -39,12 +39,14 @@ from pymc_dp.kernels.penalty import accept
 from pymc_dp.records.expfam import ExpFamilyModel, find_expfam_structure
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
+    WALK_STATS,
     DPStep,
     ScaleAdaptation,
     check_positive,
     check_target,
     make_plan,
     n_records_of,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import (
@@ -372,14 +374,10 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     remote_records = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "accept": (np.float64, []),
-        "scaling": (np.float64, []),
-        "step_norm": (np.float64, []),
-        "noise_std": (np.float64, []),
+        **WALK_STATS,
         # the part of dp_mu charged for the releases of the centre and of the clip quantile
         # (StatCentre; data-free)
-        "centre_mu": (np.float64, []),
-        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **scalar_stats("centre_mu", "clip_fraction" + NONPRIVATE_SUFFIX),
     }
 
     _privacy_keywords = {

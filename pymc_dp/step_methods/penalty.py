@@ -25,9 +25,11 @@ from pymc_dp.kernels.penalty import (
 )
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
+    WALK_STATS,
     DPStep,
     ScaleAdaptation,
     noise_or_target,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import (
@@ -168,11 +170,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     data_sharing = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "accept": (np.float64, []),
-        "scaling": (np.float64, []),
-        "step_norm": (np.float64, []),
-        "noise_std": (np.float64, []),
-        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **WALK_STATS,
+        **scalar_stats("clip_fraction" + NONPRIVATE_SUFFIX),
     }
 
     def __init__(
