@@ -14,8 +14,10 @@ object instead of a handful of keywords:
   of the coordinates no record's log-likelihood reads (Metropolis-within-Gibbs).
 
 `ControlVariate` is the first-order control variate of the penalty test (Bardenet et al.
-2017, Sec. 6). All of them are data-free settings: choose them from public knowledge or from
-DP outputs (post-processing), never from the data. Dimensions are checked by the step
+2017, Sec. 6), and `Coordinates` the coordinates ``y = T(theta)`` the proposal works in (the
+identity, or the recentred and shifted blocks of a hierarchical model). All of them are
+data-free settings: choose them from public knowledge or from DP outputs (post-processing),
+never from the data. Dimensions are checked by the step
 (before it reads any data).
 """
 
@@ -24,8 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "ControlVariate",
+    "Coordinates",
     "CoordinateWalk",
     "GuidedWalk",
     "Independent",
@@ -177,6 +182,85 @@ class ControlVariate:
     def as_tuple(self) -> tuple[Any, Any, float]:
         """``(anchor, grad_sum, grad_bound)``."""
         return self.anchor, self.grad_sum, self.grad_bound
+
+
+#: The methods a `Coordinates` transform provides.
+_TRANSFORM_METHODS = ("forward_with_log_det", "inverse", "log_det_jacobian", "gradient_map")
+
+
+@dataclass(frozen=True, eq=False)
+class Coordinates:
+    r"""The coordinates $y = T(\theta)$ a step's proposal works in (`DPPenaltyMetropolis`).
+
+    ``Coordinates()`` is the identity (the default). ``Coordinates(transform)`` holds a
+    data-free bijection, e.g. `pymc_dp.auto.recentre.Recentring`, the recentred and shifted
+    blocks of a hierarchical model that the automatic mode finds in the model's graph
+    (Papaspiliopoulos, Roberts & Skold 2007). The step proposes $y'$ from $y = T(\theta)$
+    (a walk's $y + \dots$, or `Independent`'s $N(m, s^2 \Sigma)$ with $m$, $\Sigma$ in
+    $y$), moves to $\theta' = T^{-1}(y')$, and adds
+    $\log|\det J(\theta)| - \log|\det J(\theta')|$ to the Hastings ratio (the proposal's
+    density in $\theta$, a change of variables), so the chain still targets the posterior of
+    $\theta$. The transform reads no data: it costs no privacy.
+
+    Parameters
+    ----------
+    transform : object, optional
+        The bijection, with methods ``forward_with_log_det(theta) -> (y, log|det J|)``,
+        ``inverse(y)``, ``log_det_jacobian(theta)`` and ``gradient_map(theta)`` (the map
+        ``J^{-T}`` of gradients in ``theta`` to gradients in ``y``: a `ControlVariate`'s
+        linearisation is then in ``y``), and optionally ``likelihood_free``, a boolean mask
+        ``(d,)`` of the coordinates of ``y`` no record's log-likelihood reads (those that a
+        proposal's ``free_moves`` move). None (default): the identity.
+
+    Raises
+    ------
+    TypeError
+        If ``transform`` lacks one of the methods above.
+    """
+
+    transform: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.transform, Coordinates):
+            object.__setattr__(self, "transform", self.transform.transform)
+        if self.transform is None:
+            return
+        missing = [m for m in _TRANSFORM_METHODS if not callable(getattr(self.transform, m, None))]
+        if missing:
+            raise TypeError(
+                f"coordinates: the transform needs the methods {list(_TRANSFORM_METHODS)} "
+                f"(e.g. pymc_dp.auto.recentre.Recentring); {type(self.transform).__name__} "
+                f"lacks {missing}"
+            )
+
+    @property
+    def identity(self) -> bool:
+        """Whether these are the model's own coordinates (no transform)."""
+        return self.transform is None
+
+    @property
+    def likelihood_free(self) -> np.ndarray | None:
+        """The transform's mask of likelihood-free coordinates of ``y``, or None."""
+        return getattr(self.transform, "likelihood_free", None)
+
+    def forward_with_log_det(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(T(theta), log |det dT/dtheta|)``."""
+        if self.transform is None:
+            return theta, 0.0
+        return self.transform.forward_with_log_det(theta)
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        """``T^{-1}(y)``."""
+        return y if self.transform is None else self.transform.inverse(y)
+
+    def log_det_jacobian(self, theta: np.ndarray) -> float:
+        """``log |det dT/dtheta|`` at ``theta``."""
+        return 0.0 if self.transform is None else self.transform.log_det_jacobian(theta)
+
+    def gradient_map(self, theta: np.ndarray) -> np.ndarray | None:
+        """``J^{-T}`` at ``theta`` (gradients in ``theta`` to gradients in ``y``); None for
+        the identity."""
+        return None if self.transform is None else self.transform.gradient_map(theta)
 
 
 @dataclass(frozen=True, eq=False)
