@@ -201,7 +201,7 @@ class DPBarker(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        q1 = q + self.scaling * self.proposal_scale * self.rng.normal(size=q.size)
+        q1 = self.proposal.propose(self.rng, q, self.scaling)
         n, b = self._fns.n_records, self.batch_size
         lpr = self._fns.prior_logp(q1) - self._fns.prior_logp(q)
         # -- the one data access: Algorithm 2 on a minibatch drawn without replacement --------

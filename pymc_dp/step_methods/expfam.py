@@ -765,24 +765,20 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         d = q.size
-        if self._kind == "gaussian":
+        if self._laplace is None:  # the walk's own scales: the proposal draws
+            if self._kind == "gaussian":
+                return self.proposal.propose(self.rng, q, self.scaling), None
+            direction = self._direction if self._kind == "guided" else None
+            return self.proposal.propose(self.rng, q, self.scaling, direction)
+        if self._kind == "gaussian":  # the metric of the natural parameters at c
             xi = self.rng.normal(size=d)
-            if self._laplace is not None:  # the metric of the natural parameters at c
-                return q + self.scaling * (2.38 / np.sqrt(d)) * (self._laplace[1] @ xi), None
-            return q + self.scaling * self.proposal_scale * xi, None
+            return q + self.scaling * (2.38 / np.sqrt(d)) * (self._laplace[1] @ xi), None
+        # one principal axis of the metric at the centre (columns of U diag(sqrt(lam)))
         j = int(self.rng.integers(d))
-        if self._laplace is not None:
-            # one principal axis of the metric at the centre (columns of U diag(sqrt(lam)))
-            step = self.scaling * self.rng.normal()
-            if self._kind == "guided":
-                step = self._direction[j] * abs(step)
-            return q + step * self._axes[:, j], j
-        step = self.scaling * self.proposal_scale[j] * self.rng.normal()
+        step = self.scaling * self.rng.normal()
         if self._kind == "guided":
             step = self._direction[j] * abs(step)
-        q1 = q.copy()
-        q1[j] += step
-        return q1, j
+        return q + step * self._axes[:, j], j
 
     def _point(self, q: np.ndarray) -> tuple[np.ndarray, float, float]:
         """``(eta, A, log prior)`` at ``q``; data-free. Cached for the current state when no

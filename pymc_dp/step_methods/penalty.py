@@ -292,18 +292,11 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
                     f.chol_read @ self.rng.normal(size=f.chol_read.shape[0])
                 )
                 return y1, None
-            return self.proposal_mean + self.scaling * (self._chol @ self.rng.normal(size=d)), None
+            return self.proposal.propose(self.rng, q, self.scaling), None
         if self._kind == "gaussian":
-            if self._chol is not None:
-                return q + self.scaling * (self._chol @ self.rng.normal(size=d)), None
-            return q + self.scaling * self.proposal_scale * self.rng.normal(size=d), None
-        j = int(self.rng.integers(d))
-        step = self.scaling * self.proposal_scale[j] * self.rng.normal()
-        if self._kind == "guided":
-            step = self._direction[j] * abs(step)
-        q1 = q.copy()
-        q1[j] += step
-        return q1, j
+            return self.proposal.propose(self.rng, q, self.scaling), None
+        direction = self._direction if self._kind == "guided" else None
+        return self.proposal.propose(self.rng, q, self.scaling, direction)
 
     def _log_q_ratio(self, q: np.ndarray, q1: np.ndarray) -> float:
         """``log q(q | q1) - log q(q1 | q)`` in the proposal's coordinates: 0 for the

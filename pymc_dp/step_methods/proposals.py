@@ -18,12 +18,15 @@ object instead of a handful of keywords:
 identity, or the recentred and shifted blocks of a hierarchical model). All of them are
 data-free settings: choose them from public knowledge or from DP outputs (post-processing),
 never from the data. Dimensions are checked by the step
-(before it reads any data).
+(before it reads any data). The proposals draw their moves (``propose(rng, q, scaling)``,
+the step passing its generator and its adapted scale), with the generator calls the steps
+made before they did.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -74,6 +77,38 @@ class RandomWalk:
 
     kind = "gaussian"
 
+    @cached_property
+    def _factor(self) -> np.ndarray:
+        # the Cholesky factor L of cov, computed once (the step has validated cov)
+        return np.linalg.cholesky(np.asarray(self.cov, dtype=float))
+
+    def propose(
+        self, rng: np.random.Generator, q: np.ndarray, scaling: float | None = None
+    ) -> np.ndarray:
+        r"""Draw $\theta' = \theta + s S \xi$ (or $\theta + s L \xi$ with ``cov``),
+        $\xi \sim N(0, I)$: one ``rng.normal(size=d)`` call (BlackJAX's random-walk
+        proposal, a function of the state and the generator).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+        q : array
+            The current point ``(d,)``.
+        scaling : float, optional
+            The global scale ``s`` (a step passes its warmup-adapted one); default this
+            walk's ``scaling``.
+
+        Returns
+        -------
+        array
+            The proposed point. Data-free. ``max_step`` (`DPFastMH`'s truncation) is applied
+            by that step.
+        """
+        s = self.scaling if scaling is None else scaling
+        if self.cov is not None:
+            return q + s * (self._factor @ rng.normal(size=q.size))
+        return q + s * _per_coordinate(self.scale, q.size) * rng.normal(size=q.size)
+
 
 @dataclass(frozen=True, eq=False)
 class CoordinateWalk:
@@ -94,6 +129,41 @@ class CoordinateWalk:
     target_accept: float | None = None
 
     kind = "coordinate"
+
+    def propose(
+        self,
+        rng: np.random.Generator,
+        q: np.ndarray,
+        scaling: float | None = None,
+        direction: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """Draw a coordinate ``j`` uniformly and move it by ``s S_j xi``, ``xi ~ N(0, 1)``
+        (``rng.integers(d)``, then ``rng.normal()``).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+        q : array
+            The current point ``(d,)``.
+        scaling : float, optional
+            The global scale ``s`` (a step passes its adapted one); default this walk's.
+        direction : array, optional
+            The guided walk's remembered directions (`GuidedWalk`, ``+-1`` per coordinate,
+            kept by the step): the move is then ``direction[j] |s S_j xi|``. None: symmetric.
+
+        Returns
+        -------
+        (array, int)
+            The proposed point and the coordinate ``j`` moved (data-free).
+        """
+        s = self.scaling if scaling is None else scaling
+        j = int(rng.integers(q.size))
+        step = s * _per_coordinate(self.scale, q.size)[j] * rng.normal()
+        if direction is not None:
+            step = direction[j] * abs(step)
+        q1 = q.copy()
+        q1[j] += step
+        return q1, j
 
 
 @dataclass(frozen=True, eq=False)
@@ -145,6 +215,34 @@ class Independent:
 
     kind = "independent"
 
+    @cached_property
+    def _factor(self) -> np.ndarray:
+        # the Cholesky factor L of cov, computed once (the step has validated cov)
+        return np.linalg.cholesky(np.asarray(self.cov, dtype=float))
+
+    def propose(
+        self, rng: np.random.Generator, q: np.ndarray, scaling: float | None = None
+    ) -> np.ndarray:
+        """Draw ``theta' = m + s L xi``, ``xi ~ N(0, I)``, whatever ``q`` (one
+        ``rng.normal(size=d)`` call; the step chooses the local and free moves, which
+        depend on its state).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+        q : array
+            The current point ``(d,)`` (its size only).
+        scaling : float, optional
+            ``s``; default this proposal's ``scaling``.
+
+        Returns
+        -------
+        array
+            The proposed point (data-free).
+        """
+        s = self.scaling if scaling is None else scaling
+        return np.asarray(self.mean, dtype=float) + s * (self._factor @ rng.normal(size=q.size))
+
 
 @dataclass(frozen=True, eq=False)
 class ControlVariate:
@@ -182,6 +280,12 @@ class ControlVariate:
     def as_tuple(self) -> tuple[Any, Any, float]:
         """``(anchor, grad_sum, grad_bound)``."""
         return self.anchor, self.grad_sum, self.grad_bound
+
+
+def _per_coordinate(scale: Any, d: int) -> np.ndarray:
+    """A walk's per-coordinate scales ``S`` as a ``(d,)`` vector (the step has validated
+    them: finite, > 0)."""
+    return np.broadcast_to(np.asarray(scale, dtype=float), (d,))
 
 
 #: The methods a `Coordinates` transform provides.

@@ -208,7 +208,7 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        q1 = q + self.scaling * self.proposal_scale * self.rng.normal(size=q.size)
+        q1 = self.proposal.propose(self.rng, q, self.scaling)
         norm = float(np.linalg.norm(q1 - q))
         n, b = self._fns.n_records, self.batch_size
         lpr = self._fns.prior_logp(q1) - self._fns.prior_logp(q)
