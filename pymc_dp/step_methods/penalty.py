@@ -33,10 +33,10 @@ from pymc_dp.step_methods.base import (
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import (
+    WALKS,
     ControlVariate,
     Coordinates,
     CoordinateWalk,
-    GuidedWalk,
     Independent,
     RandomWalk,
 )
@@ -464,8 +464,7 @@ def _proposal_object(p: dict[str, Any]) -> RandomWalk | CoordinateWalk | Indepen
         return RandomWalk(
             p["scale"], p["cov"], p["scaling"], p["target_accept"], free_moves=p["free_moves"]
         )
-    cls = GuidedWalk if p["kind"] == "guided" else CoordinateWalk
-    return cls(p["scale"], p["scaling"], p["target_accept"])
+    return WALKS[p["kind"]](p["scale"], p["scaling"], p["target_accept"])
 
 
 def _other_parts(control_variate, coordinates, old: dict[str, Any]):

@@ -42,8 +42,20 @@ __all__ = [
 ]
 
 
+class _Draws:
+    """What the proposals share to draw: the global scale of a draw and the Cholesky
+    factor of ``cov`` (computed once; the step has validated ``cov`` before)."""
+
+    def _scaling(self, scaling: float | None) -> float:
+        return self.scaling if scaling is None else scaling
+
+    @cached_property
+    def _factor(self) -> np.ndarray:
+        return np.linalg.cholesky(np.asarray(self.cov, dtype=float))
+
+
 @dataclass(frozen=True, eq=False)
-class RandomWalk:
+class RandomWalk(_Draws):
     r"""Gaussian random walk over the full vector.
 
     Parameters
@@ -77,11 +89,6 @@ class RandomWalk:
 
     kind = "gaussian"
 
-    @cached_property
-    def _factor(self) -> np.ndarray:
-        # the Cholesky factor L of cov, computed once (the step has validated cov)
-        return np.linalg.cholesky(np.asarray(self.cov, dtype=float))
-
     def propose(
         self, rng: np.random.Generator, q: np.ndarray, scaling: float | None = None
     ) -> np.ndarray:
@@ -104,14 +111,14 @@ class RandomWalk:
             The proposed point. Data-free. ``max_step`` (`DPFastMH`'s truncation) is applied
             by that step.
         """
-        s = self.scaling if scaling is None else scaling
+        s = self._scaling(scaling)
         if self.cov is not None:
             return q + s * (self._factor @ rng.normal(size=q.size))
         return q + s * _per_coordinate(self.scale, q.size) * rng.normal(size=q.size)
 
 
 @dataclass(frozen=True, eq=False)
-class CoordinateWalk:
+class CoordinateWalk(_Draws):
     """A Gaussian random walk of one coordinate at a time (chosen uniformly).
 
     Parameters
@@ -144,7 +151,7 @@ class CoordinateWalk:
         ----------
         rng : numpy.random.Generator
         q : array
-            The current point ``(d,)``.
+            The current point ``(d,)``, of which one coordinate moves.
         scaling : float, optional
             The global scale ``s`` (a step passes its adapted one); default this walk's.
         direction : array, optional
@@ -156,7 +163,7 @@ class CoordinateWalk:
         (array, int)
             The proposed point and the coordinate ``j`` moved (data-free).
         """
-        s = self.scaling if scaling is None else scaling
+        s = self._scaling(scaling)
         j = int(rng.integers(q.size))
         step = s * _per_coordinate(self.scale, q.size)[j] * rng.normal()
         if direction is not None:
@@ -178,7 +185,7 @@ class GuidedWalk(CoordinateWalk):
 
 
 @dataclass(frozen=True, eq=False)
-class Independent:
+class Independent(_Draws):
     r"""An independence proposal $\theta' \sim N(m, s^2 \Sigma)$.
 
     The Hastings ratio $\log q(\theta)/q(\theta')$ enters the test (Yildirim & Ermis 2019,
@@ -215,33 +222,15 @@ class Independent:
 
     kind = "independent"
 
-    @cached_property
-    def _factor(self) -> np.ndarray:
-        # the Cholesky factor L of cov, computed once (the step has validated cov)
-        return np.linalg.cholesky(np.asarray(self.cov, dtype=float))
-
     def propose(
         self, rng: np.random.Generator, q: np.ndarray, scaling: float | None = None
     ) -> np.ndarray:
-        """Draw ``theta' = m + s L xi``, ``xi ~ N(0, I)``, whatever ``q`` (one
-        ``rng.normal(size=d)`` call; the step chooses the local and free moves, which
-        depend on its state).
-
-        Parameters
-        ----------
-        rng : numpy.random.Generator
-        q : array
-            The current point ``(d,)`` (its size only).
-        scaling : float, optional
-            ``s``; default this proposal's ``scaling``.
-
-        Returns
-        -------
-        array
-            The proposed point (data-free).
-        """
-        s = self.scaling if scaling is None else scaling
-        return np.asarray(self.mean, dtype=float) + s * (self._factor @ rng.normal(size=q.size))
+        """Draw ``theta' = m + s L xi``, ``xi ~ N(0, I)``, whatever ``q`` (its size only):
+        one ``rng.normal(size=d)`` call, as `RandomWalk.propose` (``scaling`` default this
+        proposal's ``s``). The step chooses the local and free moves, which depend on its
+        state. Data-free."""
+        m = np.asarray(self.mean, dtype=float)
+        return m + self._scaling(scaling) * (self._factor @ rng.normal(size=q.size))
 
 
 @dataclass(frozen=True, eq=False)
@@ -395,7 +384,8 @@ class TunaMHTest:
 
 #: The older keywords of a random walk (deprecated): folded into the walk object.
 WALK_KEYWORDS = ("proposal_scale", "scaling", "target_accept")
-_WALKS = {"gaussian": RandomWalk, "coordinate": CoordinateWalk, "guided": GuidedWalk}
+#: The random walks by kind (the older ``proposal=`` strings).
+WALKS = {"gaussian": RandomWalk, "coordinate": CoordinateWalk, "guided": GuidedWalk}
 
 
 def walk_from_keywords(
@@ -409,12 +399,12 @@ def walk_from_keywords(
         kind = kinds[0] if proposal is None else proposal
         if kind not in kinds:
             raise ValueError(f"proposal must be one of {kinds}; got {proposal!r}")
-        return _WALKS[kind](
+        return WALKS[kind](
             scale=old.get("proposal_scale", 1.0),
             scaling=old.get("scaling", 1.0),
             target_accept=old.get("target_accept"),
         )
-    allowed = tuple(_WALKS[k] for k in kinds)
+    allowed = tuple(WALKS[k] for k in kinds)
     if type(proposal) not in allowed:
         names = ", ".join(f"pymc_dp.{c.__name__}" for c in allowed)
         raise TypeError(f"{step} takes a proposal among {names}; got {proposal!r}")
