@@ -511,8 +511,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        zeta = self.rng.normal(size=q.size)
-        q1 = q + truncate_step(self.scaling * self.proposal_scale * zeta, self.max_step)
+        q1 = q + truncate_step(self.proposal.move(self.rng, q.size, self.scaling), self.max_step)
         # |q1 - q| is symmetric in (q, q1) bit for bit; min() guards the last rounding.
         M = min(float(np.linalg.norm(q1 - q)), self.max_step)
         lp0 = self._fns.prior_logp(q)

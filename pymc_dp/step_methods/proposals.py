@@ -108,13 +108,17 @@ class RandomWalk(_Draws):
         Returns
         -------
         array
-            The proposed point. Data-free. ``max_step`` (`DPFastMH`'s truncation) is applied
-            by that step.
+            The proposed point, ``q + move(rng, d, scaling)`` (data-free).
         """
+        return q + self.move(rng, q.size, scaling)
+
+    def move(self, rng: np.random.Generator, d: int, scaling: float | None = None) -> np.ndarray:
+        """The increment ``s S xi`` (or ``s L xi``) that `propose` adds, of a ``d``-vector:
+        `DPFastMH` truncates it to length ``max_step`` before adding it."""
         s = self._scaling(scaling)
         if self.cov is not None:
-            return q + s * (self._factor @ rng.normal(size=q.size))
-        return q + s * _per_coordinate(self.scale, q.size) * rng.normal(size=q.size)
+            return s * (self._factor @ rng.normal(size=d))
+        return s * _per_coordinate(self.scale, d) * rng.normal(size=d)
 
 
 @dataclass(frozen=True, eq=False)
@@ -274,7 +278,7 @@ class ControlVariate:
 def _per_coordinate(scale: Any, d: int) -> np.ndarray:
     """A walk's per-coordinate scales ``S`` as a ``(d,)`` vector (the step has validated
     them: finite, > 0)."""
-    return np.broadcast_to(np.asarray(scale, dtype=float), (d,))
+    return np.broadcast_to(np.ravel(np.asarray(scale, dtype=float)), (d,))
 
 
 #: The methods a `Coordinates` transform provides.

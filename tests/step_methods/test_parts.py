@@ -324,6 +324,10 @@ def test_the_proposals_draw_their_documented_move_with_the_documented_rng_calls(
     k = int(b.integers(3))
     step = abs(scale[k] * b.normal())
     assert j == k and q1[j] == q[j] - step and np.array_equal(np.delete(q1, j), np.delete(q, j))
+    # DPFastMH's increment, truncated by the step before it is added
+    np.testing.assert_array_equal(
+        pymc_dp.RandomWalk(scale=scale, scaling=0.7).move(a, 3), 0.7 * scale * b.normal(size=3)
+    )
     # the twins consumed the same draws
     assert a.random() == b.random()
 
