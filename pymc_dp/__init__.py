@@ -18,6 +18,7 @@ from pymc_dp.step_methods import (
     DPSGNHT,
     BudgetExceededError,
     ControlVariate,
+    Coordinates,
     CoordinateWalk,
     CorrelatedNoise,
     DPBarker,
@@ -70,5 +71,6 @@ __all__ = [
     "GuidedWalk",
     "Independent",
     "ControlVariate",
+    "Coordinates",
     "TunaMHTest",
 ]

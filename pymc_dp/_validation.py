@@ -99,13 +99,7 @@ def check_delta(value: Any, name: str = "delta", *, coerce: bool = False) -> flo
             raise ValueError(
                 f"{name} must be a number in (0, 1), not {type(value).__name__}; got {value!r}"
             )
-        try:
-            out = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"{name} must be a number in (0, 1); got {value!r}") from None
-        if not 0.0 < out < 1.0:
-            raise ValueError(f"{name} must be in (0, 1), typically below 1/n; got {value!r}")
-        return out
+        return check_unit_interval(value, name, hint=", typically below 1/n")
     out = check_real(value, name)
     if not 0.0 < out < 1.0:
         raise ValueError(f"{name} must be in (0, 1); got {value!r}")
@@ -120,24 +114,25 @@ def check_mechanism_delta(value: Any, name: str = "delta") -> float:
     return out
 
 
+def _check_integer(value: Any, name: str, lowest: int, what: str) -> int:
+    """Return ``value`` as an int; require an integer (not a bool) >= ``lowest``."""
+    if (
+        isinstance(value, bool | np.bool_)
+        or not isinstance(value, numbers.Integral)
+        or int(value) < lowest
+    ):
+        raise ValueError(f"{name} must be {what}; got {value!r}")
+    return int(value)
+
+
 def check_count(value: Any, name: str = "count") -> int:
     """Return ``value`` as an int; require an integer >= 0."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
-    out = int(value)
-    if out < 0:
-        raise ValueError(f"{name} must be a non-negative integer; got {value!r}")
-    return out
+    return _check_integer(value, name, 0, "a non-negative integer")
 
 
 def check_positive_int(value: Any, name: str) -> int:
     """Return ``value`` as an int; require an integer >= 1."""
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-    out = int(value)
-    if out < 1:
-        raise ValueError(f"{name} must be an integer >= 1; got {value!r}")
-    return out
+    return _check_integer(value, name, 1, "an integer >= 1")
 
 
 def check_positive_vector(value: Any, name: str, size: int) -> np.ndarray:
@@ -149,14 +144,15 @@ def check_positive_vector(value: Any, name: str, size: int) -> np.ndarray:
     return out
 
 
-def check_unit_interval(value: Any, name: str) -> float:
-    """Return ``value`` as a float in the open interval (0, 1) (``target_accept``, fractions)."""
+def check_unit_interval(value: Any, name: str, *, hint: str = "") -> float:
+    """Return ``value`` as a float in the open interval (0, 1) (``target_accept``, fractions);
+    ``hint`` follows the range in the message of an out-of-range value."""
     try:
         out = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number in (0, 1); got {value!r}") from None
     if not 0.0 < out < 1.0:
-        raise ValueError(f"{name} must be in (0, 1); got {value!r}")
+        raise ValueError(f"{name} must be in (0, 1){hint}; got {value!r}")
     return out
 
 

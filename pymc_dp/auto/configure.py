@@ -56,7 +56,7 @@ from pymc_dp.kernels.warmstart import (
     whitened_grid,
 )
 from pymc_dp.step_methods.parts import PrivacySettings
-from pymc_dp.step_methods.proposals import ControlVariate, Independent, RandomWalk
+from pymc_dp.step_methods.proposals import ControlVariate, Coordinates, Independent, RandomWalk
 
 __all__ = [
     "AutoPlan",
@@ -923,7 +923,7 @@ def auto_configure(
         "privacy": PrivacySettings(clip_bound=clip, noise_multiplier=z_s, delta=delta),
         "proposal": proposal,
         "control_variate": ControlVariate(anchor_q, anchor_grad, info.anchor_bound, basis),
-        "coordinates": coords.rp,
+        "coordinates": Coordinates(coords.rp),
         "clip_metric": metric,
     }
     # chains start at draws from the approximation, widened (dispersed starts for R-hat)

@@ -9,6 +9,7 @@ from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 from pymc_dp.step_methods.proposals import (
     ControlVariate,
+    Coordinates,
     CoordinateWalk,
     GuidedWalk,
     Independent,
@@ -38,5 +39,6 @@ __all__ = [
     "GuidedWalk",
     "Independent",
     "ControlVariate",
+    "Coordinates",
     "TunaMHTest",
 ]

@@ -39,6 +39,7 @@ from pymc_dp.step_methods.base import (
     ScaleAdaptation,
     n_records_of,
     noise_or_target,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords, walk_parts
@@ -128,12 +129,9 @@ class DPBarker(ScaleAdaptation, DPStep):
     name = "dp_barker"
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "scaling": (np.float64, []),
-        "step_norm": (np.float64, []),
-        "dp_barker_batch": (np.int64, []),
-        "dp_barker_n": (np.int64, []),
-        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
-        "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **scalar_stats("scaling", "step_norm"),
+        **scalar_stats("dp_barker_batch", "dp_barker_n", dtype=np.int64),
+        **scalar_stats("clip_fraction" + NONPRIVATE_SUFFIX, "batch_var" + NONPRIVATE_SUFFIX),
     }
 
     #: DP Barker's privacy is set by its batch size: no clip bound, no noise multiplier
@@ -203,7 +201,7 @@ class DPBarker(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        q1 = q + self.scaling * self.proposal_scale * self.rng.normal(size=q.size)
+        q1 = self.proposal.propose(self.rng, q, self.scaling)
         n, b = self._fns.n_records, self.batch_size
         lpr = self._fns.prior_logp(q1) - self._fns.prior_logp(q)
         # -- the one data access: Algorithm 2 on a minibatch drawn without replacement --------

@@ -32,13 +32,26 @@ __all__ = [
     "ScaleAdaptation",
     "NONPRIVATE_SUFFIX",
     "NOISE_OR_TARGET",
+    "WALK_STATS",
     "noise_or_target",
     "check_positive",
     "check_target",
+    "scalar_stats",
 ]
 
 #: Suffix of every sampler stat that is computed from the data without noise.
 NONPRIVATE_SUFFIX = "_NONPRIVATE"
+
+
+def scalar_stats(*names: str, dtype: type = np.float64) -> dict[str, tuple[type, list]]:
+    """Entries of a step's ``stats_dtypes_shapes``: each of ``names`` a scalar stat of ``dtype``."""
+    return {name: (dtype, []) for name in names}
+
+
+#: The stats of a Metropolis-type step's accept decision and random walk: the (noisy)
+#: acceptance probability, the walk's adapted scale, the norm of the proposed move and the
+#: standard deviation of the added noise (post-processing of releases and public settings).
+WALK_STATS = scalar_stats("accept", "scaling", "step_norm", "noise_std")
 
 
 class BudgetExceededError(RuntimeError):
@@ -186,13 +199,16 @@ class DPStep(ArrayStepShared):
         likelihood: LikelihoodSettings,
         plan: RunPlan | None,
         target_delta: float | None,
+        *,
+        stacklevel: int = 3,
         **pymc_args: Any,
     ) -> None:
         """The one construction path of every step: check the model and the records,
         compile the per-record functions and start the PyMC step.
 
         ``pymc_args`` are the PyMC step arguments ``model``, ``rng``, ``initial_point``,
-        ``compile_kwargs`` and ``blocked``, passed on as the constructor received them.
+        ``compile_kwargs`` and ``blocked``, passed on as the constructor received them;
+        ``stacklevel`` points the warnings at the user's code (3: called by the constructor).
         """
         model, rng = pymc_args["model"], pymc_args["rng"]
         initial_point, blocked = pymc_args["initial_point"], pymc_args["blocked"]
@@ -214,7 +230,7 @@ class DPStep(ArrayStepShared):
                 "assigns them a non-private sampler that reads the data without noise "
                 "(pymc_dp.sample refuses such a run)",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         leaky = [d.name for d in deterministics_reading_data(model)]
         if leaky:
@@ -223,7 +239,7 @@ class DPStep(ArrayStepShared):
                 "draw without noise. Exclude them with var_names=[...] (pymc_dp.sample "
                 "refuses to store them)",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         count_records(model)  # refuses a model without records (structure only)
         n = records.n_records if records is not None else count_records(model)
@@ -233,7 +249,7 @@ class DPStep(ArrayStepShared):
                 "publishes one random record in the clear satisfies (0, 1/n)-DP. Choose delta "
                 "well below 1/n (the papers use 0.1/n)",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         self.data_free_potentials = bool(data_free_potentials)
         self.plan = plan
@@ -247,7 +263,7 @@ class DPStep(ArrayStepShared):
                 "differentially private. Never publish a result sampled with this option; its "
                 "privacy report says so.",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
         self._fns, shared = build_record_functions(
             model,

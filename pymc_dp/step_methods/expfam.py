@@ -39,12 +39,14 @@ from pymc_dp.kernels.penalty import accept
 from pymc_dp.records.expfam import ExpFamilyModel, find_expfam_structure
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
+    WALK_STATS,
     DPStep,
     ScaleAdaptation,
     check_positive,
     check_target,
     make_plan,
     n_records_of,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import (
@@ -372,14 +374,10 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
     remote_records = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "accept": (np.float64, []),
-        "scaling": (np.float64, []),
-        "step_norm": (np.float64, []),
-        "noise_std": (np.float64, []),
+        **WALK_STATS,
         # the part of dp_mu charged for the releases of the centre and of the clip quantile
         # (StatCentre; data-free)
-        "centre_mu": (np.float64, []),
-        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **scalar_stats("centre_mu", "clip_fraction" + NONPRIVATE_SUFFIX),
     }
 
     _privacy_keywords = {
@@ -767,24 +765,20 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
 
     def _propose(self, q: np.ndarray) -> tuple[np.ndarray, int | None]:
         d = q.size
-        if self._kind == "gaussian":
+        if self._laplace is None:  # the walk's own scales: the proposal draws
+            if self._kind == "gaussian":
+                return self.proposal.propose(self.rng, q, self.scaling), None
+            direction = self._direction if self._kind == "guided" else None
+            return self.proposal.propose(self.rng, q, self.scaling, direction)
+        if self._kind == "gaussian":  # the metric of the natural parameters at c
             xi = self.rng.normal(size=d)
-            if self._laplace is not None:  # the metric of the natural parameters at c
-                return q + self.scaling * (2.38 / np.sqrt(d)) * (self._laplace[1] @ xi), None
-            return q + self.scaling * self.proposal_scale * xi, None
+            return q + self.scaling * (2.38 / np.sqrt(d)) * (self._laplace[1] @ xi), None
+        # one principal axis of the metric at the centre (columns of U diag(sqrt(lam)))
         j = int(self.rng.integers(d))
-        if self._laplace is not None:
-            # one principal axis of the metric at the centre (columns of U diag(sqrt(lam)))
-            step = self.scaling * self.rng.normal()
-            if self._kind == "guided":
-                step = self._direction[j] * abs(step)
-            return q + step * self._axes[:, j], j
-        step = self.scaling * self.proposal_scale[j] * self.rng.normal()
+        step = self.scaling * self.rng.normal()
         if self._kind == "guided":
             step = self._direction[j] * abs(step)
-        q1 = q.copy()
-        q1[j] += step
-        return q1, j
+        return q + step * self._axes[:, j], j
 
     def _point(self, q: np.ndarray) -> tuple[np.ndarray, float, float]:
         """``(eta, A, log prior)`` at ``q``; data-free. Cached for the current state when no

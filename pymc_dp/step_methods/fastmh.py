@@ -40,10 +40,12 @@ from pymc_dp.kernels.fastmh import (
 )
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
+    WALK_STATS,
     DPStep,
     ScaleAdaptation,
     make_plan,
     n_records_of,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import RandomWalk, TunaMHTest
@@ -246,17 +248,11 @@ class DPFastMH(ScaleAdaptation, DPStep):
     name = "dp_fast_mh"
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "dp_iter_epsilon": (np.float64, []),
-        "dp_iter_delta": (np.float64, []),
-        "accept": (np.float64, []),
-        "scaling": (np.float64, []),
-        "step_norm": (np.float64, []),
-        "noise_std": (np.float64, []),
-        "batch_size": (np.int64, []),
-        "full_batch": (bool, []),
-        "noise_free": (bool, []),
-        "kept" + NONPRIVATE_SUFFIX: (np.float64, []),
-        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **scalar_stats("dp_iter_epsilon", "dp_iter_delta"),
+        **WALK_STATS,
+        **scalar_stats("batch_size", dtype=np.int64),
+        **scalar_stats("full_batch", "noise_free", dtype=bool),
+        **scalar_stats("kept" + NONPRIVATE_SUFFIX, "clip_fraction" + NONPRIVATE_SUFFIX),
     }
 
     def __init__(
@@ -515,8 +511,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        zeta = self.rng.normal(size=q.size)
-        q1 = q + truncate_step(self.scaling * self.proposal_scale * zeta, self.max_step)
+        q1 = q + truncate_step(self.proposal.move(self.rng, q.size, self.scaling), self.max_step)
         # |q1 - q| is symmetric in (q, q1) bit for bit; min() guards the last rounding.
         M = min(float(np.linalg.norm(q1 - q)), self.max_step)
         lp0 = self._fns.prior_logp(q)

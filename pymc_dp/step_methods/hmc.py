@@ -38,7 +38,7 @@ from pymc_dp.kernels.hmc import (
 )
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
 from pymc_dp.records import FusedLastPass, GradSumMemo, LoglikMemo
-from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, noise_or_target
+from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, noise_or_target, scalar_stats
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
@@ -211,17 +211,14 @@ class DPHMC(DPStep):
     data_sharing = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "accept": (np.float64, []),
-        "step_size": (np.float64, []),
-        "step_size_bar": (np.float64, []),
-        "n_leapfrog": (np.int64, []),
-        "energy_change": (np.float64, []),
-        "diverging": (bool, []),
-        "step_norm": (np.float64, []),
-        "llr_noise_std": (np.float64, []),
-        "grad_noise_std": (np.float64, []),
-        "grad_clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
-        "llr_clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **scalar_stats("accept", "step_size", "step_size_bar"),
+        **scalar_stats("n_leapfrog", dtype=np.int64),
+        **scalar_stats("energy_change"),
+        **scalar_stats("diverging", dtype=bool),
+        **scalar_stats("step_norm", "llr_noise_std", "grad_noise_std"),
+        **scalar_stats(
+            "grad_clip_fraction" + NONPRIVATE_SUFFIX, "llr_clip_fraction" + NONPRIVATE_SUFFIX
+        ),
     }
 
     _privacy_keywords = {

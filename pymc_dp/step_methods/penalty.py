@@ -25,15 +25,18 @@ from pymc_dp.kernels.penalty import (
 )
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
+    WALK_STATS,
     DPStep,
     ScaleAdaptation,
     noise_or_target,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import (
+    WALKS,
     ControlVariate,
+    Coordinates,
     CoordinateWalk,
-    GuidedWalk,
     Independent,
     RandomWalk,
 )
@@ -115,11 +118,12 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         ``dp_presample_mu`` attribute `pymc_dp.sample` writes in automatic mode; set it
         yourself, with ``dp_presample_releases``, for a release of your own). The tuple
         ``(anchor, grad_sum, grad_bound)`` is accepted too (deprecated).
-    coordinates : object, optional
-        The coordinates the proposal works in: the identity (None, default) or a data-free
-        bijection ``y = T(theta)`` (`pymc_dp.auto.recentre.Recentring`: the recentred and
-        shifted blocks; methods ``forward_with_log_det``, ``inverse``, ``log_det_jacobian``,
-        ``gradient_map``, ``likelihood_free``): ``y' = y + ...`` for the walks,
+    coordinates : Coordinates, optional
+        The coordinates the proposal works in (`Coordinates`): the identity (None or
+        ``Coordinates()``, default) or a data-free bijection ``y = T(theta)``
+        (``Coordinates(transform)``, e.g. with `pymc_dp.auto.recentre.Recentring`: the
+        recentred and shifted blocks; a bare transform is taken as ``Coordinates(transform)``):
+        ``y' = y + ...`` for the walks,
         ``y' ~ N(m, s^2 Sigma)`` for `Independent` (its mean and covariance are then in
         ``y``), and ``theta' = T^{-1}(y')``. The Hastings ratio gains
         ``log |det J(theta)| - log |det J(theta')|`` (the proposal's density in ``theta``),
@@ -168,11 +172,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
     data_sharing = True
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "accept": (np.float64, []),
-        "scaling": (np.float64, []),
-        "step_norm": (np.float64, []),
-        "noise_std": (np.float64, []),
-        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **WALK_STATS,
+        **scalar_stats("clip_fraction" + NONPRIVATE_SUFFIX),
     }
 
     def __init__(
@@ -182,7 +183,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         privacy: PrivacySettings | None = None,
         proposal: RandomWalk | CoordinateWalk | Independent | None = None,
         control_variate: ControlVariate | None = None,
-        coordinates=None,
+        coordinates: Coordinates | None = None,
         clip_metric=None,
         likelihood: LikelihoodSettings | None = None,
         model=None,
@@ -244,7 +245,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         self.control_variate = _check_control_variate(cv, d)
         # its gradient sum is a release made before the chains: the report needs its account
         self._needs_presample = self.control_variate is not None
-        self.reparametrization = self.coordinates = coordinates
+        #: the coordinates the proposal works in (`Coordinates`; the identity by default)
+        self.coordinates = coordinates
         self.local_scaling = 2.38 / np.sqrt(d)
         self._cv_map, self._cv_dir = _control_variate_maps(
             self.control_variate, basis, coordinates, d
@@ -264,7 +266,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         rest["proposal"] = _proposal_object(p)
         if cv is not None:
             rest["control_variate"] = ControlVariate(*cv, basis=basis)
-        if coordinates is not None:
+        if not coordinates.identity:
             rest["coordinates"] = coordinates
         return rest
 
@@ -290,18 +292,11 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
                     f.chol_read @ self.rng.normal(size=f.chol_read.shape[0])
                 )
                 return y1, None
-            return self.proposal_mean + self.scaling * (self._chol @ self.rng.normal(size=d)), None
+            return self.proposal.propose(self.rng, q, self.scaling), None
         if self._kind == "gaussian":
-            if self._chol is not None:
-                return q + self.scaling * (self._chol @ self.rng.normal(size=d)), None
-            return q + self.scaling * self.proposal_scale * self.rng.normal(size=d), None
-        j = int(self.rng.integers(d))
-        step = self.scaling * self.proposal_scale[j] * self.rng.normal()
-        if self._kind == "guided":
-            step = self._direction[j] * abs(step)
-        q1 = q.copy()
-        q1[j] += step
-        return q1, j
+            return self.proposal.propose(self.rng, q, self.scaling), None
+        direction = self._direction if self._kind == "guided" else None
+        return self.proposal.propose(self.rng, q, self.scaling, direction)
 
     def _log_q_ratio(self, q: np.ndarray, q1: np.ndarray) -> float:
         """``log q(q | q1) - log q(q1 | q)`` in the proposal's coordinates: 0 for the
@@ -320,8 +315,8 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        rp = self.reparametrization
-        if rp is None:
+        rp = self.coordinates
+        if rp.identity:
             q1, j = self._propose(q)
             log_q = self._log_q_ratio(q, q1)
             dy = q1 - q
@@ -391,7 +386,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         read: the log-likelihood does not change along these coordinates). ``y``, the log
         prior ``lp`` and ``log_det`` at ``q`` come from the test's own evaluations. Returns
         the new ``q`` and its log prior."""
-        rp, f = self.reparametrization, self._free
+        rp, f = self.coordinates, self._free
         target = lp - log_det
         for _ in range(self.free_moves):
             y1 = y.copy()
@@ -469,14 +464,14 @@ def _proposal_object(p: dict[str, Any]) -> RandomWalk | CoordinateWalk | Indepen
         return RandomWalk(
             p["scale"], p["cov"], p["scaling"], p["target_accept"], free_moves=p["free_moves"]
         )
-    cls = GuidedWalk if p["kind"] == "guided" else CoordinateWalk
-    return cls(p["scale"], p["scaling"], p["target_accept"])
+    return WALKS[p["kind"]](p["scale"], p["scaling"], p["target_accept"])
 
 
 def _other_parts(control_variate, coordinates, old: dict[str, Any]):
-    """``(control variate tuple or None, its basis, coordinates)`` from the objects or the
+    """``(control variate tuple or None, its basis, Coordinates)`` from the objects or the
     older keywords (a tuple ``control_variate``, ``control_variate_basis``,
-    ``reparametrization``; deprecated)."""
+    ``reparametrization``; deprecated). A bare transform (or None) is wrapped in
+    `Coordinates` (checked here, before any data is read)."""
     basis = old.get("control_variate_basis")
     if isinstance(control_variate, ControlVariate):
         if "control_variate_basis" in old:
@@ -486,7 +481,7 @@ def _other_parts(control_variate, coordinates, old: dict[str, Any]):
         if coordinates is not None:
             raise TypeError("give coordinates= (reparametrization= is its deprecated name)")
         coordinates = old["reparametrization"]
-    return control_variate, basis, coordinates
+    return control_variate, basis, Coordinates(coordinates)
 
 
 def _check_proposal_shape(proposal, cov, mean, scale, d):
@@ -521,10 +516,10 @@ def _check_proposal_shape(proposal, cov, mean, scale, d):
     return chol, mean
 
 
-def _control_variate_maps(cv, basis, rp, d):
+def _control_variate_maps(cv, basis, coordinates: Coordinates, d):
     """``(M, D)``: the control variate's gradients ``M g_i`` and steps ``D dy`` (public)."""
     if basis is None:
-        m = None if (rp is None or cv is None) else rp.gradient_map(cv[0])
+        m = None if cv is None else coordinates.gradient_map(cv[0])
         return m, None
     if cv is None:
         raise ValueError("control_variate_basis goes with control_variate")
@@ -535,8 +530,8 @@ def _control_variate_maps(cv, basis, rp, d):
         m = np.linalg.inv(basis)
     except np.linalg.LinAlgError:
         raise ValueError("control_variate_basis must be invertible") from None
-    if rp is not None:
-        m = m @ rp.gradient_map(cv[0])
+    if not coordinates.identity:
+        m = m @ coordinates.gradient_map(cv[0])
     return m, basis.T
 
 
@@ -559,17 +554,18 @@ class _FreeBlock:
         return m[self.read] - self._gain @ (y[self.free] - m[self.free])
 
 
-def _check_free_moves(k, rp, chol, d):
+def _check_free_moves(k, coordinates: Coordinates, chol, d):
     """``(free_moves, _FreeBlock or None)`` validated."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"free_moves must be a non-negative integer; got {k!r}")
     if not k:
         return 0, None
-    free = getattr(rp, "likelihood_free", None)
+    free = coordinates.likelihood_free
     if free is None:
         raise ValueError(
-            "free_moves needs a reparametrization with a likelihood_free mask (e.g. "
-            "pymc_dp.auto.recentre.Recentring): the coordinates no record's log-likelihood reads"
+            "free_moves needs a reparametrization with a likelihood_free mask "
+            "(coordinates=Coordinates(transform), e.g. with pymc_dp.auto.recentre.Recentring): "
+            "the coordinates no record's log-likelihood reads"
         )
     free = np.asarray(free, dtype=bool)
     if free.shape != (d,) or not free.any() or free.all():

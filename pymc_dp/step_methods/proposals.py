@@ -14,18 +14,26 @@ object instead of a handful of keywords:
   of the coordinates no record's log-likelihood reads (Metropolis-within-Gibbs).
 
 `ControlVariate` is the first-order control variate of the penalty test (Bardenet et al.
-2017, Sec. 6). All of them are data-free settings: choose them from public knowledge or from
-DP outputs (post-processing), never from the data. Dimensions are checked by the step
-(before it reads any data).
+2017, Sec. 6), and `Coordinates` the coordinates ``y = T(theta)`` the proposal works in (the
+identity, or the recentred and shifted blocks of a hierarchical model). All of them are
+data-free settings: choose them from public knowledge or from DP outputs (post-processing),
+never from the data. Dimensions are checked by the step
+(before it reads any data). The proposals draw their moves (``propose(rng, q, scaling)``,
+the step passing its generator and its adapted scale), with the generator calls the steps
+made before they did.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "ControlVariate",
+    "Coordinates",
     "CoordinateWalk",
     "GuidedWalk",
     "Independent",
@@ -34,8 +42,20 @@ __all__ = [
 ]
 
 
+class _Draws:
+    """What the proposals share to draw: the global scale of a draw and the Cholesky
+    factor of ``cov`` (computed once; the step has validated ``cov`` before)."""
+
+    def _scaling(self, scaling: float | None) -> float:
+        return self.scaling if scaling is None else scaling
+
+    @cached_property
+    def _factor(self) -> np.ndarray:
+        return np.linalg.cholesky(np.asarray(self.cov, dtype=float))
+
+
 @dataclass(frozen=True, eq=False)
-class RandomWalk:
+class RandomWalk(_Draws):
     r"""Gaussian random walk over the full vector.
 
     Parameters
@@ -69,9 +89,40 @@ class RandomWalk:
 
     kind = "gaussian"
 
+    def propose(
+        self, rng: np.random.Generator, q: np.ndarray, scaling: float | None = None
+    ) -> np.ndarray:
+        r"""Draw $\theta' = \theta + s S \xi$ (or $\theta + s L \xi$ with ``cov``),
+        $\xi \sim N(0, I)$: one ``rng.normal(size=d)`` call (BlackJAX's random-walk
+        proposal, a function of the state and the generator).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+        q : array
+            The current point ``(d,)``.
+        scaling : float, optional
+            The global scale ``s`` (a step passes its warmup-adapted one); default this
+            walk's ``scaling``.
+
+        Returns
+        -------
+        array
+            The proposed point, ``q + move(rng, d, scaling)`` (data-free).
+        """
+        return q + self.move(rng, q.size, scaling)
+
+    def move(self, rng: np.random.Generator, d: int, scaling: float | None = None) -> np.ndarray:
+        """The increment ``s S xi`` (or ``s L xi``) that `propose` adds, of a ``d``-vector:
+        `DPFastMH` truncates it to length ``max_step`` before adding it."""
+        s = self._scaling(scaling)
+        if self.cov is not None:
+            return s * (self._factor @ rng.normal(size=d))
+        return s * _per_coordinate(self.scale, d) * rng.normal(size=d)
+
 
 @dataclass(frozen=True, eq=False)
-class CoordinateWalk:
+class CoordinateWalk(_Draws):
     """A Gaussian random walk of one coordinate at a time (chosen uniformly).
 
     Parameters
@@ -90,6 +141,41 @@ class CoordinateWalk:
 
     kind = "coordinate"
 
+    def propose(
+        self,
+        rng: np.random.Generator,
+        q: np.ndarray,
+        scaling: float | None = None,
+        direction: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, int]:
+        """Draw a coordinate ``j`` uniformly and move it by ``s S_j xi``, ``xi ~ N(0, 1)``
+        (``rng.integers(d)``, then ``rng.normal()``).
+
+        Parameters
+        ----------
+        rng : numpy.random.Generator
+        q : array
+            The current point ``(d,)``, of which one coordinate moves.
+        scaling : float, optional
+            The global scale ``s`` (a step passes its adapted one); default this walk's.
+        direction : array, optional
+            The guided walk's remembered directions (`GuidedWalk`, ``+-1`` per coordinate,
+            kept by the step): the move is then ``direction[j] |s S_j xi|``. None: symmetric.
+
+        Returns
+        -------
+        (array, int)
+            The proposed point and the coordinate ``j`` moved (data-free).
+        """
+        s = self._scaling(scaling)
+        j = int(rng.integers(q.size))
+        step = s * _per_coordinate(self.scale, q.size)[j] * rng.normal()
+        if direction is not None:
+            step = direction[j] * abs(step)
+        q1 = q.copy()
+        q1[j] += step
+        return q1, j
+
 
 @dataclass(frozen=True, eq=False)
 class GuidedWalk(CoordinateWalk):
@@ -103,7 +189,7 @@ class GuidedWalk(CoordinateWalk):
 
 
 @dataclass(frozen=True, eq=False)
-class Independent:
+class Independent(_Draws):
     r"""An independence proposal $\theta' \sim N(m, s^2 \Sigma)$.
 
     The Hastings ratio $\log q(\theta)/q(\theta')$ enters the test (Yildirim & Ermis 2019,
@@ -139,6 +225,16 @@ class Independent:
     free_moves: int = 0
 
     kind = "independent"
+
+    def propose(
+        self, rng: np.random.Generator, q: np.ndarray, scaling: float | None = None
+    ) -> np.ndarray:
+        """Draw ``theta' = m + s L xi``, ``xi ~ N(0, I)``, whatever ``q`` (its size only):
+        one ``rng.normal(size=d)`` call, as `RandomWalk.propose` (``scaling`` default this
+        proposal's ``s``). The step chooses the local and free moves, which depend on its
+        state. Data-free."""
+        m = np.asarray(self.mean, dtype=float)
+        return m + self._scaling(scaling) * (self._factor @ rng.normal(size=q.size))
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,6 +275,91 @@ class ControlVariate:
         return self.anchor, self.grad_sum, self.grad_bound
 
 
+def _per_coordinate(scale: Any, d: int) -> np.ndarray:
+    """A walk's per-coordinate scales ``S`` as a ``(d,)`` vector (the step has validated
+    them: finite, > 0)."""
+    return np.broadcast_to(np.ravel(np.asarray(scale, dtype=float)), (d,))
+
+
+#: The methods a `Coordinates` transform provides.
+_TRANSFORM_METHODS = ("forward_with_log_det", "inverse", "log_det_jacobian", "gradient_map")
+
+
+@dataclass(frozen=True, eq=False)
+class Coordinates:
+    r"""The coordinates $y = T(\theta)$ a step's proposal works in (`DPPenaltyMetropolis`).
+
+    ``Coordinates()`` is the identity (the default). ``Coordinates(transform)`` holds a
+    data-free bijection, e.g. `pymc_dp.auto.recentre.Recentring`, the recentred and shifted
+    blocks of a hierarchical model that the automatic mode finds in the model's graph
+    (Papaspiliopoulos, Roberts & Skold 2007). The step proposes $y'$ from $y = T(\theta)$
+    (a walk's $y + \dots$, or `Independent`'s $N(m, s^2 \Sigma)$ with $m$, $\Sigma$ in
+    $y$), moves to $\theta' = T^{-1}(y')$, and adds
+    $\log|\det J(\theta)| - \log|\det J(\theta')|$ to the Hastings ratio (the proposal's
+    density in $\theta$, a change of variables), so the chain still targets the posterior of
+    $\theta$. The transform reads no data: it costs no privacy.
+
+    Parameters
+    ----------
+    transform : object, optional
+        The bijection, with methods ``forward_with_log_det(theta) -> (y, log|det J|)``,
+        ``inverse(y)``, ``log_det_jacobian(theta)`` and ``gradient_map(theta)`` (the map
+        ``J^{-T}`` of gradients in ``theta`` to gradients in ``y``: a `ControlVariate`'s
+        linearisation is then in ``y``), and optionally ``likelihood_free``, a boolean mask
+        ``(d,)`` of the coordinates of ``y`` no record's log-likelihood reads (those that a
+        proposal's ``free_moves`` move). None (default): the identity.
+
+    Raises
+    ------
+    TypeError
+        If ``transform`` lacks one of the methods above.
+    """
+
+    transform: Any = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.transform, Coordinates):
+            object.__setattr__(self, "transform", self.transform.transform)
+        if self.transform is None:
+            return
+        missing = [m for m in _TRANSFORM_METHODS if not callable(getattr(self.transform, m, None))]
+        if missing:
+            raise TypeError(
+                f"coordinates: the transform needs the methods {list(_TRANSFORM_METHODS)} "
+                f"(e.g. pymc_dp.auto.recentre.Recentring); {type(self.transform).__name__} "
+                f"lacks {missing}"
+            )
+
+    @property
+    def identity(self) -> bool:
+        """Whether these are the model's own coordinates (no transform)."""
+        return self.transform is None
+
+    @property
+    def likelihood_free(self) -> np.ndarray | None:
+        """The transform's mask of likelihood-free coordinates of ``y``, or None."""
+        return getattr(self.transform, "likelihood_free", None)
+
+    def forward_with_log_det(self, theta: np.ndarray) -> tuple[np.ndarray, float]:
+        """``(T(theta), log |det dT/dtheta|)``."""
+        if self.transform is None:
+            return theta, 0.0
+        return self.transform.forward_with_log_det(theta)
+
+    def inverse(self, y: np.ndarray) -> np.ndarray:
+        """``T^{-1}(y)``."""
+        return y if self.transform is None else self.transform.inverse(y)
+
+    def log_det_jacobian(self, theta: np.ndarray) -> float:
+        """``log |det dT/dtheta|`` at ``theta``."""
+        return 0.0 if self.transform is None else self.transform.log_det_jacobian(theta)
+
+    def gradient_map(self, theta: np.ndarray) -> np.ndarray | None:
+        """``J^{-T}`` at ``theta`` (gradients in ``theta`` to gradients in ``y``); None for
+        the identity."""
+        return None if self.transform is None else self.transform.gradient_map(theta)
+
+
 @dataclass(frozen=True, eq=False)
 class TunaMHTest:
     r"""`DPFastMH`'s minibatch acceptance test (TunaMH, Zhang et al. 2020; DP-Fast MH,
@@ -207,7 +388,8 @@ class TunaMHTest:
 
 #: The older keywords of a random walk (deprecated): folded into the walk object.
 WALK_KEYWORDS = ("proposal_scale", "scaling", "target_accept")
-_WALKS = {"gaussian": RandomWalk, "coordinate": CoordinateWalk, "guided": GuidedWalk}
+#: The random walks by kind (the older ``proposal=`` strings).
+WALKS = {"gaussian": RandomWalk, "coordinate": CoordinateWalk, "guided": GuidedWalk}
 
 
 def walk_from_keywords(
@@ -221,12 +403,12 @@ def walk_from_keywords(
         kind = kinds[0] if proposal is None else proposal
         if kind not in kinds:
             raise ValueError(f"proposal must be one of {kinds}; got {proposal!r}")
-        return _WALKS[kind](
+        return WALKS[kind](
             scale=old.get("proposal_scale", 1.0),
             scaling=old.get("scaling", 1.0),
             target_accept=old.get("target_accept"),
         )
-    allowed = tuple(_WALKS[k] for k in kinds)
+    allowed = tuple(WALKS[k] for k in kinds)
     if type(proposal) not in allowed:
         names = ", ".join(f"pymc_dp.{c.__name__}" for c in allowed)
         raise TypeError(f"{step} takes a proposal among {names}; got {proposal!r}")

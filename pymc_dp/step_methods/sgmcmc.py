@@ -53,6 +53,7 @@ from pymc_dp.step_methods.base import (
     DPStep,
     n_records_of,
     noise_or_target,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 
@@ -89,25 +90,22 @@ class _SGMCMCStep(DPStep):
 
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "dp_poisson_sigma": (np.float64, []),
-        "dp_poisson_q": (np.float64, []),
-        "step_size": (np.float64, []),
-        "grad_noise_std": (np.float64, []),
-        "diverging": (bool, []),
-        "grad_clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **scalar_stats("dp_poisson_sigma", "dp_poisson_q", "step_size", "grad_noise_std"),
+        **scalar_stats("diverging", dtype=bool),
+        **scalar_stats("grad_clip_fraction" + NONPRIVATE_SUFFIX),
     }
 
-    def _init_common(
-        self, *, step_size, batch_size, sampling_rate, privacy, likelihood, model
-    ):  # fmt: skip
-        """Validate (before the data is touched: shapes only) and calibrate.
-
-        Returns ``(model, plan, delta)`` for `DPStep._setup`, which the subclass calls
-        itself (so that the base class's warnings point at the user's code).
-        """
+    def _build(
+        self, vars, privacy, likelihood, deprecated, *, step_size, batch_size, sampling_rate,
+        **pymc_args,
+    ) -> None:  # fmt: skip
+        """The construction of both steps: resolve the parts, validate (before the data is
+        touched: shapes only), calibrate, then `DPStep._setup` (whose warnings point one
+        frame further up, at the user's code) and the chain state."""
+        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
         self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
         self.step_size = check_positive(step_size, "step_size", coerce=True)
-        model = pm.modelcontext(model)
+        model = pm.modelcontext(pymc_args["model"])
         n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)
         self.sampling_rate, self.batch_size = _check_rate(batch_size, sampling_rate, n)
         z_int = self._intrinsic_noise_multiplier()
@@ -143,7 +141,9 @@ class _SGMCMCStep(DPStep):
         self.grad_noise_std = self.noise_multiplier * self.clip_bound
         self._mu_per_iteration = 0.0
         self._releases_per_iteration = 1
-        return model, plan, delta
+        pymc_args["model"] = model
+        self._setup(vars, privacy, likelihood, plan, delta, stacklevel=4, **pymc_args)
+        self._reset_chain_state()
 
     def _intrinsic_noise_multiplier(self) -> float:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -342,20 +342,11 @@ class DPSGLD(_SGMCMCStep):
         blocked: bool = True,
         **deprecated: Any,
     ) -> None:
-        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
-        model, plan, delta = self._init_common(
-            step_size=step_size,
-            batch_size=batch_size,
-            sampling_rate=sampling_rate,
-            privacy=privacy,
-            likelihood=likelihood,
-            model=model,
-        )
-        self._setup(
-            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
-            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        self._build(
+            vars, privacy, likelihood, deprecated, step_size=step_size, batch_size=batch_size,
+            sampling_rate=sampling_rate, model=model, rng=rng, initial_point=initial_point,
+            compile_kwargs=compile_kwargs, blocked=blocked,
         )  # fmt: skip
-        self._reset_chain_state()
 
     def _intrinsic_noise_multiplier(self) -> float:
         return sgld_intrinsic_noise_multiplier(self.step_size, self.sampling_rate, self.clip_bound)
@@ -499,20 +490,11 @@ class DPSGNHT(_SGMCMCStep):
     ) -> None:
         self.diffusion = check_positive(diffusion, "diffusion", coerce=True)
         self._state: SGNHTState | None = None
-        privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
-        model, plan, delta = self._init_common(
-            step_size=step_size,
-            batch_size=batch_size,
-            sampling_rate=sampling_rate,
-            privacy=privacy,
-            likelihood=likelihood,
-            model=model,
-        )
-        self._setup(
-            vars, privacy, likelihood, plan, delta, model=model, rng=rng,
-            initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,
+        self._build(
+            vars, privacy, likelihood, deprecated, step_size=step_size, batch_size=batch_size,
+            sampling_rate=sampling_rate, model=model, rng=rng, initial_point=initial_point,
+            compile_kwargs=compile_kwargs, blocked=blocked,
         )  # fmt: skip
-        self._reset_chain_state()
 
     def _intrinsic_noise_multiplier(self) -> float:
         return sgnht_intrinsic_noise_multiplier(

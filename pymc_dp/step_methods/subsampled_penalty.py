@@ -36,10 +36,12 @@ from pymc_dp.kernels.subsampled_penalty import (
 )
 from pymc_dp.step_methods.base import (
     NONPRIVATE_SUFFIX,
+    WALK_STATS,
     DPStep,
     ScaleAdaptation,
     n_records_of,
     noise_or_target,
+    scalar_stats,
 )
 from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
 from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords, walk_parts
@@ -137,15 +139,10 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
     name = "dp_subsampled_penalty"
     stats_dtypes_shapes = {
         **DPStep.stats_dtypes_shapes,
-        "accept": (np.float64, []),
-        "scaling": (np.float64, []),
-        "step_norm": (np.float64, []),
-        "noise_std": (np.float64, []),
-        "dp_wor_sigma": (np.float64, []),
-        "dp_wor_batch": (np.int64, []),
-        "dp_wor_n": (np.int64, []),
-        "clip_fraction" + NONPRIVATE_SUFFIX: (np.float64, []),
-        "batch_var" + NONPRIVATE_SUFFIX: (np.float64, []),
+        **WALK_STATS,
+        **scalar_stats("dp_wor_sigma"),
+        **scalar_stats("dp_wor_batch", "dp_wor_n", dtype=np.int64),
+        **scalar_stats("clip_fraction" + NONPRIVATE_SUFFIX, "batch_var" + NONPRIVATE_SUFFIX),
     }
 
     _parts_from_keywords = staticmethod(walk_parts)
@@ -211,7 +208,7 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
 
     def _dp_astep(self, q0):
         q = q0.data
-        q1 = q + self.scaling * self.proposal_scale * self.rng.normal(size=q.size)
+        q1 = self.proposal.propose(self.rng, q, self.scaling)
         norm = float(np.linalg.norm(q1 - q))
         n, b = self._fns.n_records, self.batch_size
         lpr = self._fns.prior_logp(q1) - self._fns.prior_logp(q)

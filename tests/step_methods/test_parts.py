@@ -218,3 +218,130 @@ def test_a_setting_the_step_does_not_read_is_refused():
                     clip_bound=1.0, noise_multiplier=1.0, data_bounds={"y": (0, 1)}
                 )
             )
+
+
+def _centred_model():
+    rng = np.random.default_rng(6)
+    g = np.arange(N) % 2
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0, 1)
+        tau = pm.HalfNormal("tau", 1)
+        a = pm.Normal("a", mu, tau, shape=2)
+        pm.Normal("y", a[g], 3.0, observed=rng.normal(size=N))
+    return m
+
+
+def test_coordinates_are_the_identity_by_default_and_a_transform_is_checked():
+    ident = pymc_dp.Coordinates()
+    q = np.array([0.5, -1.0])
+    y, log_det = ident.forward_with_log_det(q)
+    assert ident.identity and y is q and log_det == 0.0
+    assert ident.inverse(q) is q and ident.log_det_jacobian(q) == 0.0
+    assert ident.gradient_map(q) is None and ident.likelihood_free is None
+    # a Coordinates of a Coordinates is the same coordinates
+    assert pymc_dp.Coordinates(ident).identity
+    with pytest.raises(TypeError, match=r"coordinates: the transform needs the methods"):
+        pymc_dp.Coordinates(object())
+    # the step wraps a bare transform, and refuses one that is not, before reading data
+    with _model(), pytest.raises(TypeError, match="lacks"):
+        pymc_dp.DPPenaltyMetropolis(clip_bound=1.0, noise_multiplier=1.0, coordinates=[1.0])
+
+
+def test_a_recentring_as_coordinates_draws_what_the_reparametrization_keyword_draws():
+    from pymc_dp.auto.recentre import Recentring, find_recentring
+
+    model = _centred_model()
+    rp = Recentring(model, find_recentring(model), model.value_vars, model.initial_point())
+    assert not pymc_dp.Coordinates(rp).identity
+    np.testing.assert_array_equal(pymc_dp.Coordinates(rp).likelihood_free, rp.likelihood_free)
+    common = {
+        "clip_bound": 0.5,
+        "noise_multiplier": 1.0,
+        "proposal": "independent",
+        "proposal_cov": np.diag([0.3, 0.2, 0.2, 0.2]),
+        "proposal_mean": np.zeros(4),
+        "clip_metric": np.array([[0, 0, 1.0, 0], [0, 0, 0, 1.0]]),
+        "free_moves": 2,
+    }
+    runs = [
+        _draws(lambda: model, pymc_dp.DPPenaltyMetropolis, {**common, **extra})
+        for extra in (
+            {"reparametrization": rp},
+            {"coordinates": rp},
+            {"coordinates": pymc_dp.Coordinates(rp)},
+        )
+    ]
+    for other in runs[1:]:
+        assert sorted(other) == sorted(runs[0])
+        for k in runs[0]:
+            np.testing.assert_array_equal(other[k], runs[0][k])
+    # the chain moves (mu and tau by the free moves, through the recentring's inverse)
+    assert np.unique(runs[0]["mu"]).size > 1 and np.unique(runs[0]["tau"]).size > 1
+    # the identity given explicitly is the default
+    plain = {"clip_bound": 1.0, "noise_multiplier": 1.0}
+    a = _draws(_model, pymc_dp.DPPenaltyMetropolis, plain)
+    b = _draws(_model, pymc_dp.DPPenaltyMetropolis, {**plain, "coordinates": pymc_dp.Coordinates()})
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+    # from_keywords writes the deprecated keyword as the part
+    parts = from_keywords(pymc_dp.DPPenaltyMetropolis, {**common, "reparametrization": rp})
+    assert isinstance(parts["coordinates"], pymc_dp.Coordinates)
+    assert parts["coordinates"].transform is rp
+
+
+def test_the_proposals_draw_their_documented_move_with_the_documented_rng_calls():
+    """The steps' seeded draws stay bit-identical only if ``propose`` makes the same
+    generator calls, in the same order, as the code it replaced: each draw is checked
+    against its formula on a twin generator, which must end in the same state."""
+    q = np.array([0.3, -1.2, 2.0])
+    cov = np.array([[0.5, 0.1, 0.0], [0.1, 0.4, 0.05], [0.0, 0.05, 0.3]])
+    chol = np.linalg.cholesky(cov)
+    scale = np.array([0.1, 0.2, 0.3])
+
+    def twins():
+        return np.random.default_rng(11), np.random.default_rng(11)
+
+    a, b = twins()
+    np.testing.assert_array_equal(
+        pymc_dp.RandomWalk(scale=scale, scaling=0.7).propose(a, q),
+        q + 0.7 * scale * b.normal(size=3),
+    )
+    np.testing.assert_array_equal(
+        pymc_dp.RandomWalk(cov=cov).propose(a, q, scaling=0.4), q + 0.4 * (chol @ b.normal(size=3))
+    )
+    mean = np.array([1.0, 0.0, -1.0])
+    np.testing.assert_array_equal(
+        pymc_dp.Independent(mean, cov, 1.2).propose(a, q), mean + 1.2 * (chol @ b.normal(size=3))
+    )
+    q1, j = pymc_dp.CoordinateWalk(scale=scale).propose(a, q, scaling=2.0)
+    k = int(b.integers(3))
+    expected = q.copy()
+    expected[k] += 2.0 * scale[k] * b.normal()
+    assert j == k
+    np.testing.assert_array_equal(q1, expected)
+    direction = np.array([-1.0, -1.0, -1.0])
+    q1, j = pymc_dp.GuidedWalk(scale=scale).propose(a, q, direction=direction)
+    k = int(b.integers(3))
+    step = abs(scale[k] * b.normal())
+    assert j == k and q1[j] == q[j] - step and np.array_equal(np.delete(q1, j), np.delete(q, j))
+    # DPFastMH's increment, truncated by the step before it is added
+    np.testing.assert_array_equal(
+        pymc_dp.RandomWalk(scale=scale, scaling=0.7).move(a, 3), 0.7 * scale * b.normal(size=3)
+    )
+    # the twins consumed the same draws
+    assert a.random() == b.random()
+
+
+def test_a_random_walk_proposal_has_the_documented_covariance():
+    """``theta' - theta ~ N(0, s^2 L L^T)``: the sample covariance of 20000 moves within 5
+    standard errors of each entry (the entries' sd ``sqrt((S_ij^2 + S_ii S_jj) / n)``)."""
+    cov = np.array([[0.5, 0.1], [0.1, 0.4]])
+    s, n = 0.8, 20_000
+    walk = pymc_dp.RandomWalk(cov=cov, scaling=s)
+    rng = np.random.default_rng(4)
+    q = np.array([1.0, -1.0])
+    moves = np.array([walk.propose(rng, q) - q for _ in range(n)])
+    target = s**2 * cov
+    se = np.sqrt((target**2 + np.outer(np.diag(target), np.diag(target))) / n)
+    assert np.all(np.abs(np.cov(moves.T) - target) < 5 * se)
+    assert np.all(np.abs(moves.mean(axis=0)) < 5 * np.sqrt(np.diag(target) / n))
