@@ -104,7 +104,10 @@ class Plan:
                 f"({100 * self._sampling_share():.1f}% of mu); independent draws from the "
                 "noise-aware posterior of the released statistics"
             )
-            basis = f"{STATS_ERROR_SCALE:g} sqrt(D) z / sqrt(n), measured on a linear regression"
+            basis = (
+                f"{STATS_ERROR_SCALE:g} D z / sqrt(n), measured on linear regressions (a "
+                "heavy-tailed response does worse: the run warns from its released values)"
+            )
         elif self.method == "laplace":
             lines.append(
                 f"    one-shot: two noisy clipped gradient sums, the rest "
