@@ -70,9 +70,9 @@ __all__ = [
     "negative_hessian",
     "private_centre",
     "private_clip_bound",
-    "scan_tail",
     "private_whitening",
     "quadratic_fit",
+    "scan_tail",
     "whiten",
 ]
 
@@ -755,8 +755,8 @@ def private_clip_bound(
     below the noise) and the bound is ``top``, the largest deviation inside the box: a bound
     chosen among the located bins alone would clip the records it cannot see, a bias no
     noise-aware posterior models (post-processing of the released histogram).
-    ``scan_sds``: then the bound moves up past every run of bins above it that holds more
-    records than the quantile allows by that many noise sds of the run's sum
+    ``scan_sds``: then the bound moves up a bin at a time while some run of bins above it
+    holds more records than the quantile allows by that many noise sds of the run's sum
     (`scan_tail`): a tail spread thinly over many bins, each below the noise threshold,
     is located by its sum.
     """

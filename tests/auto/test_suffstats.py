@@ -440,12 +440,13 @@ def test_fit_is_the_noise_aware_posterior_mode_and_curvature():
     assert par["sigma"] == pytest.approx(s_hat, rel=1e-3)
     ref_sd = s_hat * np.sqrt(np.diag(np.linalg.inv(z.T @ z)))
     np.testing.assert_allclose(np.sqrt(np.diag(post.cov_mode))[:3], ref_sd, rtol=0.05)
-    # the importance sampler's moments of this near-Gaussian posterior: the mode within 4
-    # Monte Carlo sds (sd / sqrt(ESS)), the sds within 5 % plus 4 of theirs (sqrt(1/(2 ESS)))
+    # the importance sampler's summary of this near-Gaussian posterior: its median within 4
+    # Monte Carlo sds of the mode (1.25 sd / sqrt(ESS)), its sds within 5 % plus 4 of theirs
+    # (about 1.1 / sqrt(ESS) relative)
     assert post.ess > 300
     sd = np.sqrt(np.diag(post.cov))
-    assert np.all(np.abs(post.mean - post.mode) < 4 * sd / np.sqrt(post.ess))
-    tol = 0.05 + 4 * np.sqrt(0.5 / post.ess)
+    assert np.all(np.abs(post.mean - post.mode) < 4 * 1.25 * sd / np.sqrt(post.ess))
+    tol = 0.05 + 4 * 1.1 / np.sqrt(post.ess)
     np.testing.assert_allclose(sd[:3], ref_sd, rtol=tol)
     assert post.predicted_error < 1e-3
     noisy = linear_stats_from_sum(S, n, 2, 400.0 * np.eye(dim))
@@ -455,31 +456,42 @@ def test_fit_is_the_noise_aware_posterior_mode_and_curvature():
     assert post2.predicted_error > 0.1
 
 
-def test_importance_moments_are_a_skewed_posteriors_not_its_modes():
-    """`importance_moments` against a closed form where the mode and curvature are off:
-    ``q1 = log g``, ``g ~ Gamma(3, 1)`` (mean digamma(3), variance trigamma(3); mode log 3
-    and curvature 3, 0.28 sds and 8 % of the variance away), ``q2 ~ N(q1, 1)``. Mean within
-    4 Monte Carlo sds (sd / sqrt(ESS)), variances within 4 of theirs (``sqrt((kurtosis -
-    1) / ESS)`` relative, kurtosis at most 3.8 here)."""
-    from scipy.special import gammaln, polygamma
+def test_importance_summary_is_a_skewed_posteriors_median_and_intervals_not_its_mode():
+    """`importance_moments` against exact quantiles where the mode and curvature are off:
+    ``q1 = log g``, ``g ~ Gamma(3, 1)`` (closed form: median log G^-1(1/2), central 68 %
+    interval from G^-1; mode log 3, 0.18 sds above the median), ``q2 ~ N(q1, 1)`` (its
+    quantiles by quadrature). Medians within 4 Monte Carlo sds of a weighted median
+    (``1.25 sd / sqrt(ESS)``), half-widths within 4 of theirs (about ``1.1 sd /
+    sqrt(ESS)``, each end ``1.5 sd / sqrt(ESS)``)."""
+    from scipy import integrate, optimize
+    from scipy.special import gammaln
+    from scipy.stats import gamma, norm
 
     from pymc_dp.auto.suffstats import importance_moments
 
     def target(q):
-        return 3.0 * q[0] - np.exp(q[0]) - gammaln(3.0) - 0.5 * (q[1] - q[0]) ** 2
+        with np.errstate(over="ignore"):  # the proposal's far draws: weight 0
+            return 3.0 * q[0] - np.exp(q[0]) - gammaln(3.0) - 0.5 * (q[1] - q[0]) ** 2
 
     mode = np.array([np.log(3.0), np.log(3.0)])
     cov = np.array([[1 / 3, 1 / 3], [1 / 3, 1 / 3 + 1.0]])  # the curvature's inverse there
-    mean, C, ess = importance_moments(target, mode, cov, np.random.default_rng(3))
-    m1, v1 = float(polygamma(0, 3.0)), float(polygamma(1, 3.0))
-    exact_mean = np.array([m1, m1])
-    exact_cov = np.array([[v1, v1], [v1, v1 + 1.0]])
-    sd = np.sqrt(np.diag(exact_cov))
+    centre, C, ess = importance_moments(target, mode, cov, np.random.default_rng(3))
+    probs = (norm.cdf(-1.0), 0.5, norm.cdf(1.0))
+    q1 = np.log(gamma.ppf(probs, 3.0))
+
+    def cdf2(t):  # P(q1 + N(0, 1) <= t)
+        f = lambda u: np.exp(3.0 * u - np.exp(u) - gammaln(3.0)) * norm.cdf(t - u)  # noqa: E731
+        return integrate.quad(f, -12.0, 4.0)[0]
+
+    q2 = np.array([optimize.brentq(lambda t, p=p: cdf2(t) - p, -10.0, 10.0) for p in probs])
+    exact_centre = np.array([q1[1], q2[1]])
+    exact_sd = np.array([(q1[2] - q1[0]) / 2, (q2[2] - q2[0]) / 2])
     assert ess > 500
-    assert np.all(np.abs(mean - exact_mean) < 4 * sd / np.sqrt(ess)), (mean, exact_mean)
-    assert np.all(np.abs(np.diag(C) / np.diag(exact_cov) - 1) < 4 * np.sqrt(3 / ess))
-    # the test has power: the mode is farther than the tolerance from the mean
-    assert np.abs(mode[0] - m1) > 4 * sd[0] / np.sqrt(ess)
+    mc = exact_sd / np.sqrt(ess)
+    assert np.all(np.abs(centre - exact_centre) < 4 * 1.25 * mc), (centre, exact_centre)
+    assert np.all(np.abs(np.sqrt(np.diag(C)) - exact_sd) < 4 * 1.1 * mc), (C, exact_sd)
+    # the test has power: the mode is farther than the tolerance from the median
+    assert abs(mode[0] - q1[1]) > 4 * 1.25 * mc[0]
 
 
 def test_plan_names_the_strategy_and_its_prediction():
