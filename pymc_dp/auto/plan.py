@@ -292,7 +292,7 @@ def plan(
         out.choice_note = (
             "stats is chosen wherever it applies: on the real linear regressions of "
             "docs/auto.md laplace came out 3 to 1e11 posterior sds off (flagged) where stats "
-            "stayed honest, its prediction within 1.6 times of the measured error (37-58 "
+            "stayed honest, its prediction within 1.6 times of the measured error (37-56 "
             "times optimistic on a heavy-tailed response, where the run warns)"
         )
     if method == "stats":
