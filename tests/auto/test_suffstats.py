@@ -435,17 +435,63 @@ def test_fit_is_the_noise_aware_posterior_mode_and_curvature():
     z = np.column_stack([np.ones(n), x])
     w = np.linalg.lstsq(z, y, rcond=None)[0]
     s_hat = np.sqrt(np.mean((y - z @ w) ** 2))
-    par = fm.params(post.mean)
+    par = fm.params(post.mode)
     np.testing.assert_allclose(par["w"], w, atol=1e-3)
     assert par["sigma"] == pytest.approx(s_hat, rel=1e-3)
-    sd = np.sqrt(np.diag(post.cov))[:3]
-    np.testing.assert_allclose(sd, s_hat * np.sqrt(np.diag(np.linalg.inv(z.T @ z))), rtol=0.05)
+    ref_sd = s_hat * np.sqrt(np.diag(np.linalg.inv(z.T @ z)))
+    np.testing.assert_allclose(np.sqrt(np.diag(post.cov_mode))[:3], ref_sd, rtol=0.05)
+    # the importance sampler's summary of this near-Gaussian posterior: its median within 4
+    # Monte Carlo sds of the mode (1.25 sd / sqrt(ESS)), its sds within 5 % plus 4 of theirs
+    # (about 1.1 / sqrt(ESS) relative)
+    assert post.ess > 300
+    sd = np.sqrt(np.diag(post.cov))
+    assert np.all(np.abs(post.mean - post.mode) < 4 * 1.25 * sd / np.sqrt(post.ess))
+    tol = 0.05 + 4 * 1.1 / np.sqrt(post.ess)
+    np.testing.assert_allclose(sd[:3], ref_sd, rtol=tol)
     assert post.predicted_error < 1e-3
     noisy = linear_stats_from_sum(S, n, 2, 400.0 * np.eye(dim))
     post2 = fit_stats_posterior(fm, noisy, model, vars_, ip)
-    grow = np.sqrt(np.diag(post2.cov) / np.diag(post2.cov_sampling) - 1.0)
+    grow = np.sqrt(np.diag(post2.cov_mode) / np.diag(post2.cov_sampling) - 1.0)
     assert post2.predicted_error == pytest.approx(grow.max(), rel=1e-6)
     assert post2.predicted_error > 0.1
+
+
+def test_importance_summary_is_a_skewed_posteriors_median_and_intervals_not_its_mode():
+    """`importance_moments` against exact quantiles where the mode and curvature are off:
+    ``q1 = log g``, ``g ~ Gamma(3, 1)`` (closed form: median log G^-1(1/2), central 68 %
+    interval from G^-1; mode log 3, 0.18 sds above the median), ``q2 ~ N(q1, 1)`` (its
+    quantiles by quadrature). Medians within 4 Monte Carlo sds of a weighted median
+    (``1.25 sd / sqrt(ESS)``), half-widths within 4 of theirs (about ``1.1 sd /
+    sqrt(ESS)``, each end ``1.5 sd / sqrt(ESS)``)."""
+    from scipy import integrate, optimize
+    from scipy.special import gammaln
+    from scipy.stats import gamma, norm
+
+    from pymc_dp.auto.suffstats import importance_moments
+
+    def target(q):
+        with np.errstate(over="ignore"):  # the proposal's far draws: weight 0
+            return 3.0 * q[0] - np.exp(q[0]) - gammaln(3.0) - 0.5 * (q[1] - q[0]) ** 2
+
+    mode = np.array([np.log(3.0), np.log(3.0)])
+    cov = np.array([[1 / 3, 1 / 3], [1 / 3, 1 / 3 + 1.0]])  # the curvature's inverse there
+    centre, C, ess = importance_moments(target, mode, cov, np.random.default_rng(3))
+    probs = (norm.cdf(-1.0), 0.5, norm.cdf(1.0))
+    q1 = np.log(gamma.ppf(probs, 3.0))
+
+    def cdf2(t):  # P(q1 + N(0, 1) <= t)
+        f = lambda u: np.exp(3.0 * u - np.exp(u) - gammaln(3.0)) * norm.cdf(t - u)  # noqa: E731
+        return integrate.quad(f, -12.0, 4.0)[0]
+
+    q2 = np.array([optimize.brentq(lambda t, p=p: cdf2(t) - p, -10.0, 10.0) for p in probs])
+    exact_centre = np.array([q1[1], q2[1]])
+    exact_sd = np.array([(q1[2] - q1[0]) / 2, (q2[2] - q2[0]) / 2])
+    assert ess > 500
+    mc = exact_sd / np.sqrt(ess)
+    assert np.all(np.abs(centre - exact_centre) < 4 * 1.25 * mc), (centre, exact_centre)
+    assert np.all(np.abs(np.sqrt(np.diag(C)) - exact_sd) < 4 * 1.1 * mc), (C, exact_sd)
+    # the test has power: the mode is farther than the tolerance from the median
+    assert abs(mode[0] - q1[1]) > 4 * 1.25 * mc[0]
 
 
 def test_plan_names_the_strategy_and_its_prediction():
@@ -488,3 +534,62 @@ def test_a_noise_dominated_result_says_so():
             data_bounds=BOUNDS,
         )  # fmt: skip
     assert idata.attrs["dp_predicted_error"] < 1.0
+
+
+class _NormPasses:
+    """Stand-in passes whose whitened deviations have the given norms (the clip bound's
+    histogram query only)."""
+
+    def __init__(self, norms: np.ndarray) -> None:
+        self.norms = norms
+
+    def deviation_counts(self, centre, grid, scale) -> np.ndarray:
+        return (self.norms[:, None] > np.asarray(grid)[None, :]).sum(axis=0)
+
+
+def test_clip_bound_scan_finds_a_thin_tail_and_leaves_a_bulk_alone():
+    """The clip bound's histogram at gpa2's epsilon 1 scale (4150 norms, noise multiplier
+    18.9: 27 records of noise per bin against a threshold of 80): 450 records spread
+    log-uniformly over 2.6-20 (about 30 a bin) are below every bin's threshold, and the
+    bound without the scan (the old rule) clips most of them on most seeds; with
+    ``STATS_SCAN_SDS`` the median number clipped is less than half of that. Without the
+    tail the scan moves the bound on at most 15 of 100 seeds (about 5 expected: a run of
+    noise passing 3 sds) and by more than one bin on at most 5 (about 1)."""
+    from pymc_dp.auto.suffstats import (
+        STATS_EXTEND_SDS,
+        STATS_LOCATED_SHARE,
+        STATS_QUANTILE,
+        STATS_SCAN_SDS,
+    )
+    from pymc_dp.kernels.expfam import private_clip_bound
+
+    gen = np.random.default_rng(0)
+    bulk = np.exp(gen.normal(0.0, 0.4, 3700))
+    tail = np.exp(gen.uniform(np.log(2.6), np.log(20.0), 450))
+
+    def bounds(norms, seed):
+        return [
+            private_clip_bound(
+                _NormPasses(norms),
+                None,
+                None,
+                150.0,
+                norms.size,
+                STATS_QUANTILE,
+                18.9,
+                np.random.default_rng(seed),
+                STATS_EXTEND_SDS,
+                STATS_LOCATED_SHARE,
+                scan,
+            )  # fmt: skip
+            for scan in (None, STATS_SCAN_SDS)
+        ]
+
+    norms = np.concatenate([bulk, tail])
+    clipped = np.array([[np.sum(norms > b) for b in bounds(norms, s)] for s in range(100)])
+    old, new = np.median(clipped, axis=0)
+    assert old > 300, old  # the old rule clips most of the tail: the test has power
+    assert new < 0.5 * old, (old, new)
+    b = np.array([bounds(bulk, s) for s in range(100)])
+    assert np.sum(b[:, 1] > b[:, 0]) <= 15
+    assert np.sum(b[:, 1] > 1.2 * b[:, 0]) <= 5  # grid steps are 1.157
