@@ -53,7 +53,8 @@ package's clipped gradient sum against the gradient function ``pm.HamiltonianMC`
 each leapfrog step and against two hand-written Numba loops over the records, one with the
 clip weight (the clipped sum, checked against the numpy version) and one without (the plain
 gradient sum): the cost of clipping each record's gradient on its own, which no
-per-record function avoids.
+per-record function avoids. For the banana a third loop has the blocks route's float32 clip
+weight (its note says whether the loop's assembly has the packed float32 square root).
 """
 
 from __future__ import annotations
@@ -658,6 +659,59 @@ def numba_strip_loop(name: str, data: dict, sl: dict, d: int):
     return run
 
 
+def numba_f32_loop(name: str, data: dict, sl: dict, d: int):
+    """``(run, vectorised)`` for the banana (None for the other models): a hand-written
+    Numba loop of the blocks route's clipped sum with its float32 clip weight
+    (`pymc_dp.records.clipping.clip_weights` with ``float32_weight``: ``w = 1`` inside
+    ``b (1 - m)``, else ``min(1, 1 / sqrt(r))`` in float32 with ``r = ||g||^2 / (b (1 -
+    m))^2``, then the float64 check ``w^2 ||g||^2 <= b^2``), branch-free; ``vectorised``
+    says whether its assembly has the packed float32 square root (``vrsqrtps`` /
+    ``vsqrtps``) rather than the scalar one only."""
+    if name != "banana":
+        return None
+    import re
+
+    import numba
+
+    from pymc_dp.records.clipping import F32_MARGIN
+
+    fm = {"arcp", "contract", "afn", "reassoc", "nsz"}
+    jit = numba.njit(fastmath=fm, error_model="numpy")
+    keep = 1.0 - F32_MARGIN
+
+    @jit
+    def f32_loop(t0, t1, x1, x2, b):
+        s1 = s2 = 0.0
+        k = 0
+        inner2 = (b * keep) * (b * keep)
+        b2 = b * b
+        scale = 1.0 / inner2
+        for i in range(x1.size):
+            r1 = (x1[i] - t0) / BANANA_VAR1
+            r2 = (x2[i] - t1 - BANANA_A * t0 * t0) / BANANA_VAR2
+            g1 = r1 + r2 * 2.0 * BANANA_A * t0
+            sq = g1 * g1 + r2 * r2
+            y = np.float64(np.float32(1.0) / np.sqrt(np.float32(sq * scale)))
+            y = y if y < 1.0 else 1.0
+            w = 1.0 if sq <= inner2 else y
+            w = w if w * w * sq <= b2 else 0.0
+            s1 += w * g1
+            s2 += w * r2
+            k += not (sq <= b2)
+        return s1, s2, k
+
+    def run(q, b):
+        t = q[sl["theta"]]
+        s1, s2, k = f32_loop(t[0], t[1], data["x1"], data["x2"], b)
+        out = np.zeros(d)
+        out[sl["theta"]] = [s1, s2]
+        return out, k
+
+    run(np.zeros(d), 1.0)  # compile
+    asm = f32_loop.inspect_asm(f32_loop.signatures[0])
+    return run, bool(re.search(r"\bv(r)?sqrtps\b", asm))
+
+
 FLOOR_MODELS = ("hier50", "hier500", "slopes", "banana")
 
 
@@ -675,12 +729,16 @@ def floor_rows(name: str, n: int, blocks: int, block_s: float, compile_kwargs) -
     q = q0 + 0.05 * np.sin(np.arange(d) + 1.0)
     clipped, unclipped = numba_loops(name, data, sl, d)
     strip = numba_strip_loop(name, data, sl, d)
+    f32 = numba_f32_loop(name, data, sl, d)
     g_ref, k_ref = Numpy(name, data, sl, d).clipped_grad_sum(q, 1.0)
     g_nb, k_nb = clipped(q, 1.0)
     agree = np.allclose(g_nb, g_ref, rtol=1e-7, atol=1e-9) and k_nb == k_ref
     if strip is not None:
         g_st, k_st = strip(q, 1.0)
         agree = agree and np.allclose(g_st, g_ref, rtol=1e-7, atol=1e-9) and k_st == k_ref
+    if f32 is not None:  # (the float32 weight: within the margin of the exact one)
+        g_32, k_32 = f32[0](q, 1.0)
+        agree = agree and np.allclose(g_32, g_ref, rtol=1e-4, atol=1e-9) and k_32 == k_ref
     dlogp = model.logp_dlogp_function(ravel_inputs=True)
     dlogp.set_extra_values({})
     dlogp._pytensor_function.trust_input = True
@@ -691,6 +749,7 @@ def floor_rows(name: str, n: int, blocks: int, block_s: float, compile_kwargs) -
             "numba_noclip": lambda: unclipped(q, 1.0),
             "pymc": lambda: dlogp(q),
             **({"strip": lambda: strip(q, 1.0)} if strip is not None else {}),
+            **({"f32": lambda: f32[0](q, 1.0)} if f32 is not None else {}),
         },
         blocks,
         block_s / 2,
@@ -701,11 +760,13 @@ def floor_rows(name: str, n: int, blocks: int, block_s: float, compile_kwargs) -
         ("numba", "Numba loop, clipped"),
         ("numba_noclip", "Numba loop, no clip weight"),
         *([("strip", "Numba loop, clipped, strips")] if strip is not None else []),
+        *([("f32", "Numba loop, float32 weight")] if f32 is not None else []),
     ):
+        note = f"; packed float32 sqrt {f32[1]}" if key == "f32" else ""
         rows.append(
             f"{'floor':<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {t[key] * 1e3:>9.4f} "
             f"{t['pymc'] * 1e3:>9.4f} {t[key] / t['pymc']:>7.2f} | ref: PyMC logp+grad; "
-            f"agree {agree}"
+            f"agree {agree}{note}"
         )
     return rows
 

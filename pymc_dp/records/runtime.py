@@ -1054,7 +1054,8 @@ class GradSumMemo:
         self._fns = fns
         self._others = others
         self._kept: list[tuple[tuple, tuple[np.ndarray, int]]] = []
-        self._seen: list[tuple[tuple, tuple[np.ndarray, int]]] = []
+        #: the trajectory's sums: ``(context or None, (sum, count), None or (q, bound))``
+        self._seen: list[tuple] = []
         #: Sums returned from the memo (for tests and benchmarks; data-free).
         self.reused = 0
 
@@ -1075,35 +1076,46 @@ class GradSumMemo:
     def __call__(self, q: np.ndarray, bound: float) -> tuple[np.ndarray, int]:
         """``(sum_i clip_b(grad l_i(q)), n_clipped)``: kept when the context is identical,
         computed otherwise; counted as one release either way (the caller adds the noise).
-        Only the first sum of a trajectory (at its start) is looked up."""
+        Only the first sum of a trajectory (at its start) is looked up; the context of a
+        later one is formed only if it is kept (the last, at `end_trajectory`: nothing it
+        depends on changes within a trajectory), from a copy of its point."""
+        if self._seen:
+            g, k = self._fns.clipped_grad_sum(q, bound)
+            value = (np.array(g, dtype=float, copy=True), int(k))
+            self._seen.append((None, value, (np.array(q, copy=True), bound)))
+            return np.asarray(g, dtype=float), value[1]
         key = self._context(q, bound)
-        if not self._seen:
-            for entry in self._kept:
-                if entry[0] == key:
-                    self._fns.released["grad"] += 1
-                    self.reused += 1
-                    self._seen.append(entry)
-                    g, k = entry[1]
-                    return g.copy(), k
+        for entry in self._kept:
+            if entry[0] == key:
+                self._fns.released["grad"] += 1
+                self.reused += 1
+                self._seen.append((*entry, None))
+                g, k = entry[1]
+                return g.copy(), k
         g, k = self._fns.clipped_grad_sum(q, bound)
-        entry = (key, (np.array(g, dtype=float, copy=True), int(k)))
-        self._seen.append(entry)
-        return np.array(entry[1][0], copy=True), entry[1][1]
+        value = (np.array(g, dtype=float, copy=True), int(k))
+        self._seen.append((key, value, None))
+        return np.asarray(g, dtype=float), value[1]
 
     def record(self, q: np.ndarray, bound: float, g: np.ndarray, k: int) -> None:
         """Note a sum of the trajectory computed elsewhere (`FusedLastPass`), as if it had
         been computed here: the next trajectory may start from it."""
-        entry = (self._context(q, bound), (np.array(g, dtype=float, copy=True), int(k)))
+        entry = (self._context(q, bound), (np.array(g, dtype=float, copy=True), int(k)), None)
         self._seen.append(entry)
 
     def begin_trajectory(self) -> None:
         """Start collecting the sums of a trajectory (drops a partial one)."""
         self._seen = []
 
+    def _keyed(self, entry: tuple) -> tuple:
+        """``(context, (sum, count))`` of a collected sum (its context formed now if late)."""
+        key, value, late = entry
+        return (self._context(*late) if key is None else key), value
+
     def end_trajectory(self) -> None:
         """Keep the first and the last sum of the trajectory (its start and its end point)."""
         seen = self._seen
-        self._kept = [seen[0], seen[-1]] if seen else []
+        self._kept = [self._keyed(seen[0]), self._keyed(seen[-1])] if seen else []
         self._seen = []
 
     def clear(self) -> None:

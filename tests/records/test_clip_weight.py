@@ -112,3 +112,60 @@ def test_blocks_route_uses_the_float32_weight_and_matches_the_reference():
         assert np.all(np.abs(g - g_ref) <= slack + 1e-12)
         if b == 1e3:  # clipping inactive: the same sum as without clipping
             np.testing.assert_allclose(g, grads.sum(axis=0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("b", [1e-3, 1.0, 3.7e4])
+def test_blocks_route_clips_adversarial_records_exactly_in_both_orders(b):
+    """The blocks route's compiled loop (the banana at ``t = 0``, where record ``i``'s
+    gradient is exactly ``(x1_i, x2_i)``) on records whose norms sit at and around ``b`` and
+    ``b (1 - m)`` (one ulp and one float32 rounding at a time), huge, tiny and with a squared
+    norm that overflows:
+    each record's contribution alone has float64 norm at most ``b``, and the route's sums
+    and counts, in both orders of the records and chunked, are the per-record loop's."""
+    import pymc as pm
+
+    from pymc_dp.records import build_record_functions
+
+    rng = np.random.default_rng(7)
+    g = _adversarial(b, rng)[:, :2]
+    # finite data only (pymc_dp refuses NaN and inf); squared norms that overflow instead
+    g = np.concatenate([g[np.isfinite(g).all(axis=1)], [[1.5e308, 1.0], [-1e160, 1e160]]])
+    for order in (slice(None), slice(None, None, -1)):
+        x1, x2 = g[order, 0].copy(), g[order, 1].copy()
+        with pm.Model() as model:
+            t = pm.Normal("t", 0.0, 10.0, shape=2)
+            pm.Normal("x1", t[0], 1.0, observed=x1)
+            pm.Normal("x2", t[1] + 0.5 * t[0] ** 2, 1.0, observed=x2)
+        q = np.zeros(2)
+        for chunk_size in (None, 37):
+            fns, _ = build_record_functions(
+                model, model.value_vars, model.initial_point(), chunk_size=chunk_size
+            )
+            np.testing.assert_array_equal(fns.per_record_grad(q)[:3], np.c_[x1, x2][:3])
+            assert fns.gradient_route == "blocks"
+            route = fns._c.grad_clipped["route"]
+            # the loop's weights (clip_weights with the float32 weight, in numpy)
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                sq = x1 * x1 + x2 * x2
+                inner = b * (1.0 - F32_MARGIN)
+                r = (sq * (1.0 / (inner * inner))).astype(np.float32)
+                y = np.minimum(np.float32(1.0), np.float32(1.0) / np.sqrt(r)).astype(float)
+                w = np.where(sq <= inner * inner, 1.0, y)
+                w = np.where(w * w * sq <= b * b, w, 0.0)
+            finite = np.isfinite(sq)
+            ref = np.array([np.sum(w[finite] * x1[finite]), np.sum(w[finite] * x2[finite])])
+            clipped = finite & (sq > inner * inner)
+            slack = 4 * _EPS32 * np.sum(np.minimum(np.sqrt(sq[clipped]), b))
+            total, k = fns.clipped_grad_sum(q, b)
+            assert k == np.sum(~(sq <= b * b))
+            np.testing.assert_allclose(total, ref, rtol=1e-9, atol=1e-12 * b + slack)
+        # each record alone through the compiled route: norm at most b, 0 if not finite,
+        # the record itself if inside b (1 - m)
+        arrays = fns._records._arrays  # the records as the store keeps them
+        for i in range(len(x1)):
+            s, _ = route(q, b, [], [a[i : i + 1] for a in arrays])
+            assert np.sqrt(np.sum(s * s)) <= b
+            if not finite[i]:
+                np.testing.assert_array_equal(s, 0.0)
+            elif sq[i] <= inner * inner:
+                np.testing.assert_array_equal(s, [x1[i], x2[i]])

@@ -159,8 +159,9 @@ def _loop_reference(fns, q, bound):
         elif sq <= (bound * (1.0 - m)) ** 2:
             total += g
         else:
-            r = np.float32(sq * (1.0 / (bound * bound)))
-            w = (1.0 - m) * float(min(np.float32(1.0), np.float32(1.0) / np.sqrt(r)))
+            inner = bound * (1.0 - m)
+            r = np.float32(sq * (1.0 / (inner * inner)))
+            w = float(min(np.float32(1.0), np.float32(1.0) / np.sqrt(r)))
             total += g * (w if w * w * sq <= bound * bound else 0.0)
             slack += 4 * 2.0**-24 * min(norm, bound)
     return total, count, slack

@@ -181,9 +181,12 @@ def test_bench_models_floor_tiny():
         *("--models", "hier50", "slopes", "banana"),
     )
     rows = [r for r in out.splitlines() if r.startswith("floor")]
-    # models x (pymc_dp, Numba clipped, Numba unclipped), plus the strips for hier50
-    assert len(rows) == 3 * 3 + 1, out
+    # models x (pymc_dp, Numba clipped, Numba unclipped), plus the strips for hier50 and
+    # the float32-weight loop for the banana
+    assert len(rows) == 3 * 3 + 2, out
     assert sum("clipped, strips" in r for r in rows) == 1 and "hier50" in rows[3], out
+    f32 = [r for r in rows if "float32 weight" in r]
+    assert len(f32) == 1 and "banana" in f32[0] and "packed float32 sqrt" in f32[0], out
     for r in rows:
         ms, ref, ratio = (_positive(x) for x in r.split("|")[1].split()[-3:])
         assert _ratio_of_printed(ms, ref, ratio), r
