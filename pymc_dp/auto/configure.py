@@ -757,19 +757,9 @@ def auto_configure(
         return _warm_start_only(plan, fns, coords, info, grid, grad_quantile, vars, ip, rng, spend)
     if one_shot:
         return _one_shot(
-            plan,
-            fns,
-            coords,
-            info,
-            free,
-            draws,
-            tune,
-            rng,
-            spend,
-            max_iterations,
-            start=coords.to_y(q0),
-            fresh_clip=not grad_derived,
-        )
+            plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations,
+            start=coords.to_y(q0), fresh_clip=not grad_derived,
+        )  # fmt: skip
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
     # residuals of the log-likelihood ratio after the control variate at the anchor, per unit
