@@ -593,3 +593,31 @@ def test_clip_bound_scan_finds_a_thin_tail_and_leaves_a_bulk_alone():
     b = np.array([bounds(bulk, s) for s in range(100)])
     assert np.sum(b[:, 1] > b[:, 0]) <= 15
     assert np.sum(b[:, 1] > 1.2 * b[:, 0]) <= 5  # grid steps are 1.157
+
+
+def test_a_plain_dp_quantile_does_not_jump_to_an_empty_bin_far_up():
+    """The whitening's plain DP quantiles (no extension, no scan) on a grid of 81 bins up to
+    ``top`` far above every record (catholic's second quantile: records below 128, ``top``
+    2.6e6, noise multiplier 6.25): an empty bin whose noise passes the threshold used to
+    move the bound there (3 sds: about one histogram in ten); at Bonferroni's level over the
+    bins (family-wise 1e-3) at most 3 of 300 seeds put the bound beyond twice the largest
+    record (0.3 expected), and the old threshold fails it (checked: about 30)."""
+    from pymc_dp.kernels.expfam import private_clip_bound
+
+    gen = np.random.default_rng(1)
+    norms = np.minimum(np.exp(gen.normal(3.0, 0.6, 7430)), 128.0)
+    far = sum(
+        private_clip_bound(
+            _NormPasses(norms),
+            None,
+            None,
+            2.6e6,
+            norms.size,
+            0.999,
+            6.25,
+            np.random.default_rng(seed),
+        )  # fmt: skip
+        > 2.0 * norms.max()
+        for seed in range(300)
+    )
+    assert far <= 3, far
