@@ -23,7 +23,6 @@ Steps 2-4 depend on the data only through released (noisy) values: post-processi
 from __future__ import annotations
 
 import math
-import statistics
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -758,7 +757,7 @@ def auto_configure(
     if one_shot:
         return _one_shot(
             plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations,
-            start=coords.to_y(q0), fresh_clip=not grad_derived,
+            start=coords.to_y(q0),
         )  # fmt: skip
 
     # -- phase 2: the clip bound of the penalty test -----------------------------------------
@@ -847,7 +846,7 @@ def auto_configure(
         )
         return _one_shot(
             plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations,
-            start=coords.to_y(q0), fresh_clip=not grad_derived,
+            start=coords.to_y(q0),
         )  # fmt: skip
     z_anchor = math.sqrt(1.0 / (2.0 * mu_anchor))
     plan.phases.append(Phase(ANCHOR_PHASE, z_anchor, 1))
@@ -995,7 +994,7 @@ def _anchor_clip_bound(plan, fns, coords, info, free, rng, spend) -> float:
     spend.release(ONESHOT_CLIP_PHASE)
     std = z * HISTOGRAM_SENSITIVITY
     noisy = histogram_from_counts(n, counts) + rng.normal(size=grid.size + 1) * std
-    sds = statistics.NormalDist().inv_cdf(1.0 - 1e-3 / noisy.size)
+    sds = bonferroni_sds(noisy.size, 1e-3)
     return histogram_quantile(noisy, grid, ONESHOT_CLIP_QUANTILE, n, std, sds, ONESHOT_EXTEND_SDS)
 
 
@@ -1011,14 +1010,13 @@ def _one_shot(
     spend,
     max_iterations,
     start=None,
-    fresh_clip: bool = True,
 ) -> AutoPlan:
     """The one-shot strategy's two last releases and its noise-aware Laplace approximation
     (`pymc_dp.auto.oneshot`): the clipped gradient sum at the warm start's last iterate and
     at the end of the Newton step it gives, with all the budget left, half each, clipped at
-    the bound of a fresh histogram there (`_anchor_clip_bound`; ``fresh_clip`` false: the
-    bound from declared data bounds, nothing released for it)."""
-    if fresh_clip:
+    the bound of a fresh histogram there (`_anchor_clip_bound`; where the warm start's clip
+    came from declared data bounds, that bound, nothing released for it)."""
+    if plan.clip_sources.get("warm-start gradient clip") != "data_bounds":
         info.anchor_bound = _anchor_clip_bound(plan, fns, coords, info, free, rng, spend)
     mu_left = plan.mu_total - sum(p.mu for p in plan.phases)
     if not mu_left > 0:

@@ -38,11 +38,12 @@ References
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.stats
+
+from pymc_dp.kernels.warmstart import bonferroni_sds
 
 __all__ = [
     "METHODS",
@@ -66,12 +67,6 @@ ONESHOT_NEWTON_STEPS = 10
 #: `NoiseAwareLaplace.curvature_widening` above which the result warns that the released
 #: curvature's noise dominates its intervals (`pymc_dp.NoiseDominatedWarning`).
 CURVATURE_WIDENING_WARN = 2.0
-
-
-def bonferroni_sds(bins: int, family_wise: float = 1e-2) -> float:
-    """Noise sds a histogram bin must pass so that noise alone passes in any of ``bins``
-    with probability ``family_wise`` (Bonferroni; one-sided Gaussian tail)."""
-    return statistics.NormalDist().inv_cdf(1.0 - family_wise / bins)
 
 
 def choose_method(

@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
-import scipy.stats
 
 from pymc_dp.kernels.warmstart import (
     HISTOGRAM_SENSITIVITY,
     HISTOGRAM_THRESHOLD_SDS,
     OUTER_SENSITIVITY,
     _sym_noise,
+    bonferroni_sds,
     clip_grid,
     histogram_from_counts,
     histogram_quantile,
@@ -739,12 +739,6 @@ def private_whitening(
 QUANTILE_FAMILY_WISE = 1e-3
 
 
-def bonferroni_level(bins: int, family_wise: float) -> float:
-    """Noise sds a bin must pass so that noise alone passes in any of ``bins`` with
-    probability ``family_wise`` (Bonferroni; one-sided Gaussian tail)."""
-    return float(scipy.stats.norm.isf(family_wise / bins))
-
-
 def private_clip_bound(
     passes: StatPasses,
     centre: np.ndarray,
@@ -780,7 +774,7 @@ def private_clip_bound(
         # histogram in ten and the bound jumps there (measured: a linear regression's
         # whitening quantile at 2.2e6 where every record lay below 128, its second moment
         # then released with noise ~ b^2: the whitening was noise)
-        sds = bonferroni_level(grid.size + 1, QUANTILE_FAMILY_WISE)
+        sds = bonferroni_sds(grid.size + 1, QUANTILE_FAMILY_WISE)
         b, _ = noisy_histogram_quantile(hist, grid, quantile, noise_multiplier, rng, sds)
         return float(b)
     std = noise_multiplier * HISTOGRAM_SENSITIVITY

@@ -57,6 +57,7 @@ __all__ = [
     "OUTER_SENSITIVITY",
     "laplace_releases",
     "noisy_histogram_quantile",
+    "bonferroni_sds",
     "prior_curvature_fd",
     "private_laplace",
     "whitened_grid",
@@ -71,6 +72,12 @@ def clip_grid(low: float, high: float, bins: int) -> np.ndarray:
     if not (0.0 < low < high and np.isfinite(high)) or bins < 2:
         raise ValueError(f"clip_grid needs 0 < low < high and bins >= 2; got {low}, {high}, {bins}")
     return np.geomspace(low, high, int(bins))
+
+
+def bonferroni_sds(bins: int, family_wise: float = 1e-2) -> float:
+    """Noise sds a histogram bin must pass so that noise alone passes in any of ``bins``
+    with probability ``family_wise`` (Bonferroni; one-sided Gaussian tail)."""
+    return statistics.NormalDist().inv_cdf(1.0 - family_wise / bins)
 
 
 def whitened_grid(n: int, k: int, bins: int) -> np.ndarray:
@@ -657,7 +664,7 @@ def private_laplace(
                 # Bonferroni's over the bins (at most a 1e-3 chance that noise alone passes
                 # anywhere; 3 sds let 4 % of the runs through on 29 bins, 19 times the bound)
                 std = z_hist[it] * HISTOGRAM_SENSITIVITY
-                sds = statistics.NormalDist().inv_cdf(1.0 - 1e-3 / len(noisy_hist))
+                sds = bonferroni_sds(len(noisy_hist), 1e-3)
                 top = histogram_quantile(
                     noisy_hist, grid_it, anchor_quantile, n, std, sds, anchor_extend_sds
                 )
