@@ -25,6 +25,8 @@ Usage::
     python benchmarks/bench_auto.py --models logistic3 linear3 --eps 1 3 10 --seeds 5
     python benchmarks/bench_auto.py --models real --eps 1 3 10 --seeds 3   # real data
     python benchmarks/bench_auto.py --quick              # tiny smoke run
+    python benchmarks/bench_auto.py --models logistic3 --eps 1 3 10 --seeds 20 --peers
+                                                  # with the private Newton peer's rows
 
 Data are synthetic with public bounds (covariates in [-1, 1], responses clipped to a fixed
 range), generated from a fixed seed; every model is written as a PyMC user would.
@@ -57,10 +59,16 @@ def logistic(n: int, rng: np.random.Generator) -> pm.Model:
     return m
 
 
-def logistic3(n: int, rng: np.random.Generator) -> pm.Model:
-    """The one-shot peers' logistic regression: X ~ U(-1, 1)^3, b = (1, -2, 0.5)."""
+def logistic3_data(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The one-shot peers' logistic regression data: X ~ U(-1, 1)^3, b = (1, -2, 0.5)."""
     x = rng.uniform(-1, 1, (n, 3))
     y = rng.binomial(1, 1 / (1 + np.exp(-x @ np.array([1.0, -2.0, 0.5]))))
+    return x, y
+
+
+def logistic3(n: int, rng: np.random.Generator) -> pm.Model:
+    """The one-shot peers' logistic regression (`logistic3_data`), prior N(0, 5^2)."""
+    x, y = logistic3_data(n, rng)
     with pm.Model() as m:
         b = pm.Normal("b", 0, 5, shape=3)
         pm.Bernoulli("y", logit_p=pm.math.dot(x, b), observed=y)
@@ -351,6 +359,32 @@ def _habits(model, name: str, n: int, args, r_mean, r_sd) -> None:
                 )
 
 
+def _peer_row(n: int, eps: float, args, r_mean, r_sd, t_ref: float) -> None:
+    """The private Newton peer (`peers.private_newton_logistic`) on logistic3's data, the
+    same DP seeds, the same statistics (its mean and sds exact, from its Gaussian)."""
+    from peers import private_newton_logistic
+
+    x, y = logistic3_data(n, np.random.default_rng(args.seed))
+    errs, wrong, ratios, secs = [], [], [], []
+    for k in range(args.seeds):
+        t = time.perf_counter()
+        m, cov = private_newton_logistic(
+            x, y, eps, args.delta, np.random.default_rng(args.seed + 1 + k)
+        )
+        secs.append(time.perf_counter() - t)
+        sd = np.sqrt(np.diag(cov))
+        errs.append(float(np.max(np.abs(m - r_mean) / r_sd)))
+        wrong.extend(np.abs(m - r_mean) > 2 * sd)
+        ratios.extend(sd / r_sd)
+    print(
+        f"{'  peer':<13}{n:>7}{eps:>5g} | {'newton':>7} {'-':>9} {np.median(errs):>7.4g}"
+        f" {max(errs):>7.4g} {100 * np.mean(wrong):>7.1f}%"
+        f" {f'{min(ratios):.3g}-{max(ratios):.3g}':>10} {'-':>7} {eps:>10.4g} |"
+        f" {np.median(secs):>6.2f} {t_ref:>6.1f}",
+        flush=True,
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -365,6 +399,11 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1, help="DP seeds per cell")
     ap.add_argument("--method", default="auto", choices=["auto", "laplace", "stats", "chain"])
     ap.add_argument("--quick", action="store_true", help="tiny smoke run")
+    ap.add_argument(
+        "--peers", action="store_true",
+        help="after each logistic3 row, the private Newton peer's row (peers.py) on the same "
+        "data, NUTS reference and DP seeds (its mean exact: no draws)",
+    )  # fmt: skip
     ap.add_argument(
         "--habits", action="store_true",
         help="pm.sample's habits instead of the planner's run length: draws=1000 with "
@@ -431,6 +470,8 @@ def main() -> None:
                         f" {eps_rep:>10.4g} | {np.median(secs):>6.1f} {t_ref:>6.1f}",
                         flush=True,
                     )
+                    if args.peers and name == "logistic3":
+                        _peer_row(n, eps, args, r_mean, r_sd, t_ref)
 
 
 if __name__ == "__main__":
