@@ -1049,6 +1049,8 @@ def _one_shot(
                 data=~free,
                 noise_std=2.0 * b * z,
                 prior_precision_floor=floor,
+                curvature_entry_std=info.curvature_entry_std,
+                curvature_basis=info.curvature_basis,
             )
         )
         y = steps[-1].mean

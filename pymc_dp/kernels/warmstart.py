@@ -208,6 +208,11 @@ class LaplaceInfo:
     damping: np.ndarray | float = 0.0
     #: the last iteration's whitening ``L``: its sums were of ``L^{-1} g_i`` (public)
     basis: np.ndarray | None = None
+    #: the last curvature's error sd per entry of its data block, in the whitened
+    #: coordinates of its release (``curvature_basis``): its noise, or where an off-diagonal
+    #: entry was thresholded to 0 the spread of what it hid (`_Curvature`)
+    curvature_entry_std: np.ndarray | None = None
+    curvature_basis: np.ndarray | None = None
 
 
 #: Smallest eigenvalue `_pd_floor` keeps, relative to the largest: a condition number of at
@@ -276,9 +281,17 @@ class _Curvature:
         d = s2.shape[0]
         fisher = np.nan_to_num(s2, nan=0.0, posinf=0.0, neginf=0.0)
         off = ~np.eye(d, dtype=bool)
-        fisher[off & (np.abs(fisher) < offdiag_threshold_sds(d) * outer_std)] = 0.0
+        thr = offdiag_threshold_sds(d)
+        zeroed = off & (np.abs(fisher) < thr * outer_std)
+        fisher[zeroed] = 0.0
         fisher[~data, :] = 0.0
         fisher[:, ~data] = 0.0
+        # the error of each entry of the data block (w): the release's noise where kept;
+        # where an entry was zeroed, its true value, somewhere below the threshold (uniform
+        # on +-thr sds: sd thr / sqrt 3)
+        self.entry_std = np.where(zeroed, thr / np.sqrt(3.0), 1.0) * outer_std
+        self.entry_std[~data, :] = 0.0
+        self.entry_std[:, ~data] = 0.0
         kept = int(np.count_nonzero(fisher, axis=1).max(initial=1))
         noise_level = np.sqrt(max(kept, 1)) * outer_std
         f_w = np.zeros((d, d))
@@ -652,6 +665,7 @@ def private_laplace(
                 info.path.pop()
         info.precision, cov = curv.prec, curv.cov
         info.damping = curv.damping
+        info.curvature_entry_std, info.curvature_basis = curv.entry_std, curv.basis
         iterates.append(q.copy())
         if it == newton_steps:
             # the control variate's clip bound: a higher quantile of the same released
