@@ -84,11 +84,11 @@ def worst_of_sds(sds) -> float:
     if s.size == 0:
         return 0.0
 
-    def log_cdf(x: float) -> float:
+    def f(x: float) -> float:
         return float(np.sum(np.log(np.maximum(2.0 * scipy.stats.norm.cdf(x / s) - 1.0, 1e-300))))
 
-    hi = float(s.max()) * 10.0
-    return float(optimize.brentq(lambda x: log_cdf(x) - math.log(0.5), 1e-12 * hi, hi))
+    top = float(s.max())
+    return float(optimize.brentq(lambda x: f(x) - math.log(0.5), 1e-12 * top, 20.0 * top))
 
 
 #: The control variate's clip bound over the root-mean-square whitened per-record gradient
@@ -204,6 +204,11 @@ class ChainForecast:
     #: per-coordinate noise of the control variate's release on the coordinates the
     #: likelihood reads, in posterior sds (``2 z b``)
     tilt: float
+    #: the share of `LLR_STEP_RANGE` (log-uniform) over which the chain gives way
+    p_gives_way: float = 0.0
+    #: the error of what the run returns: the chain's, the one-shot strategy's, or where the
+    #: run may take either, the larger of the two
+    expected_error: float = float("nan")
 
 
 def chain_forecast(
@@ -230,31 +235,39 @@ def chain_forecast(
     rest of ``mu_rest``, the test's sensitivity over `LLR_STEP_RANGE`) is below
     `ONESHOT_FALLBACK_ESS`, the run gives the budget left to the one-shot strategy: its
     error is that of one release with ``mu_rest`` less its clip histogram's share, the same
-    clip bound, and the draws' own Monte Carlo error.
+    clip bound, and the draws' own Monte Carlo error. The sensitivity is a DP quantile of
+    the data: over the share ``p_gives_way`` of its range (log-uniform) the chain gives way,
+    and ``expected_error``, the error of what the run returns, is the one-shot strategy's
+    where it gives way over all of the range, the chain's where over none, and the larger
+    of the two elsewhere (which one the run takes is decided from released values).
     """
     k, r = structure.k, structure.attenuation
     b = ANCHOR_CLIP_RATIO * math.sqrt(k / n)
     mu_anchor = CHAIN_ANCHOR_SHARE * mu_rest
     tilt = 2.0 * b * math.sqrt(1.0 / (2.0 * mu_anchor))
-    error = worst_of_sds(np.sqrt((tilt * r) ** 2 + 1.0 / ONESHOT_FALLBACK_ESS))
+    chain_sds = np.sqrt((tilt * r) ** 2 + 1.0 / ONESHOT_FALLBACK_ESS)
+    error = worst_of_sds(chain_sds)
     lo_len = chains * 50
-    ess = tuple(
-        best_independent_length(
+
+    def ess_at(c: float) -> float:
+        return best_independent_length(
             mu_rest - mu_anchor, c * k / n, minimum=lo_len, maximum=max(lo_len, max_iterations)
         ).ess
-        for c in LLR_STEP_RANGE
-    )
+
+    ess = (ess_at(LLR_STEP_RANGE[0]), ess_at(LLR_STEP_RANGE[1]))
+    # the share of the sensitivity's range (log-uniform) where the chain gives way
+    grid = np.geomspace(*LLR_STEP_RANGE, 17)
+    p_way = float(np.mean([ess_at(c) < ONESHOT_FALLBACK_ESS for c in grid]))
     share = mu_rest / mu_total - ONESHOT_CLIP_SHARE
     z_f = math.sqrt(1.0 / (2.0 * max(share, 1e-12) * mu_total))
-    fallback = worst_of_sds(np.sqrt((2.0 * b * z_f * r) ** 2 + 1.0 / (chains * ONESHOT_DRAWS)))
-    gives_way = (
-        "likely"
-        if ess[0] < ONESHOT_FALLBACK_ESS
-        else "possible"
-        if ess[1] < ONESHOT_FALLBACK_ESS
-        else "unlikely"
+    fb_sds = np.sqrt((2.0 * b * z_f * r) ** 2 + 1.0 / (chains * ONESHOT_DRAWS))
+    fallback = worst_of_sds(fb_sds)
+    # where it may give way, the larger of the two: which one the run takes is not public
+    expected = fallback if p_way == 1.0 else error if p_way == 0.0 else max(error, fallback)
+    gives_way = "likely" if p_way == 1.0 else "unlikely" if p_way == 0.0 else "possible"
+    return ChainForecast(
+        error, fallback, (float(ess[0]), float(ess[1])), gives_way, tilt, p_way, expected
     )
-    return ChainForecast(error, fallback, (float(ess[0]), float(ess[1])), gives_way, tilt)
 
 
 @dataclass
@@ -380,7 +393,7 @@ class Plan:
                 f"{ONESHOT_FALLBACK_ESS:.0f}, the chain runs (with method='auto', a run whose "
                 "released values predict less gives the rest to the one-shot strategy)"
             ]
-        what = "will likely" if fc.gives_way == "likely" else "may"
+        what = "will" if fc.gives_way == "likely" else f"may ({fc.p_gives_way:.0%} of that range)"
         return [
             f"    GIVES WAY: the chain's predicted effective sample size is {band}, "
             + ("below" if fc.gives_way == "likely" else "partly below")
@@ -404,13 +417,8 @@ _METHOD_TEXT = {
 
 
 def _expected_chain_error(fc: ChainForecast) -> float:
-    """The error of what a run planned as the chain returns: the chain's, the one-shot
-    strategy's where the chain will give way, the larger of the two where it may."""
-    if fc.gives_way == "likely":
-        return fc.fallback_error
-    if fc.gives_way == "possible":
-        return max(fc.error, fc.fallback_error)
-    return fc.error
+    """The error of what a run planned as the chain returns (`ChainForecast.expected_error`)."""
+    return fc.expected_error
 
 
 def _oneshot_z(mu_total: float) -> float:
