@@ -1,8 +1,11 @@
 """``pymc_dp.plan``: the automatic configuration and its predicted accuracy, before any data.
 
 Everything here is computed from public facts: the budget, the number of records ``n`` and
-parameters ``d`` (shapes only), and the budget split. The accuracy prediction rests on one
-stated assumption (see `plan`), so it is a guide, not a guarantee.
+parameters ``d`` (shapes only), the model's structure (its hierarchical blocks,
+`pymc_dp.auto.recentre`) and the budget split. The accuracy prediction rests on stated
+assumptions (`FISHER_SHARE` for the one-shot strategy; `ANCHOR_CLIP_RATIO`,
+`GROUP_SPREAD` and `LLR_STEP_RANGE` for the penalty chain, `chain_forecast`), so it is a
+guide, not a guarantee.
 """
 
 from __future__ import annotations
@@ -461,10 +464,12 @@ def plan(
 ) -> Plan:
     """The automatic configuration of ``pymc_dp.sample(step=None)`` and its prediction.
 
-    Reads no data: only the model's shapes (``n``, ``d``) and the arguments. Prints the plan
-    (``verbose``) and warns, with numbers, when the predicted error of the posterior means
-    exceeds half a posterior sd, naming what would help (more records, a larger epsilon,
-    fewer parameters).
+    Reads no data: only the model's shapes (``n``, ``d``), its graph and the arguments.
+    Prints the plan (``verbose``) and warns, with numbers, when the predicted error of the
+    posterior means exceeds half a posterior sd, naming what would help (more records, a
+    larger epsilon, fewer parameters). For a model given the penalty chain the prediction is
+    `chain_forecast`'s: the chain's error, or where the run will or may give way to the
+    one-shot strategy (listed), that strategy's or the larger of the two.
 
     Parameters
     ----------
