@@ -1,12 +1,16 @@
 """``pymc_dp.plan``: the automatic configuration and its predicted accuracy, before any data.
 
 Everything here is computed from public facts: the budget, the number of records ``n`` and
-parameters ``d`` (shapes only), and the budget split. The accuracy prediction rests on one
-stated assumption (see `plan`), so it is a guide, not a guarantee.
+parameters ``d`` (shapes only), the model's structure (its hierarchical blocks,
+`pymc_dp.auto.recentre`) and the budget split. The accuracy prediction rests on stated
+assumptions (`FISHER_SHARE` for the one-shot strategy; `ANCHOR_CLIP_RATIO`,
+`GROUP_SPREAD` and `LLR_STEP_RANGE` for the penalty chain, `chain_forecast`), so it is a
+guide, not a guarantee.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field
 
@@ -21,18 +25,31 @@ from pymc_dp.auto.bounds import check_data_bounds, clip_plan
 from pymc_dp.auto.configure import (
     ONESHOT_CLIP_PHASE,
     ONESHOT_CLIP_SHARE,
+    ONESHOT_DRAWS,
     ONESHOT_FALLBACK_ESS,
     ONESHOT_SPLIT,
     WARM_START_GROWTH,
     BudgetSplit,
     Phase,
+    auto_configure,
     presample_phases,
     stats_phases,
 )
 from pymc_dp.auto.oneshot import ONESHOT_NEWTON_STEPS, choose_method
+from pymc_dp.auto.predict import best_independent_length
 from pymc_dp.auto.suffstats import STATS_ERROR_SCALE
 
-__all__ = ["Plan", "plan", "predicted_mean_error", "worst_of"]
+__all__ = [
+    "ChainForecast",
+    "Plan",
+    "Structure",
+    "chain_forecast",
+    "model_structure",
+    "plan",
+    "predicted_mean_error",
+    "worst_of",
+    "worst_of_sds",
+]
 
 #: Assumed per-record Fisher information along one parameter, in units of the squared clip
 #: bound of the per-record gradient, times ``d``: ``I_j = FISHER_SHARE b^2 / d``. Measured on
@@ -41,10 +58,6 @@ FISHER_SHARE = 0.1
 
 #: Predicted error (posterior sds) above which `plan` warns that the run is not usable.
 USABLE_ERROR = 0.5
-
-#: Nominal share of ``mu`` of the control variate's release (the run chooses it after the
-#: warm start, `pymc_dp.auto.configure.choose_anchor_share`; measured 0.3-0.6).
-NOMINAL_ANCHOR_SHARE = 0.4
 
 
 def predicted_mean_error(n: int, d: int, anchor_noise_multiplier: float) -> float:
@@ -63,6 +76,201 @@ def worst_of(d: int) -> float:
     error of one posterior sd gives on the worst of ``d`` posterior means, median over runs
     (the statistic of benchmarks/bench_auto.py: ``max_j |DP mean - NUTS mean| / NUTS sd``)."""
     return float(scipy.stats.norm.ppf(0.5 * (1.0 + 0.5 ** (1.0 / max(int(d), 1)))))
+
+
+def worst_of_sds(sds) -> float:
+    """The median of ``max_j |e_j|`` for independent ``e_j ~ N(0, sds_j^2)``: `worst_of` for
+    coordinates of unequal error (``worst_of_sds(np.ones(d)) == worst_of(d)``). Solves
+    ``prod_j (2 Phi(x / sds_j) - 1) = 1/2``; coordinates of zero error drop out."""
+    s = np.asarray(sds, dtype=float).ravel()
+    s = s[s > 0]
+    if s.size == 0:
+        return 0.0
+
+    def f(x: float) -> float:
+        return float(np.sum(np.log(np.maximum(2.0 * scipy.stats.norm.cdf(x / s) - 1.0, 1e-300))))
+
+    top = float(s.max())
+    return float(optimize.brentq(lambda x: f(x) - math.log(0.5), 1e-12 * top, 20.0 * top))
+
+
+#: The control variate's clip bound over the root-mean-square whitened per-record gradient
+#: ``sqrt(k / n)`` (whitened: ``sum_i g_i g_i^T ~ I_k`` over the ``k`` coordinates the
+#: likelihood reads). The bound is the 0.9999 quantile of the whitened norms
+#: (`pymc_dp.kernels.warmstart.private_laplace`'s ``anchor_quantile``): where a record's
+#: score is Gaussian and lies along one coordinate (its group's effect), ``||g_i||^2 ~ (k /
+#: n) chi^2_1``, whose 0.9999 quantile is ``3.89^2 k / n``; the noisy histogram moves it up to
+#: the next point of its grid (points a factor 10^(4/28) = 1.39 apart: 1.18 on average).
+#: Measured on the hierarchical model and the GLMM of benchmarks/bench_auto.py: 3.73 and
+#: 5.18 (the two grid points either side), against `FISHER_SHARE`'s ``sqrt(10) = 3.16``.
+ANCHOR_CLIP_RATIO = 3.89 * math.sqrt(10 ** (4 / 28))
+
+#: The spread of a hierarchy's group effects (its ``scale``) over the sd of one record's
+#: noise on the linear predictor, assumed (not public): 1. It sets how much of a recentred
+#: group effect's noise reaches the model's own ``z`` (`model_structure`).
+GROUP_SPREAD = 1.0
+
+#: The penalty test's sensitivity per step (``2 b E||theta' - theta||`` of
+#: `pymc_dp.auto.predict.independent_ess`) in units of ``k / n``: its clip bound is a DP
+#: quantile of the log-likelihood ratios' residuals after the control variate, a data
+#: property the plan cannot know. Measured on the hierarchical model and the GLMM of
+#: benchmarks/bench_auto.py (epsilon 3 and 10, 1-3 DP seeds each): 20 to 85 (the noisy
+#: histogram's grid and its noise move it by seed). The plan's effective-sample-size band
+#: (`chain_forecast`) is over this range.
+LLR_STEP_RANGE = (20.0, 85.0)
+
+#: The chain's share of the budget left after its warm start that goes to the control
+#: variate: the cap of `pymc_dp.auto.configure.auto_configure` (``max_anchor_share``), where
+#: its split came out on every run measured (the error-minimising share is above it).
+CHAIN_ANCHOR_SHARE = float(inspect.signature(auto_configure).parameters["max_anchor_share"].default)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What the model's graph says about how the last releases' noise reaches the posterior
+    means it reports (public: shapes and structure only, `model_structure`).
+
+    ``attenuation[j]``: the share of a posterior sd of the model's coordinate ``j`` that one
+    posterior sd of noise on the coordinates the likelihood reads moves it by (1: read
+    directly; below 1: a non-centred hierarchy's ``z``, ``loc``, ``scale``, reached only
+    through the group effects). ``k``: the coordinates the likelihood reads after recentring
+    (the last releases' noise lives there). ``groups``: each recentred block's size.
+    """
+
+    d: int
+    k: int
+    attenuation: np.ndarray
+    groups: tuple[int, ...] = ()
+
+
+def model_structure(model: pm.Model, n: int) -> Structure:
+    """The `Structure` of ``model`` with ``n`` records, from its graph alone.
+
+    A recentred block ``a = loc + scale * z`` of ``G`` groups (`pymc_dp.auto.recentre`) is
+    sampled in ``a``, whose ``G`` coordinates carry the noise (in posterior sds of ``a``);
+    ``loc`` and ``scale`` are read by no record and carry none. What the model reports is
+    ``z = (a - loc) / scale``: with ``m = n / G`` records a group (balanced groups assumed:
+    the group index is data), ``sd(a_g) = sigma / sqrt(m)`` (``sigma`` one record's noise on
+    the linear predictor), and ``scale * sd(z_g)`` adds the uncertainty of ``loc`` and
+    ``scale``, ``scale^2 (1 + z^2 / 2) / G`` (``E z^2 = 1``), so one sd of noise on ``a_g``
+    moves ``z_g`` by ``r_z = 1 / sqrt(1 + 1.5 rho^2 m / G)`` of its sd, ``rho = scale /
+    sigma`` (`GROUP_SPREAD`). ``loc`` and ``scale`` move with the mean and spread of ``G``
+    such shifts: ``r = 1 / sqrt(1 + rho^2 m)`` for ``loc``, ``sqrt(2 / (2 + rho^2 m))`` for
+    ``log scale`` (checked against the exact tilt of the Gaussian approximation of a balanced
+    normal hierarchy, tests/auto/test_plan.py). A centred or shifted block's own coordinates
+    are read as they are (1).
+    """
+    from pymc_dp.auto.recentre import find_recentring
+
+    ip = model.initial_point()
+    vars = model.value_vars
+    sizes = {v.name: int(np.size(ip[v.name])) for v in vars}
+    rv_of = {model.rvs_to_values[rv].name: rv.name for rv in model.free_RVs}
+    att = {name: np.ones(size) for name, size in sizes.items()}
+    free: set[str] = set()
+    groups = []
+    for b in find_recentring(model, vars):
+        if b.shift:
+            continue
+        g = next((v for v, rv in rv_of.items() if rv == b.name), None)
+        size = sizes.get(g, 1) if g is not None else 1
+        groups.append(size)
+        m = n / max(size, 1)
+        rho2 = GROUP_SPREAD**2
+        if not b.centred and g is not None:
+            att[g] = np.full(size, 1.0 / math.sqrt(1.0 + 1.5 * rho2 * m / max(size, 1)))
+        for name in b.exclusive:
+            v = next((v for v, rv in rv_of.items() if rv == name), None)
+            if v is not None:
+                free.add(v)
+                # loc: the mean of the G shifts; log scale: their projection on z, whose
+                # posterior sd is 1 / sqrt(2 G) where loc's is scale / sqrt(G)
+                two = 2.0 if name == b.scale else 1.0
+                att[v] = np.full(sizes[v], math.sqrt(two / (two + rho2 * m)))
+    d = int(sum(sizes.values()))
+    k = d - int(sum(sizes[v] for v in free))
+    return Structure(d, max(k, 1), np.concatenate([att[v.name] for v in vars]), tuple(groups))
+
+
+@dataclass(frozen=True)
+class ChainForecast:
+    """The penalty chain's predicted error and whether it will give way (`chain_forecast`)."""
+
+    #: predicted error of the chain (the `worst_of_sds` statistic)
+    error: float
+    #: predicted error of the one-shot strategy it gives way to, from its warm start
+    fallback_error: float
+    #: the chain's predicted effective sample size over `LLR_STEP_RANGE` (high, low)
+    ess: tuple[float, float]
+    #: "unlikely", "possible" or "likely": the chain giving way to the one-shot strategy
+    gives_way: str
+    #: per-coordinate noise of the control variate's release on the coordinates the
+    #: likelihood reads, in posterior sds (``2 z b``)
+    tilt: float
+    #: the share of `LLR_STEP_RANGE` (log-uniform) over which the chain gives way
+    p_gives_way: float = 0.0
+    #: the error of what the run returns: the chain's, the one-shot strategy's, or where the
+    #: run may take either, the larger of the two
+    expected_error: float = float("nan")
+
+
+def chain_forecast(
+    n: int,
+    structure: Structure,
+    mu_total: float,
+    mu_rest: float,
+    chains: int,
+    max_iterations: int = 20_000,
+) -> ChainForecast:
+    """The penalty chain's predicted error, from public facts only.
+
+    The chain targets the posterior tilted by the noise ``xi ~ N(0, s^2 I_k)`` of the
+    control variate's release of whitened gradients (`pymc_dp.auto.configure.tilt_sd`):
+    its means move by ``s = 2 z b`` posterior sds on each of the ``k`` coordinates the
+    likelihood reads, ``z`` from `CHAIN_ANCHOR_SHARE` of ``mu_rest`` (what the warm start
+    and clip selection leave), ``b = ANCHOR_CLIP_RATIO sqrt(k / n)``. Each reported
+    coordinate ``j`` moves by ``s`` times its ``structure.attenuation[j]``, and carries the
+    chain's Monte Carlo error, ``1 / sqrt(ESS)`` sds with ``ESS`` = `ONESHOT_FALLBACK_ESS`
+    (the least a chain is run with; the run's prediction assumes the proposal fits and is
+    optimistic). The error is `worst_of_sds` of ``sqrt((s r_j)^2 + 1 / ESS)``.
+
+    Where the chain's predicted effective sample size (`best_independent_length` with the
+    rest of ``mu_rest``, the test's sensitivity over `LLR_STEP_RANGE`) is below
+    `ONESHOT_FALLBACK_ESS`, the run gives the budget left to the one-shot strategy: its
+    error is that of one release with ``mu_rest`` less its clip histogram's share, the same
+    clip bound, and the draws' own Monte Carlo error. The sensitivity is a DP quantile of
+    the data: over the share ``p_gives_way`` of its range (log-uniform) the chain gives way,
+    and ``expected_error``, the error of what the run returns, is the one-shot strategy's
+    where it gives way over all of the range, the chain's where over none, and the larger
+    of the two elsewhere (which one the run takes is decided from released values).
+    """
+    k, r = structure.k, structure.attenuation
+    b = ANCHOR_CLIP_RATIO * math.sqrt(k / n)
+    mu_anchor = CHAIN_ANCHOR_SHARE * mu_rest
+    tilt = 2.0 * b * math.sqrt(1.0 / (2.0 * mu_anchor))
+    chain_sds = np.sqrt((tilt * r) ** 2 + 1.0 / ONESHOT_FALLBACK_ESS)
+    error = worst_of_sds(chain_sds)
+    lo_len = chains * 50
+
+    def ess_at(c: float) -> float:
+        return best_independent_length(
+            mu_rest - mu_anchor, c * k / n, minimum=lo_len, maximum=max(lo_len, max_iterations)
+        ).ess
+
+    ess = (ess_at(LLR_STEP_RANGE[0]), ess_at(LLR_STEP_RANGE[1]))
+    # the share of the sensitivity's range (log-uniform) where the chain gives way
+    grid = np.geomspace(*LLR_STEP_RANGE, 17)
+    p_way = float(np.mean([ess_at(c) < ONESHOT_FALLBACK_ESS for c in grid]))
+    share = mu_rest / mu_total - ONESHOT_CLIP_SHARE
+    z_f = math.sqrt(1.0 / (2.0 * max(share, 1e-12) * mu_total))
+    fb_sds = np.sqrt((2.0 * b * z_f * r) ** 2 + 1.0 / (chains * ONESHOT_DRAWS))
+    fallback = worst_of_sds(fb_sds)
+    # where it may give way, the larger of the two: which one the run takes is not public
+    expected = fallback if p_way == 1.0 else error if p_way == 0.0 else max(error, fallback)
+    gives_way = "likely" if p_way == 1.0 else "unlikely" if p_way == 0.0 else "possible"
+    return ChainForecast(
+        error, fallback, (float(ess[0]), float(ess[1])), gives_way, tilt, p_way, expected
+    )
 
 
 @dataclass
@@ -88,6 +296,11 @@ class Plan:
     candidates: dict = field(default_factory=dict)
     #: why the chosen strategy is not the one of the smallest prediction, where it is not
     choice_note: str = ""
+    #: the penalty chain's forecast (`chain_forecast`): its error, its effective sample size
+    #: band and whether a run planned as the chain will give way to the one-shot strategy
+    chain: ChainForecast | None = None
+    #: how the last releases' noise reaches each posterior mean (`model_structure`)
+    structure: Structure | None = None
 
     def __str__(self) -> str:
         lines = [
@@ -124,23 +337,36 @@ class Plan:
                 "minimise the predicted error; run length chosen by the predicted effective "
                 "sample size"
             )
-            basis = f"{NOMINAL_ANCHOR_SHARE:.0%} of mu for the control variate"
-            lines.append(
-                "    (with method='auto', where the chain's effective sample size predicted "
-                f"after the warm start is below {ONESHOT_FALLBACK_ESS:.0f}, the rest goes to "
-                "the one-shot strategy's two last releases instead)"
-            )
+            basis = ""
+            lines.extend(self._chain_lines())
         lines.insert(1, f"  strategy: {self.method} ({_METHOD_TEXT[self.method]})")
-        lines.append(
-            f"  predicted error of the worst of the {self.d} posterior means (median over "
-            f"runs): about {self.predicted_error:.2g} posterior sds ("
-            + (
-                f"assumes {basis}"
-                if self.method == "stats"
-                else f"assumes per-record Fisher information {FISHER_SHARE} b^2 / d and {basis}"
+        if self.method == "chain":
+            lines.append(
+                f"  predicted error of the worst of the {self.d} posterior means (median over "
+                f"runs): about {self.predicted_error:.2g} posterior sds (`chain_forecast`: "
+                f"assumes the control variate's clip bound {ANCHOR_CLIP_RATIO:.2g} sqrt(k / n) "
+                f"over the k = {self.structure.k} coordinates the likelihood reads, "
+                f"{CHAIN_ANCHOR_SHARE:.0%} of the rest for its release, an effective sample "
+                f"size of {ONESHOT_FALLBACK_ESS:.0f}"
+                + (
+                    f", and group effects spread {GROUP_SPREAD:g} record noise sd, "
+                    f"{self.n // max(self.structure.groups[0], 1)} records a group"
+                    if self.structure.groups
+                    else ""
+                )
+                + ")"
             )
-            + ")"
-        )
+        else:
+            lines.append(
+                f"  predicted error of the worst of the {self.d} posterior means (median over "
+                f"runs): about {self.predicted_error:.2g} posterior sds ("
+                + (
+                    f"assumes {basis}"
+                    if self.method == "stats"
+                    else f"assumes per-record Fisher information {FISHER_SHARE} b^2 / d and {basis}"
+                )
+                + ")"
+            )
         if self.candidates:
             lines.append("  candidate strategies (predicted error, the same statistic):")
             for name, err in self.candidates.items():
@@ -155,6 +381,31 @@ class Plan:
         lines += [f"  WARNING: {w}" for w in self.warnings]
         return "\n".join(lines)
 
+    def _chain_lines(self) -> list[str]:
+        """The listing's lines on the chain giving way to the one-shot strategy."""
+        fc = self.chain
+        if fc is None:
+            return []
+        band = (
+            f"{fc.ess[1]:.0f} to {fc.ess[0]:.0f} over the test's sensitivity "
+            f"{LLR_STEP_RANGE[0]:g}-{LLR_STEP_RANGE[1]:g} k / n"
+        )
+        if fc.gives_way == "unlikely":
+            return [
+                f"    the chain's predicted effective sample size is {band}: above "
+                f"{ONESHOT_FALLBACK_ESS:.0f}, the chain runs (with method='auto', a run whose "
+                "released values predict less gives the rest to the one-shot strategy)"
+            ]
+        what = "will" if fc.gives_way == "likely" else f"may ({fc.p_gives_way:.0%} of that range)"
+        return [
+            f"    GIVES WAY: the chain's predicted effective sample size is {band}, "
+            + ("below" if fc.gives_way == "likely" else "partly below")
+            + f" {ONESHOT_FALLBACK_ESS:.0f}: with method='auto' the run {what} give the rest "
+            f"to the one-shot strategy's two last releases (predicted error "
+            f"{fc.fallback_error:.2g}; the chain's {fc.error:.2g}); the test's sensitivity is a "
+            "DP quantile of the data, so the run decides from its released values"
+        ]
+
     def _sampling_share(self) -> float:  # what the fixed-share phases leave
         return 1.0 - sum(p.mu for p in self.phases) / self.mu_total
 
@@ -168,8 +419,9 @@ _METHOD_TEXT = {
 }
 
 
-def _nominal_anchor_z(mu_total: float) -> float:
-    return math.sqrt(1.0 / (2.0 * NOMINAL_ANCHOR_SHARE * mu_total))
+def _expected_chain_error(fc: ChainForecast) -> float:
+    """The error of what a run planned as the chain returns (`ChainForecast.expected_error`)."""
+    return fc.expected_error
 
 
 def _oneshot_z(mu_total: float) -> float:
@@ -212,10 +464,12 @@ def plan(
 ) -> Plan:
     """The automatic configuration of ``pymc_dp.sample(step=None)`` and its prediction.
 
-    Reads no data: only the model's shapes (``n``, ``d``) and the arguments. Prints the plan
-    (``verbose``) and warns, with numbers, when the predicted error of the posterior means
-    exceeds half a posterior sd, naming what would help (more records, a larger epsilon,
-    fewer parameters).
+    Reads no data: only the model's shapes (``n``, ``d``), its graph and the arguments.
+    Prints the plan (``verbose``) and warns, with numbers, when the predicted error of the
+    posterior means exceeds half a posterior sd, naming what would help (more records, a
+    larger epsilon, fewer parameters). For a model given the penalty chain the prediction is
+    `chain_forecast`'s: the chain's error, or where the run will or may give way to the
+    one-shot strategy (listed), that strategy's or the larger of the two.
 
     Parameters
     ----------
@@ -274,9 +528,29 @@ def plan(
     )
     if method == "laplace" and sources.get("warm-start gradient clip") != "data_bounds":
         phases.append(Phase(ONESHOT_CLIP_PHASE, math.sqrt(1 / (2 * ONESHOT_CLIP_SHARE * mu)), 1))
-    z_of = _oneshot_z if one_shot else _nominal_anchor_z
+    z_of = _oneshot_z
     laplace_err = predicted_mean_error(n, d, z_of(mu)) * worst_of(d)
-    err = laplace_err
+    # the chain's prediction (`chain_forecast`): its own phases, whichever strategy is chosen
+    structure = model_structure(model, n)
+    chain_phases = (
+        phases
+        if not one_shot
+        else presample_phases(
+            mu,
+            BudgetSplit(),
+            gradient_histograms=sources.get("warm-start gradient clip") != "data_bounds",
+            residual_histogram=sources.get("penalty-test clip") != "data_bounds",
+            growth=WARM_START_GROWTH,
+        )
+    )
+    rest_share = 1.0 - sum(p.mu for p in chain_phases) / mu
+
+    def chain_at(m: float) -> ChainForecast:
+        return chain_forecast(n, structure, m, rest_share * m, int(chains))
+
+    forecast = chain_at(mu)
+    chain_err = _expected_chain_error(forecast)
+    err = laplace_err if one_shot else chain_err
     stats = None
     if fm is not None:
         stats = stats_phases(mu, epsilon, delta)
@@ -285,7 +559,8 @@ def plan(
             phases, err = stats[:-1], stats_err
     out = Plan(n, d, epsilon, delta, int(chains), mu, phases, err, bounds, clip_sources=sources)
     out.method = method
-    chain_err = predicted_mean_error(n, d, _nominal_anchor_z(mu)) * worst_of(d)
+    out.chain = forecast
+    out.structure = structure
     out.candidates = {
         "laplace": laplace_err
         if not hierarchical
@@ -313,12 +588,18 @@ def plan(
                 return stats_predicted_error(n, fm.n_covariates, z)
 
             d_max = 0  # (the statistics grow with the covariates' products: not a count)
-        else:
+        elif one_shot:
 
             def error_at(m: float) -> float:
                 return predicted_mean_error(n, d, z_of(m)) * worst_of(d)
 
             d_max = _largest_usable_d(n, d, z_of(mu))
+        else:
+
+            def error_at(m: float) -> float:
+                return _expected_chain_error(chain_at(m))
+
+            d_max = 0  # (the chain's error is not a count of parameters: `chain_forecast`)
         eps_needed = _epsilon_needed(delta, error_at)
         n_needed = int(math.ceil(n * (err / USABLE_ERROR) ** 2))
         out.warnings.append(
