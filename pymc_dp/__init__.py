@@ -7,52 +7,23 @@ arXiv ids is docs/references.md.
 
 from importlib.metadata import PackageNotFoundError, version
 
+from pymc_dp import step_methods
 from pymc_dp.auto import plan
 from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
 from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
 from pymc_dp.sampling import NoiseDominatedWarning, OneShotWarning, sample
-from pymc_dp.step_methods import (
-    DPHMC,
-    DPSGLD,
-    DPSGNHT,
-    BudgetExceededError,
-    ControlVariate,
-    Coordinates,
-    CoordinateWalk,
-    CorrelatedNoise,
-    DPBarker,
-    DPExpFamilyPenalty,
-    DPFastMH,
-    DPPenaltyMetropolis,
-    DPStep,
-    DPSubsampledPenalty,
-    GuidedWalk,
-    Independent,
-    LikelihoodSettings,
-    PrivacySettings,
-    RandomWalk,
-    StatCentre,
-    TunaMHTest,
-)
+from pymc_dp.step_methods import *  # noqa: F403 (the step methods and their parts)
 
 try:
     __version__ = version("pymc_dp")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
+#: the step methods and their parts (`pymc_dp.step_methods`), then the rest of the public API
 __all__ = [
-    "DPBarker",
-    "DPExpFamilyPenalty",
-    "DPSubsampledPenalty",
-    "DPHMC",
-    "DPSGLD",
-    "DPSGNHT",
-    "BudgetExceededError",
+    *step_methods.__all__,
     "ConvergenceWarning",
-    "DPFastMH",
-    "DPPenaltyMetropolis",
-    "DPStep",
     "ModelNotSupportedError",
     "NoiseDominatedWarning",
     "OneShotWarning",
@@ -62,15 +33,4 @@ __all__ = [
     "plan",
     "privacy_report",
     "sample",
-    "StatCentre",
-    "CorrelatedNoise",
-    "PrivacySettings",
-    "LikelihoodSettings",
-    "RandomWalk",
-    "CoordinateWalk",
-    "GuidedWalk",
-    "Independent",
-    "ControlVariate",
-    "Coordinates",
-    "TunaMHTest",
 ]

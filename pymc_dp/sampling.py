@@ -7,6 +7,8 @@ sampled, the run is refused if it would publish data outside the privacy mechani
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import inspect
 import os
 import warnings
@@ -256,6 +258,21 @@ def sample(
         data_bounds = check_data_bounds(model, data_bounds)
     if records is not None:
         _check_cores(sample_kwargs)
+    run = _Request(
+        model=model,
+        draws=draws,
+        tune=tune,
+        chains=chains,
+        epsilon=epsilon,
+        delta=delta,
+        random_seed=random_seed,
+        step_kwargs=step_kwargs,
+        keep_data=keep_data,
+        var_names=var_names,
+        idata_kwargs=idata_kwargs,
+        sample_kwargs=sample_kwargs,
+        records=records,
+    )
     if step is None:
         if records is not None:
             _check_records(DPPenaltyMetropolis, records, False)
@@ -265,97 +282,62 @@ def sample(
                     "(its warm start and clip selection use the central scheme); give "
                     "DaskRecords without owners=, or step=pymc_dp.DPPenaltyMetropolis"
                 )
-        return _sample_auto(
-            model,
-            draws=draws,
-            tune=tune,
-            chains=chains,
-            epsilon=epsilon,
-            delta=delta,
-            random_seed=random_seed,
-            step_kwargs=step_kwargs,
-            auto_kwargs={**(auto_kwargs or {}), "data_bounds": data_bounds},
-            keep_data=keep_data,
-            var_names=var_names,
-            idata_kwargs=idata_kwargs,
-            sample_kwargs=sample_kwargs,
-            records=records,
-        )
+        return _sample_auto(run, {**(auto_kwargs or {}), "data_bounds": data_bounds})
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
     if inspect.isclass(step) and issubclass(step, DPStep) and step_kwargs:
         # the settings objects spelled as the keywords the class checks are made with
-        step_kwargs = to_keywords(step, step_kwargs)
+        run.step_kwargs = to_keywords(step, step_kwargs)
     if (
         inspect.isclass(step)
         and data_bounds is not None
         and "data_bounds" in accepted_keywords(step)
-        and "data_bounds" not in (step_kwargs or {})
+        and "data_bounds" not in (run.step_kwargs or {})
     ):
         # a class that takes the public bounds itself (DPExpFamilyPenalty) gets them
-        step_kwargs = {**(step_kwargs or {}), "data_bounds": data_bounds}
+        run.step_kwargs = {**(run.step_kwargs or {}), "data_bounds": data_bounds}
     if inspect.isclass(step) and issubclass(step, DPStep):
         from pymc_dp.auto.steps import check_configurable, wants_configuration
 
-        if wants_configuration(step, step_kwargs):
+        if wants_configuration(step, run.step_kwargs):
             # refused here, before anything is read, when the class cannot be configured
-            epsilon, delta = _require_target(epsilon, delta, step.__name__)
+            run.epsilon, run.delta = _require_target(epsilon, delta, step.__name__)
             check_configurable(
                 step,
-                step_kwargs,
+                run.step_kwargs,
                 sample_kwargs,
                 model=model,
-                epsilon=epsilon,
-                delta=delta,
+                epsilon=run.epsilon,
+                delta=run.delta,
                 chains=chains,
                 draws=draws,
                 tune=tune,
                 records=records,
             )
-            return _sample_configured(
-                model,
-                step,
-                draws=draws,
-                tune=tune,
-                chains=chains,
-                epsilon=epsilon,
-                delta=delta,
-                random_seed=random_seed,
-                step_kwargs=step_kwargs,
-                keep_data=keep_data,
-                var_names=var_names,
-                idata_kwargs=idata_kwargs,
-                sample_kwargs=sample_kwargs,
-                records=records,
-            )
-    draws = 1000 if draws is None else draws
-    tune = 1000 if tune is None else tune
+            return _sample_configured(run, step)
+    run.draws = 1000 if draws is None else draws
+    run.tune = 1000 if tune is None else tune
     if inspect.isclass(step):
         if not issubclass(step, DPStep):
             raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
-        epsilon, delta = _require_target(epsilon, delta, step.__name__)
+        run.epsilon, run.delta = _require_target(epsilon, delta, step.__name__)
         # Everything that needs no data is checked before the step compiles: the model, and
         # what pm.sample would store.
-        check_model_supported(
-            model,
-            [],
-            data_free_potentials=bool((step_kwargs or {}).get("data_free_potentials", False)),
-        )
-        _check_outputs_are_private(model, var_names, idata_kwargs)
+        _check_class_run(run, step)
+        kwargs = dict(run.step_kwargs or {})
         if records is not None:
-            _check_records(step, records, bool((step_kwargs or {}).get("nonprivate_diagnostics")))
-            step_kwargs = {**(step_kwargs or {}), "records": records}
+            kwargs["records"] = records
         with warnings.catch_warnings():
             # checked just above (refused, or excluded by var_names): do not warn again
             warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
             step = step(
                 model=model,
-                epsilon=epsilon,
-                delta=delta,
-                draws=draws,
-                tune=tune,
+                epsilon=run.epsilon,
+                delta=run.delta,
+                draws=run.draws,
+                tune=run.tune,
                 chains=chains,
-                **(step_kwargs or {}),
+                **kwargs,
             )
     elif records is not None:
         raise ValueError(
@@ -368,19 +350,59 @@ def sample(
             "epsilon/delta/step_kwargs calibrate a step class; a step instance carries its own "
             "calibration: pass the class (e.g. step=pymc_dp.DPHMC) to calibrate here"
         )
-    return _run(
-        model,
-        step,
-        draws=draws,
-        tune=tune,
-        chains=chains,
-        delta=delta,
-        random_seed=random_seed,
-        keep_data=keep_data,
-        var_names=var_names,
-        idata_kwargs=idata_kwargs,
-        sample_kwargs=sample_kwargs,
-    )
+    return _run(run, step)
+
+
+@dataclasses.dataclass
+class _Request:
+    """The run `sample` was asked for, its arguments checked: handed whole to the path that
+    makes it (the automatic mode, a step class configured privately, a calibrated step) and
+    to `_run`, with the plan's ``draws``, ``tune`` and seed where the pre-sampling phases
+    chose them."""
+
+    model: pm.Model
+    draws: int | None
+    tune: int | None
+    chains: int
+    epsilon: float | None
+    delta: float | None
+    random_seed: Any
+    step_kwargs: dict[str, Any] | None
+    keep_data: bool
+    var_names: Sequence[str] | None
+    idata_kwargs: dict | None
+    sample_kwargs: dict[str, Any]
+    records: Any = None
+
+
+def _check_class_run(run: _Request, cls: type) -> None:
+    """What a step class's run is checked for before any data is read: the model (with the
+    potentials the step kwargs declare data-free), what pm.sample would store, the records."""
+    kwargs = run.step_kwargs or {}
+    data_free_potentials = bool(kwargs.get("data_free_potentials", False))
+    check_model_supported(run.model, [], data_free_potentials=data_free_potentials)
+    _check_outputs_are_private(run.model, run.var_names, run.idata_kwargs)
+    if run.records is not None:
+        _check_records(cls, run.records, bool(kwargs.get("nonprivate_diagnostics")))
+
+
+def _presample_seeds(random_seed) -> tuple[np.random.Generator, int | None]:
+    """The pre-sampling mechanisms' generator and `pymc.sample`'s seed: two seeds spawned
+    from ``random_seed`` (pm.sample's is None without one)."""
+    seeds = np.random.SeedSequence(random_seed).spawn(2)
+    seed = int(seeds[1].generate_state(1)[0]) if random_seed is not None else None
+    return np.random.default_rng(seeds[0]), seed
+
+
+@contextlib.contextmanager
+def _charged(delta, presample):
+    """An error in the block carries the spend of the pre-sampling releases made so far
+    (``presample``, read when the error is raised), `_account_partial_run`."""
+    try:
+        yield
+    except BaseException as err:
+        _account_partial_run(err, [], delta, presample=presample)
+        raise
 
 
 def _require_target(epsilon, delta, what: str) -> tuple[float, float]:
@@ -395,22 +417,10 @@ def _require_target(epsilon, delta, what: str) -> tuple[float, float]:
     return check_target(epsilon, delta)
 
 
-def _run(
-    model,
-    step,
-    *,
-    draws,
-    tune,
-    chains,
-    delta,
-    random_seed,
-    keep_data,
-    var_names,
-    idata_kwargs,
-    sample_kwargs,
-    presample=None,
-):
+def _run(run: _Request, step, presample=None):
     """Check the run, ``pm.sample`` it, attach the report (with the pre-sampling phases)."""
+    model, draws, tune, chains, delta = run.model, run.draws, run.tune, run.chains, run.delta
+    var_names, idata_kwargs, sample_kwargs = run.var_names, run.idata_kwargs, run.sample_kwargs
     steps = _flatten_steps(step)
     check_run_is_private(model, steps, var_names=var_names, idata_kwargs=idata_kwargs)
     for s in steps:
@@ -434,7 +444,7 @@ def _run(
             model=model,
             var_names=var_names,
             idata_kwargs=idata_kwargs,
-            random_seed=random_seed,
+            random_seed=run.random_seed,
             **sample_kwargs,
         )
     except BaseException as err:  # every error after a release carries the spend so far
@@ -451,7 +461,7 @@ def _run(
             target=target,
         )
         raise
-    if not keep_data:
+    if not run.keep_data:
         _drop_groups(idata, RAW_DATA_GROUPS)
     attrs = {} if presample is None else presample.to_attrs()
     # loud when the chains did not converge (post-processing of the DP draws); the report's
@@ -484,38 +494,23 @@ def _convergence_attrs(idata, *, auto: bool) -> dict:
     return check_convergence(idata, hint=hint, stacklevel=6 if auto else 5).to_attrs()
 
 
-def _sample_auto(
-    model,
-    *,
-    draws,
-    tune,
-    chains,
-    epsilon,
-    delta,
-    random_seed,
-    step_kwargs,
-    auto_kwargs,
-    keep_data,
-    var_names,
-    idata_kwargs,
-    sample_kwargs,
-    records=None,
-):
+def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
     """``step=None``: the private auto-configuration, then the configured penalty run."""
     from pymc_dp.auto import auto_configure
     from pymc_dp.auto.configure import PresampleSpend
 
-    epsilon, delta = _require_target(epsilon, delta, "the automatic configuration")
-    if step_kwargs:
+    model, draws, tune, chains, records = run.model, run.draws, run.tune, run.chains, run.records
+    sample_kwargs = run.sample_kwargs
+    epsilon, delta = _require_target(run.epsilon, run.delta, "the automatic configuration")
+    if run.step_kwargs:
         raise ValueError("step_kwargs go with a step class; use auto_kwargs with step=None")
     if "initvals" in sample_kwargs:
         raise ValueError("the automatic mode chooses initvals (from its private warm start)")
     check_model_supported(model, [], data_free_potentials=False)
-    _check_outputs_are_private(model, var_names, idata_kwargs)
-    # one seed for the pre-sampling mechanisms, another for pm.sample (both from random_seed)
-    seeds = np.random.SeedSequence(random_seed).spawn(2)
+    _check_outputs_are_private(model, run.var_names, run.idata_kwargs)
+    rng, seed = _presample_seeds(run.random_seed)
     spend = PresampleSpend()
-    try:
+    with _charged(delta, spend):  # stopped part-way: charged for the releases made
         plan = auto_configure(
             model,
             epsilon=epsilon,
@@ -523,14 +518,11 @@ def _sample_auto(
             chains=chains,
             draws=draws,
             tune=tune,
-            rng=np.random.default_rng(seeds[0]),
+            rng=rng,
             records=records,
             spend=spend,
-            **(auto_kwargs or {}),
+            **auto_kwargs,
         )
-    except BaseException as err:  # stopped part-way: charged for the releases made
-        _account_partial_run(err, [], delta, presample=spend)
-        raise
     if plan.method in ("laplace", "stats"):
         # the one-shot strategy released everything before sampling: independent draws from
         # its noise-aware Gaussian read no data (one process is enough)
@@ -596,112 +588,62 @@ def _sample_auto(
             **plan.step_kwargs,
         )
         sample_kwargs = {"initvals": plan.initvals, **sample_kwargs}
-    seed = int(seeds[1].generate_state(1)[0]) if random_seed is not None else None
-    return _run(
-        model,
-        step,
-        draws=plan.draws,
-        tune=plan.tune,
-        chains=chains,
-        delta=delta,
-        random_seed=seed,
-        keep_data=keep_data,
-        var_names=var_names,
-        idata_kwargs=idata_kwargs,
-        sample_kwargs=sample_kwargs,
-        presample=plan,
+    planned = dataclasses.replace(
+        run, draws=plan.draws, tune=plan.tune, delta=delta, random_seed=seed
     )
+    planned.sample_kwargs = sample_kwargs
+    return _run(planned, step, presample=plan)
 
 
-def _sample_configured(
-    model,
-    cls,
-    *,
-    draws,
-    tune,
-    chains,
-    epsilon,
-    delta,
-    random_seed,
-    step_kwargs,
-    keep_data,
-    var_names,
-    idata_kwargs,
-    sample_kwargs,
-    records=None,
-):
+def _sample_configured(run: _Request, cls: type):
     """A step class without its hyperparameters: configured by the automatic mode's private
     phases (`pymc_dp.auto.steps`), charged in the report, the step on the budget left."""
     from pymc_dp.auto.configure import PresampleSpend
     from pymc_dp.auto.steps import configure_step_class
 
-    epsilon, delta = _require_target(epsilon, delta, cls.__name__)
-    check_model_supported(
-        model,
-        [],
-        data_free_potentials=bool((step_kwargs or {}).get("data_free_potentials", False)),
-    )
-    _check_outputs_are_private(model, var_names, idata_kwargs)
-    if records is not None:
-        _check_records(cls, records, bool((step_kwargs or {}).get("nonprivate_diagnostics")))
-        if getattr(records, "owners", None) is not None:
-            raise ValueError(
-                f"{cls.__name__} without its hyperparameters is configured by the automatic "
-                "mode's private phases, which use the central scheme; give DaskRecords "
-                "without owners=, or the step's hyperparameters in step_kwargs"
-            )
-    # one seed for the pre-sampling mechanisms, another for pm.sample (both from random_seed)
-    seeds = np.random.SeedSequence(random_seed).spawn(2)
+    model, chains, records = run.model, run.chains, run.records
+    epsilon, delta = _require_target(run.epsilon, run.delta, cls.__name__)
+    _check_class_run(run, cls)
+    if records is not None and getattr(records, "owners", None) is not None:
+        raise ValueError(
+            f"{cls.__name__} without its hyperparameters is configured by the automatic "
+            "mode's private phases, which use the central scheme; give DaskRecords "
+            "without owners=, or the step's hyperparameters in step_kwargs"
+        )
+    rng, seed = _presample_seeds(run.random_seed)
     spend = PresampleSpend()
-    try:
+    with _charged(delta, spend):  # stopped part-way: charged for the releases made
         config = configure_step_class(
             cls,
             model,
             epsilon=epsilon,
             delta=delta,
-            draws=draws,
-            tune=tune,
+            draws=run.draws,
+            tune=run.tune,
             chains=chains,
-            step_kwargs=step_kwargs,
-            rng=np.random.default_rng(seeds[0]),
+            step_kwargs=run.step_kwargs,
+            rng=rng,
             spend=spend,
             records=records,
         )
-    except BaseException as err:  # stopped part-way: charged for the releases made
-        _account_partial_run(err, [], delta, presample=spend)
-        raise
     kwargs = dict(config.kwargs)
     if records is not None:
         kwargs["records"] = records
-    try:
-        with warnings.catch_warnings():
-            # checked just above (refused, or excluded by var_names): do not warn again
-            warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
-            step = cls(model=model, draws=config.draws, tune=config.tune, chains=chains, **kwargs)
-    except BaseException as err:  # after the private phases: charged for them
-        _account_partial_run(err, [], delta, presample=config.plan.spent_before_sampling())
-        raise
+    # after the private phases: an error is charged for them
+    with _charged(delta, config.plan.spent_before_sampling()), warnings.catch_warnings():
+        # checked just above (refused, or excluded by var_names): do not warn again
+        warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
+        step = cls(model=model, draws=config.draws, tune=config.tune, chains=chains, **kwargs)
     # a step calibrated for a reduced target (another accountant than the phases': delta / 2,
     # `pymc_dp.auto.steps._reduced_target`) records the run's delta, at which the report
     # composes every phase with the chains
     step.target_delta = delta
-    if config.initvals:
-        sample_kwargs = {"initvals": config.initvals, **sample_kwargs}
-    seed = int(seeds[1].generate_state(1)[0]) if random_seed is not None else None
-    return _run(
-        model,
-        step,
-        draws=config.draws,
-        tune=config.tune,
-        chains=chains,
-        delta=delta,
-        random_seed=seed,
-        keep_data=keep_data,
-        var_names=var_names,
-        idata_kwargs=idata_kwargs,
-        sample_kwargs=sample_kwargs,
-        presample=config.plan,
+    planned = dataclasses.replace(
+        run, draws=config.draws, tune=config.tune, delta=delta, random_seed=seed
     )
+    if config.initvals:
+        planned.sample_kwargs = {"initvals": config.initvals, **run.sample_kwargs}
+    return _run(planned, step, presample=config.plan)
 
 
 def _check_cores(sample_kwargs: dict) -> None:

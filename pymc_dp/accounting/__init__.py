@@ -25,17 +25,10 @@ References
    privacy", NeurIPS 2020.
 """
 
+from . import events
 from .approx import compose_approx_dp
 from .barker import dp_barker_epsilon
-from .events import (
-    ApproxDPEvent,
-    DataSharingGaussianEvent,
-    DPBarkerEvent,
-    GaussianEvent,
-    NeighbourRelation,
-    PoissonSubsampledGaussian,
-    WORSubsampledGaussian,
-)
+from .events import *  # noqa: F403 (the privacy events)
 from .gaussian import (
     analytic_gaussian_sigma,
     calibrate_noise_multiplier,
@@ -55,14 +48,8 @@ from .subsampled import (
 )
 
 __all__ = [
-    "ApproxDPEvent",
-    "DPBarkerEvent",
-    "DataSharingGaussianEvent",
-    "GaussianEvent",
-    "NeighbourRelation",
-    "PoissonSubsampledGaussian",
+    *events.__all__,
     "PrivacyLedger",
-    "WORSubsampledGaussian",
     "analytic_gaussian_sigma",
     "calibrate_noise_multiplier",
     "calibrate_poisson_subsampled_noise",

@@ -90,6 +90,8 @@ CSV_FIELDS = [
     "settings",
     "seconds",
 ]
+#: The columns of `CSV_FIELDS` that hold text; `read_results` reads the others as numbers.
+_TEXT_FIELDS = ("model", "method", "protocol", "noise", "settings")
 
 
 @dataclass(frozen=True)
@@ -273,40 +275,25 @@ METHODS: dict[str, MethodSpec] = {
 }
 
 
-def _sgld_setting(clip: float, eta_paper: float) -> Callable[[ExperimentModel], MethodSetting]:
-    """DP-SGLD as the DP-HMC paper's baseline: batch 1000, the paper's clip and step size.
-
-    The paper's code takes steps ``eta_p / n`` on the average gradient; pymc_dp's DP-SGLD
-    drifts by ``step_size / 2`` times the summed gradient (docs/steps/sgmcmc.md), hence
-    ``step_size = 2 eta_p / n``.
-    """
-
-    def make(exp: ExperimentModel) -> MethodSetting:
-        return MethodSetting(
-            step_kwargs={
-                "clip_bound": clip,
-                "step_size": 2.0 * eta_paper / exp.n,
-                "batch_size": min(1000, exp.n),
-                "tempering": exp.info.get("tempering", 1.0),
-            },
-            draws=2000,
-            tune=500,
-        )
-
-    return make
-
-
-def _sgnht_setting(
-    clip: float, eta_paper: float, diffusion: float
+def _sg_setting(
+    clip: float, eta_paper: float, diffusion: float | None = None
 ) -> Callable[[ExperimentModel], MethodSetting]:
-    """DP-SGNHT as the DP-HMC paper's baseline (batch 1000; ``step_size = eta_p / n``)."""
+    """DP-SGLD (``diffusion=None``) or DP-SGNHT (diffusion ``A``) as the DP-HMC paper's
+    baselines: batch 1000, the paper's clip and step size.
+
+    The paper's code takes steps ``eta_p / n`` on the average gradient. pymc_dp's DP-SGLD
+    drifts by ``step_size / 2`` times the summed gradient (docs/steps/sgmcmc.md), hence
+    ``step_size = 2 eta_p / n``; its DP-SGNHT takes the paper's ``step_size = eta_p / n``.
+    """
+    thermostat = {} if diffusion is None else {"diffusion": diffusion}
+    factor = 2.0 if diffusion is None else 1.0
 
     def make(exp: ExperimentModel) -> MethodSetting:
         return MethodSetting(
             step_kwargs={
                 "clip_bound": clip,
-                "step_size": eta_paper / exp.n,
-                "diffusion": diffusion,
+                "step_size": factor * eta_paper / exp.n,
+                **thermostat,
                 "batch_size": min(1000, exp.n),
                 "tempering": exp.info.get("tempering", 1.0),
             },
@@ -321,13 +308,13 @@ METHODS["sgld"] = MethodSpec(
     "sgld",
     pymc_dp.DPSGLD,
     # DP-HMC paper's baseline settings: clip / eta = 0.2 / 1 (banana), 15 / 0.008 (Gaussian).
-    {"banana": _sgld_setting(0.2, 1.0), "gaussian": _sgld_setting(15.0, 0.008)},
+    {"banana": _sg_setting(0.2, 1.0), "gaussian": _sg_setting(15.0, 0.008)},
 )
 METHODS["sgnht"] = MethodSpec(
     "sgnht",
     pymc_dp.DPSGNHT,
     # clip / eta / A = 0.2 / 100 / 50 (banana), 12 / 0.2 / 30 (Gaussian).
-    {"banana": _sgnht_setting(0.2, 100.0, 50.0), "gaussian": _sgnht_setting(12.0, 0.2, 30.0)},
+    {"banana": _sg_setting(0.2, 100.0, 50.0), "gaussian": _sg_setting(12.0, 0.2, 30.0)},
 )
 
 
@@ -758,25 +745,8 @@ def read_results(path: str | Path) -> list[dict]:
     list of dict
         One dict per run, keyed by the `CSV_FIELDS` names.
     """
-    numeric = {
-        "n",
-        "epsilon_target",
-        "epsilon_reported",
-        "delta",
-        "chains",
-        "iterations_per_chain",
-        "tune",
-        "repeat",
-        "seed",
-        "mmd",
-        "mmd2_u",
-        "mmd_paper",
-        "mean_error",
-        "rhat",
-        "ess",
-        "accept_rate",
-        "seconds",
-    }
+    # every column but the text ones is a number (and the earlier layout's "mmd")
+    numeric = {*CSV_FIELDS, "mmd"} - set(_TEXT_FIELDS)
     rows = []
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):

@@ -1,5 +1,6 @@
 """Pure-numpy kernels of the DP samplers; never imports PyMC. Randomness is always passed in."""
 
+from pymc_dp.kernels import sgmcmc
 from pymc_dp.kernels.fastmh import (
     FastMHInfo,
     FastMHSettings,
@@ -25,18 +26,7 @@ from pymc_dp.kernels.hmc import (
     warmup_windows,
 )
 from pymc_dp.kernels.penalty import accept, penalty_log_acceptance, penalty_noise_std
-from pymc_dp.kernels.sgmcmc import (
-    SGNHTState,
-    added_noise_multiplier,
-    noisy_gradient,
-    poisson_subsample,
-    sgld_gaussian_variance,
-    sgld_intrinsic_noise_multiplier,
-    sgld_update,
-    sgnht_intrinsic_noise_multiplier,
-    sgnht_update,
-    total_noise_multiplier,
-)
+from pymc_dp.kernels.sgmcmc import *  # noqa: F403 (the stochastic-gradient kernels)
 from pymc_dp.kernels.subsampled_penalty import (
     SubsampledPenaltyInfo,
     minibatch_estimate,
@@ -46,16 +36,7 @@ from pymc_dp.kernels.subsampled_penalty import (
 )
 
 __all__ = [
-    "SGNHTState",
-    "added_noise_multiplier",
-    "noisy_gradient",
-    "poisson_subsample",
-    "sgld_gaussian_variance",
-    "sgld_intrinsic_noise_multiplier",
-    "sgld_update",
-    "sgnht_intrinsic_noise_multiplier",
-    "sgnht_update",
-    "total_noise_multiplier",
+    *sgmcmc.__all__,
     "DPHMCInfo",
     "DiagonalMassAdaptation",
     "DualAveraging",

@@ -42,6 +42,7 @@ that names only the type of the error (its text could hold record values).
 from __future__ import annotations
 
 import contextlib
+import functools
 import pickle
 import threading
 import uuid
@@ -604,10 +605,7 @@ class DaskStore:
             out = self._on_actors("map", lambda held, ship: (ship(fn), args))
         else:
             out = self._on_actors("map", lambda held, ship: (ship(fn), args, ship(prepare)))
-        acc = init
-        for j in range(self.n_partitions):
-            acc = reduce(acc, out[j])
-        return acc
+        return functools.reduce(reduce, (out[j] for j in range(self.n_partitions)), init)
 
     def map_reduce_rows(
         self,
@@ -639,10 +637,7 @@ class DaskStore:
             return (ship(fn), args, mine) if mine else None
 
         out = self._on_actors("rows", make_args)
-        acc = init
-        for j in sorted(wanted):
-            acc = reduce(acc, out[j])
-        return acc
+        return functools.reduce(reduce, (out[j] for j in sorted(wanted)), init)
 
     def owner_sums(
         self,

@@ -557,6 +557,17 @@ class ExpFamilyModel:
             )
         return out
 
+    def _chunk(self, kind: type, counts: bool, centre=None, scale=None, *more) -> Any:
+        """The chunk function ``kind`` of this model's family and constants (picklable: it
+        travels to the records), with the public ``centre`` and ``scale`` as tuples."""
+        c = (
+            None
+            if centre is None
+            else tuple(np.asarray(centre, dtype=float).reshape(self.stat_dim))
+        )
+        constants = tuple(sorted(self.constants.items()))
+        return kind(self.family.name, constants, counts, c, _as_tuple(scale), *more)
+
     def centred_clip_sum(
         self,
         centre: np.ndarray,
@@ -581,16 +592,7 @@ class ExpFamilyModel:
         release) and the number of clipped records (computed without noise, 0 unless
         ``counts``).
         """
-        c = np.asarray(centre, dtype=float).reshape(self.stat_dim)
-        chunk = _StatSumChunk(
-            self.family.name,
-            tuple(sorted(self.constants.items())),
-            counts,
-            tuple(c),
-            _as_tuple(scale),
-            absolute,
-            outer,
-        )
+        chunk = self._chunk(_StatSumChunk, counts, centre, scale, absolute, outer)
         rows = self.stat_dim if scale is None or np.ndim(scale) == 1 else np.shape(scale)[0]
         size = rows**2 if outer else rows
         S, clipped, _ = self._pass(chunk, (np.zeros(size), 0, True), bound, chunk_size, store)
@@ -607,15 +609,8 @@ class ExpFamilyModel:
     ) -> np.ndarray:
         """Numbers of records whose ``||w (T(x_i) - c)||`` exceeds each grid bound (exact:
         the query of the DP quantile, `pymc_dp.kernels.warmstart.noisy_histogram_quantile`)."""
-        c = np.asarray(centre, dtype=float).reshape(self.stat_dim)
         grid = np.asarray(grid, dtype=float)
-        chunk = _DeviationCountChunk(
-            self.family.name,
-            tuple(sorted(self.constants.items())),
-            False,
-            tuple(c),
-            _as_tuple(scale),
-        )
+        chunk = self._chunk(_DeviationCountChunk, False, centre, scale)
         init = (np.zeros(grid.size, dtype=np.int64), 0, True)
         return self._pass(chunk, init, grid, chunk_size, store)[0]
 
@@ -632,7 +627,7 @@ class ExpFamilyModel:
         only the sums reach the driver; otherwise the model's data are read in chunks of
         ``chunk_size``. The error for non-finite statistics names no record, count or value.
         """
-        chunk = _StatSumChunk(self.family.name, tuple(sorted(self.constants.items())), counts)
+        chunk = self._chunk(_StatSumChunk, counts)
         init = (np.zeros(self.stat_dim), 0, True)
         S, clipped, _ = self._pass(chunk, init, bound, chunk_size, store)
         return S, int(clipped)
