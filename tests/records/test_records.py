@@ -61,11 +61,15 @@ def test_one_chunk_clipped_grad_sum_is_the_store_path_bit_for_bit():
             g2, k2 = via_store.clipped_grad_sum(q, b)
             g3, k3 = chunked.clipped_grad_sum(q, b)
             assert g1.tobytes() == g2.tobytes() and k1 == k2 == k3
-            np.testing.assert_allclose(g1, g3, rtol=1e-12, atol=1e-12)
             assert np.all(np.isfinite(g1))
             with np.errstate(over="ignore", invalid="ignore"):
                 grads = one.per_record_grad(q)
+                lengths = np.minimum(np.sqrt(np.sum(grads * grads, axis=1)), b)
             overflowed += int(np.sum(~np.all(np.isfinite(grads), axis=1)))
+            # other chunks: another summation order, and a clipped record's float32 weight
+            # may round differently in a loop's remainder (within the route's margin)
+            slack = 2.0 * one._c.grad_clipped["route"].weight_margin * np.nansum(lengths)
+            np.testing.assert_allclose(g1, g3, rtol=1e-12, atol=1e-12 + slack)
     assert overflowed > 0  # the masked function was needed somewhere
     assert one.released["grad"] == via_store.released["grad"] == 9
     # an error on the direct path leaves as on the store's: its type only
