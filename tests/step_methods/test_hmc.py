@@ -25,6 +25,7 @@ from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
     DualAveraging,
     HaltonSequence,
+    _halton_engine,
     gradient_noise_std,
     kinetic_energy,
     noisy_leapfrog,
@@ -125,6 +126,15 @@ def test_halton_sequence_is_seeded_uniform_and_picklable():
     assert stats.kstest(xa, "uniform").statistic < 0.01
     other = np.array([HaltonSequence(np.random.default_rng(4)).next() for _ in range(3)])
     assert not np.array_equal(other, xa[:3])
+
+
+def test_halton_sequence_in_blocks_is_the_sequence_drawn_one_at_a_time():
+    """The engine is asked for a block of numbers at a time: the same numbers, in the same
+    order, as one call per iteration (across block boundaries)."""
+    seq = HaltonSequence(np.random.default_rng(3))
+    engine = _halton_engine(int(np.random.default_rng(3).integers(2**63 - 1)))
+    one_at_a_time = [max(float(engine.random(1)[0, 0]), 1e-12) for _ in range(200)]
+    assert [seq.next() for _ in range(200)] == one_at_a_time
 
 
 def test_dual_averaging_finds_the_target_step_size():
