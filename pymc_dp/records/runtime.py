@@ -12,6 +12,7 @@ both points) would publish a bit of the data without noise.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from pymc_dp.records.graphs import RecordGraphs
 from pymc_dp.records.routes import compile_fused_pass, compile_gradients, compile_kept_ratio
-from pymc_dp.records.store import InMemoryRecords
+from pymc_dp.records.store import InMemoryRecords, _private_call
 
 __all__ = ["FusedLastPass", "GradSumMemo", "LoglikMemo", "RecordFunctions", "RecordSource"]
 
@@ -846,6 +847,20 @@ class RecordFunctions:
         """
         self._ensure_grad()
         route = self._c.grad_clipped["route"]
+        whole = getattr(self._records, "whole", None)  # a remote store has none
+        whole = whole() if whole is not None and route.prepare is None else None
+        if whole is not None:
+            # In memory, one chunk, no data-only arrays: the route's compiled function
+            # called directly, without the per-call layers of `map_reduce`,
+            # `_GradSumChunk` and `ClipRoute` (together ~1/4 of a DP-HMC iteration on
+            # small data; issue 28). The same numbers as below; a non-finite sum (the
+            # route's masked function needed) takes the path below.
+            with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+                g, k = _private_call(route.fast, q, bound, *whole)
+            g = np.asarray(g, dtype=float)
+            if all(map(math.isfinite, g.ravel().tolist())):
+                self.released["grad"] += 1
+                return g + 0.0, int(k) if self.counts else 0  # a fresh array (as below)
         kernel = self._kernel("grad")
         init = (np.zeros(self.ndim), 0)
         if route.prepare is None:  # no data-only arrays: the chunk function gets ``[]``

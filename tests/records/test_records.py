@@ -7,9 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pymc as pm
+import pytest
 
 import pymc_dp
-from pymc_dp.records import InMemoryRecords, RecordSource, build_record_functions
+from pymc_dp.records import (
+    InMemoryRecords,
+    RecordComputationError,
+    RecordSource,
+    build_record_functions,
+)
 
 PKG = Path(pymc_dp.__file__).parent
 
@@ -28,6 +34,53 @@ def test_store_chunks_take_and_map_reduce():
     assert store.all_finite([True, True])
     assert not InMemoryRecords([np.array([1.0, np.nan])]).all_finite([True])
     assert InMemoryRecords([np.array([1.0, np.nan])]).all_finite([False])
+
+
+def test_one_chunk_clipped_grad_sum_is_the_store_path_bit_for_bit():
+    """Records in memory in one chunk: `clipped_grad_sum` calls the route's compiled function
+    directly (issue 28); the same bits as the store's `map_reduce` over that chunk, the same
+    release count, and a non-finite sum (records whose gradient overflows) still goes
+    through the route's masked function (those records contribute 0, counted as clipped)."""
+    rng = np.random.default_rng(3)
+    x1, x2 = rng.normal(0.0, 3.0, size=50), rng.normal(1.0, 3.0, size=50)
+    x2[[5, 17]] = [1e308, -1e308]  # their gradients overflow where t[0] is not small
+    with pm.Model() as model:
+        t = pm.Normal("t", 0.0, 10.0, shape=2)
+        pm.Normal("x1", t[0], 1.0, observed=x1)
+        pm.Normal("x2", t[1] + 0.5 * t[0] ** 2, 1.0, observed=x2)
+    ip = model.initial_point()
+    one, _ = build_record_functions(model, model.value_vars, ip)
+    via_store, _ = build_record_functions(model, model.value_vars, ip, chunk_size=50)
+    chunked, _ = build_record_functions(model, model.value_vars, ip, chunk_size=7)
+    assert via_store.records.whole() is not None and chunked.records.whole() is None
+    via_store.records.whole = lambda: None  # this instance: the map_reduce path, one chunk
+    overflowed = 0
+    for q in (np.array([0.3, -0.2]), np.array([2.0, 1.0]), np.zeros(2)):
+        for b in (0.5, 4.0, 1e3):
+            g1, k1 = one.clipped_grad_sum(q, b)
+            g2, k2 = via_store.clipped_grad_sum(q, b)
+            g3, k3 = chunked.clipped_grad_sum(q, b)
+            assert g1.tobytes() == g2.tobytes() and k1 == k2 == k3
+            assert np.all(np.isfinite(g1))
+            with np.errstate(over="ignore", invalid="ignore"):
+                grads = one.per_record_grad(q)
+                lengths = np.minimum(np.sqrt(np.sum(grads * grads, axis=1)), b)
+            overflowed += int(np.sum(~np.all(np.isfinite(grads), axis=1)))
+            # other chunks: another summation order, and a clipped record's float32 weight
+            # may round differently in a loop's remainder (within the route's margin)
+            slack = 2.0 * one._c.grad_clipped["route"].weight_margin * np.nansum(lengths)
+            np.testing.assert_allclose(g1, g3, rtol=1e-12, atol=1e-12 + slack)
+    assert overflowed > 0  # the masked function was needed somewhere
+    assert one.released["grad"] == via_store.released["grad"] == 9
+    # an error on the direct path leaves as on the store's: its type only
+
+    def failing(*args):
+        raise FloatingPointError(f"bad input {args[-1]!r}")
+
+    one._c.grad_clipped["route"].fast = failing
+    with pytest.raises(RecordComputationError, match=r"\(FloatingPointError\)") as err:
+        one.clipped_grad_sum(np.zeros(2), 1.0)
+    assert err.value.__context__ is None and "bad input" not in str(err.value)
 
 
 def test_record_functions_satisfy_the_protocol_the_steps_use(logistic_model):

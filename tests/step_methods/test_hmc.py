@@ -25,6 +25,7 @@ from pymc_dp.kernels.hmc import (
     DiagonalMassAdaptation,
     DualAveraging,
     HaltonSequence,
+    _halton_engine,
     gradient_noise_std,
     kinetic_energy,
     noisy_leapfrog,
@@ -125,6 +126,15 @@ def test_halton_sequence_is_seeded_uniform_and_picklable():
     assert stats.kstest(xa, "uniform").statistic < 0.01
     other = np.array([HaltonSequence(np.random.default_rng(4)).next() for _ in range(3)])
     assert not np.array_equal(other, xa[:3])
+
+
+def test_halton_sequence_in_blocks_is_the_sequence_drawn_one_at_a_time():
+    """The engine is asked for a block of numbers at a time: the same numbers, in the same
+    order, as one call per iteration (across block boundaries)."""
+    seq = HaltonSequence(np.random.default_rng(3))
+    engine = _halton_engine(int(np.random.default_rng(3).integers(2**63 - 1)))
+    one_at_a_time = [max(float(engine.random(1)[0, 0]), 1e-12) for _ in range(200)]
+    assert [seq.next() for _ in range(200)] == one_at_a_time
 
 
 def test_dual_averaging_finds_the_target_step_size():
@@ -587,6 +597,17 @@ def test_fused_pass_reads_the_records_l_times_per_iteration(model_kind):
         return real(fn, *a, **kw)
 
     store.map_reduce = spy
+    # records in memory in one chunk: a gradient sum reads them through `whole` (the
+    # route called directly), unless the route needs data-only arrays (then `map_reduce`)
+    real_whole = store.whole
+
+    def whole_spy():
+        passes.append("whole")
+        return real_whole()
+
+    store.whole = whole_spy
+    direct = fns._c.grad_clipped["route"].prepare is None
+    grad = "whole" if direct else "_GradSumChunk"
     point, accepted = model.initial_point(), []
     for i in range(8):
         passes.clear()
@@ -598,10 +619,10 @@ def test_fused_pass_reads_the_records_l_times_per_iteration(model_kind):
         assert sum(released.values()) == stats_[0]["dp_releases"] == L + 2
         fused = ["_FusedChunk"]
         if i == 0:  # nothing kept: the sum and the log-likelihoods at the start computed
-            assert passes[:L] == ["_GradSumChunk"] * L and passes[L + 1 :] == fused
+            assert passes[:L] == [grad] * L and passes[L + 1 :] == fused
             assert passes[L] in ("_TrustedCall", "_WithFallback")  # the log-likelihoods
         else:  # L passes: L - 1 gradient sums, then the last one with the ratio
-            assert passes == ["_GradSumChunk"] * (L - 1) + fused
+            assert passes == [grad] * (L - 1) + fused
     assert step._fused[1].calls == 8
     assert step._grad_memo.reused == step._ll_memo.reused == 7
     assert 0 < sum(accepted) < 8  # both ends of a trajectory were kept and reused
