@@ -88,8 +88,8 @@ def test_the_noise_reaches_a_hierarchys_z_only_through_its_group_effects(groups,
     graph and n alone) against the exact tilt of the Gaussian approximation
     (`_exact_attenuation`, at the assumed spread ``tau = GROUP_SPREAD sigma``): within 15 %
     on every coordinate class (``log tau``: 50 % with 10 records a group, where the scale's
-    posterior is far from its large-``m`` form). The old prediction took every coordinate as fully reached
-    (attenuation 1, three times too pessimistic on bench_auto's model): the chain's
+    posterior is far from its large-``m`` form). The old prediction took every coordinate as
+    fully reached (attenuation 1, three times too pessimistic on bench_auto's model): the chain's
     predicted error over the exact one is checked within 10 %."""
     model = _hierarchy(groups, per_group)
     n = groups * per_group
