@@ -119,8 +119,9 @@ class NewtonStep:
     cov_c: np.ndarray
     #: the curvature ``P`` of the step
     precision: np.ndarray
-    #: the released curvature's error's effect on ``mean`` (first order; `curvature_step_cov`)
-    curvature_cov: np.ndarray | float = 0.0
+    #: the released curvature's error's effect on ``mean`` (first order; `curvature_step_cov`;
+    #: zeros where the curvature's error was not given)
+    curvature_cov: np.ndarray
 
 
 @dataclass
@@ -227,7 +228,7 @@ def newton_step(
     w, v = np.linalg.eigh(0.5 * (pc + pc.T))
     w = np.maximum(w, max(prior_precision_floor, 1e-12 * float(np.max(np.abs(w)))))
     k = cov_p @ (basis * data[None, :].astype(float))
-    curv = 0.0
+    curv = np.zeros_like(p)
     if curvature_entry_std is not None and curvature_basis is not None:
         curv = curvature_step_cov(step, cov_p, curvature_basis, curvature_entry_std)
     return NewtonStep(anchor + step, step, noise_std**2 * (k @ k.T), (v / w) @ v.T, p, curv)
@@ -302,10 +303,7 @@ def noise_aware_laplace(
     p = first.precision
     r = float(np.sqrt((diff @ p @ diff) / max(float(first.step @ p @ first.step), 1e-300)))
     doubt = np.zeros((2, diff.size))
-    c1, c2 = (
-        np.broadcast_to(np.asarray(c, dtype=float), n1.shape)
-        for c in (first.curvature_cov, second.curvature_cov)
-    )
+    c1, c2 = first.curvature_cov, second.curvature_cov
     # the first step on the chi-square scale of its own release's noise: within it, the
     # anchor was at the mode as far as the last releases can tell
     moving = float(first.step @ np.linalg.pinv(n1, hermitian=True) @ first.step) > limit
