@@ -417,3 +417,56 @@ def test_ends_disagreeing_at_the_mode_are_widened_by_their_difference_not_the_pa
     narrow = np.sqrt(np.diag(second.cov_c + res.noise_cov))
     assert np.all(np.sqrt(np.diag(res.cov)) < 3 * narrow)
     assert np.all(np.abs(res.mean - exact_mean) < 2 * np.sqrt(np.diag(res.cov)))
+
+
+# -- the penalty chain's proposal off the target's mode (`configure._off_centre`) ------------
+
+
+def _stationary_acceptance(delta: np.ndarray, sigma: float, rng, iterations: int) -> float:
+    """Acceptance of an independence penalty chain on ``N(0, I)`` with proposal
+    ``N(delta, I)``, the test's log ratio plus ``N(-sigma^2 / 2, sigma^2)`` (the penalty
+    test of Yildirim & Ermis 2019), started in stationarity."""
+    d = delta.size
+    x = rng.normal(size=d)
+
+    def logw(v):  # log target - log proposal
+        return -0.5 * v @ v + 0.5 * (v - delta) @ (v - delta)
+
+    accepted = 0
+    for _ in range(iterations):
+        y = delta + rng.normal(size=d)
+        noisy = logw(y) - logw(x) + sigma * rng.normal() - 0.5 * sigma**2
+        if np.log(rng.uniform()) < noisy:
+            x, accepted = y, accepted + 1
+    return accepted / iterations
+
+
+@pytest.mark.parametrize("held, curvature_var, sigma", [(1.2, 0.0, 0.8), (0.0, 0.5, 1.5)])
+def test_off_centre_acceptance_matches_an_independence_chain_off_its_target(
+    held, curvature_var, sigma
+):
+    """`_off_centre`'s acceptance ``2 Phi(-sqrt(sigma^2 + 2 delta^2) / 2)`` against a
+    simulated independence penalty chain whose proposal sits off the target's mode: by the
+    damping's held-back part ``h``, or by the curvature's error (``C = c I``: an offset of
+    squared length ``tr(P C)``, its expectation, as the formula takes it). Tolerance from the
+    simulation's binomial standard error (4 sds); the formula without the offset is outside
+    it."""
+    from pymc_dp.auto.configure import _off_centre
+    from pymc_dp.auto.oneshot import NewtonStep
+    from pymc_dp.auto.predict import Prediction
+
+    d, rng = 3, np.random.default_rng(11)
+    precision = np.eye(d)
+    centre = np.zeros(d)
+    mean = np.array([held, 0.0, 0.0])
+    step = NewtonStep(mean, mean, np.zeros((d, d)), np.eye(d), precision, curvature_var * np.eye(d))
+    base = Prediction("independent", 1000, 1.0, sigma, 2 * stats.norm.cdf(-sigma / 2), 0.0)
+    pred, _, offset = _off_centre(base, base, step, centre)
+    delta = mean - centre + np.sqrt(curvature_var) * np.ones(d)
+    n = 40_000
+    measured = _stationary_acceptance(delta, sigma, rng, n)
+    se = np.sqrt(pred.accept * (1 - pred.accept) / n)
+    assert offset == pytest.approx(np.sqrt(held**2 + d * curvature_var))
+    assert abs(measured - pred.accept) < 4 * se, (measured, pred.accept, se)
+    assert abs(measured - base.accept) > 4 * se  # without the offset: predicted wrong
+    assert pred.ess == pytest.approx(pred.iterations * pred.accept)

@@ -137,7 +137,10 @@ def test_a_chain_that_cannot_move_gives_way_to_the_one_shot_strategy():
         )
     assert chain.method == "chain" and chain.prediction.ess < ONESHOT_FALLBACK_ESS
     assert auto.method == "laplace" and fixed.method == "laplace"
-    assert f"effective sample size of {chain.prediction.ess:.0f}" in auto.strategy_note
+    # the note cites the prediction made before the control variate's release (the chain's
+    # own, after it, also counts its proposal's centre off the mode: `_off_centre`, lower)
+    cited = float(auto.strategy_note.split("effective sample size of ")[1].split()[0])
+    assert chain.prediction.ess <= cited + 0.5 and cited < ONESHOT_FALLBACK_ESS
     assert auto.to_attrs()["dp_auto_strategy"] == auto.strategy_note
     assert fixed.draws == 3000  # the draws asked for, now independent draws
     for plan in (chain, auto, fixed):
