@@ -34,10 +34,11 @@ Per-record values never leave a worker: `chunks` and `take` refuse.
 temporary array of 128 KiB or more that a per-record function allocates (PyTensor's Numba and
 C backends allocate theirs with ``malloc``) is then a fresh ``mmap``, paid in page faults on
 every call. Measured (issue 28, banana model, 250 000 records a partition, one worker, the
-same compiled function): 2 994 page faults and 5.4-5.7 ms of CPU a call in such a worker, 0
+same compiled function): 2 994 page faults and 5.1-5.7 ms of CPU a call in such a worker, 0
 faults and 2.1 ms in a worker started without the variable (PyMC 5 line; PyMC 6 line: 978
 faults, 1.9-2.0 ms against 0 faults, 1.0 ms), about 1 microsecond of CPU a fault; the
-compiled function, PyTensor's configuration, the BLAS threads and the thread were the same.
+compiled function, PyTensor's configuration, the BLAS threads and the thread were the same
+(docs/benchmarks.md, section 7).
 pymc_dp does not change the workers' environment: when the actors start, each reports the
 settings of its process's initial environment that fix glibc's thresholds
 (`PartitionActor.malloc_settings`) and the store warns once (`WorkerMallocWarning`), naming
@@ -51,7 +52,7 @@ and what the one-process run had done before its first sum. It changes no settin
 fixed threshold it is a no-op) and leaves glibc's adaptive threshold at 30 MiB, its heap
 trimmed above 60 MiB of free memory at its top. Measured at ``n = 10^6`` (4 partitions on
 2 workers, PyMC 5 line, workers without ``MALLOC_TRIM_THRESHOLD_``): DPHMC's actor CPU
-181 to 95 ms an iteration, faults per partition call 2 168 to 0.
+181 to 95-98 ms an iteration, faults per partition call 2 168 to 0.
 
 A worker lost during a run is handled by Dask: the partitions it held are recomputed from
 their source (the graph of the persisted arrays); an actor lost with its worker is started
