@@ -24,6 +24,13 @@ gradient sum, the clipped log-likelihood-ratio sum); the driver adds the noise. 
 same seed, draws equal those of a single-process run with ``chunk_size`` equal to the
 partition size.
 
+The workers' allocator matters: Dask's nanny starts each worker with
+``MALLOC_TRIM_THRESHOLD_=65536``, which makes every temporary array of a per-record function a
+fresh ``mmap`` (page faults on every released sum: about twice the CPU of the same sum in one
+process, issue 28). pymc_dp leaves the workers' environment as it is and warns once
+(`WorkerMallocWarning`) when the actors start; drop the variable with the Dask setting
+``distributed.nanny.pre-spawn-environ`` (docs/scaling-out.md, "The workers' allocator").
+
 **Data-sharing** (``owners=...``; Yildirim & Ermis 2019, Sec. 3.2.2, Algorithm 2): each data
 owner (a group of partitions) adds its own Gaussian noise to its own clipped
 log-likelihood-ratio sum on the cluster, so each owner is protected against the curator and
@@ -57,9 +64,14 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
         'pymc_dp.distributed needs dask[distributed]: pip install "pymc_dp[distributed]"'
     ) from err
 
-from pymc_dp.records.dask_store import DaskStore, RecordsLostError, RemoteRecordsError
+from pymc_dp.records.dask_store import (
+    DaskStore,
+    RecordsLostError,
+    RemoteRecordsError,
+    WorkerMallocWarning,
+)
 
-__all__ = ["DaskRecords", "RecordsLostError", "RemoteRecordsError"]
+__all__ = ["DaskRecords", "RecordsLostError", "RemoteRecordsError", "WorkerMallocWarning"]
 
 
 def _check_client(client) -> None:

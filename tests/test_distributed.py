@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import signal
+import subprocess
+import sys
 import time
+import warnings
 
 import numpy as np
 import pymc as pm
@@ -20,10 +24,12 @@ distributed = pytest.importorskip(
     "distributed", reason="dask[distributed] is not installed (pip install pymc_dp[distributed])"
 )
 da = pytest.importorskip("dask.array", reason="dask[array] is not installed")
+import dask  # noqa: E402
 
 import pymc_dp  # noqa: E402
 from pymc_dp.accounting import GaussianEvent, compose_epsilon  # noqa: E402
-from pymc_dp.distributed import DaskRecords, RecordsLostError  # noqa: E402
+from pymc_dp.distributed import DaskRecords, RecordsLostError, WorkerMallocWarning  # noqa: E402
+from pymc_dp.records import dask_store  # noqa: E402
 from pymc_dp.report import _get_group as _group  # noqa: E402
 
 N, PART = 1200, 300
@@ -288,6 +294,121 @@ def test_closing_the_store_releases_its_actors(client):
             break
         time.sleep(0.05)
     assert not mine & {k for keys in client.run(held).values() for k in keys}
+
+
+# -- the workers' allocator (issue 28) -----------------------------------------------------------
+
+
+def _malloc_warnings(client) -> list:
+    """The `WorkerMallocWarning`s of a step on the records (its start checks start the
+    actors) and of two releases."""
+    X, y = _data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _model(X[:10], y[:10]):
+            step = pymc_dp.DPPenaltyMetropolis(
+                clip_bound=5.0, noise_multiplier=1.0, records=_records(client, X, y)
+            )
+        step._fns.clipped_loglik_ratio_sum(np.zeros(2), np.ones(2), 0.5)
+        step._fns.clipped_loglik_ratio_sum(np.zeros(2), np.ones(2), 0.5)
+    step._fns.records.close()
+    return [w for w in caught if issubclass(w.category, WorkerMallocWarning)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's variables")
+@pytest.mark.parametrize("trim", [True, False], ids=["dask-default", "without"])
+def test_workers_whose_malloc_threshold_is_fixed_are_warned_about_once(trim, monkeypatch):
+    """Worker processes started with Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` (glibc's
+    adaptive mmap threshold off: page faults on every released sum) give one warning that
+    names the setting; workers started without it give none. The workers' environment is
+    left as it is."""
+    # Dask's nanny writes its pre-spawn variables into this process's os.environ (and
+    # leaves them there, so later workers inherit them whatever the config): start clean,
+    # and restore this process's environment afterwards
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    environ = {"OMP_NUM_THREADS": "1"}
+    if trim:
+        environ["MALLOC_TRIM_THRESHOLD_"] = "65536"
+    with (
+        dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
+        _cluster(processes=True) as c,
+    ):
+        caught = _malloc_warnings(c)
+        seen = set(c.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values())
+    if trim:
+        assert len(caught) == 1
+        assert "MALLOC_TRIM_THRESHOLD_=65536" in str(caught[0].message)
+        assert "distributed.nanny.pre-spawn-environ" in str(caught[0].message)
+        assert seen == {"65536"}  # not changed by pymc_dp
+    else:
+        assert caught == []
+        assert seen == {None}
+
+
+@pytest.mark.skipif(not os.path.isfile("/proc/self/environ"), reason="needs /proc")
+def test_malloc_settings_are_read_from_the_initial_environment(monkeypatch):
+    """glibc reads its malloc settings when the process starts: a variable set later in
+    ``os.environ`` does not count, one in the initial environment or ``GLIBC_TUNABLES``
+    does."""
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # too late for glibc
+    assert "MALLOC_TRIM_THRESHOLD_" not in dask_store._initial_environ()
+    assert not any("MALLOC_TRIM" in f for f in dask_store._fixed_malloc_settings())
+    env = {
+        "MALLOC_MMAP_THRESHOLD_": "131072",
+        "GLIBC_TUNABLES": "glibc.malloc.arena_max=2:glibc.malloc.trim_threshold=4096",
+    }
+    monkeypatch.setattr(dask_store, "_initial_environ", lambda: env)
+    assert dask_store._fixed_malloc_settings() == [
+        "MALLOC_MMAP_THRESHOLD_=131072",
+        "GLIBC_TUNABLES glibc.malloc.trim_threshold=4096",
+    ]
+
+
+_FAULTS = """
+import resource, sys
+import numpy as np
+from pymc_dp.records.dask_store import _settle_malloc
+
+
+def faults_per_round(rounds=20):
+    def one():  # three touched 4 MB temporaries, like a per-record function's
+        return sum(float(a[-1]) for a in [np.ones(500_000) for _ in range(3)])
+
+    one()
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(rounds):
+        one()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / rounds
+
+
+before = faults_per_round()
+_settle_malloc()
+print(before, faults_per_round())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+@pytest.mark.parametrize("trim", [False, True], ids=["glibc-default", "dask-default"])
+def test_an_actor_settles_glibcs_adaptive_threshold_without_changing_a_setting(trim):
+    """In a fresh process with glibc's defaults, temporaries of a few megabytes are faulted
+    in again on every call (the heap is trimmed after each); after `_settle_malloc` (what an
+    actor does when it starts) they are reused: no fault. With a fixed threshold
+    (``MALLOC_TRIM_THRESHOLD_``, Dask's default) it is a no-op: the faults stay."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"
+    }
+    if trim:
+        env["MALLOC_TRIM_THRESHOLD_"] = "65536"
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS], env=env, capture_output=True, text=True, check=True
+    )
+    before, after = (float(x) for x in out.stdout.split()[-2:])
+    assert before > 500  # 12 MB of temporaries a round: ~3000 pages when faulted in
+    if trim:
+        assert after > 500
+    else:
+        assert after == 0
 
 
 def _alive(pid: int) -> bool:

@@ -29,6 +29,31 @@ not hand a partition sum to another owner's noise without showing it to the driv
 
 Per-record values never leave a worker: `chunks` and `take` refuse.
 
+*The workers' allocator.* Dask's nanny starts every worker with
+``MALLOC_TRIM_THRESHOLD_=65536``, which also turns off glibc's adaptive mmap threshold: every
+temporary array of 128 KiB or more that a per-record function allocates (PyTensor's Numba and
+C backends allocate theirs with ``malloc``) is then a fresh ``mmap``, paid in page faults on
+every call. Measured (issue 28, banana model, 250 000 records a partition, one worker, the
+same compiled function): 2 994 page faults and 5.1-5.7 ms of CPU a call in such a worker, 0
+faults and 2.1 ms in a worker started without the variable (PyMC 5 line; PyMC 6 line: 978
+faults, 1.9-2.0 ms against 0 faults, 1.0 ms), about 1 microsecond of CPU a fault; the
+compiled function, PyTensor's configuration, the BLAS threads and the thread were the same
+(docs/benchmarks.md, section 7).
+pymc_dp does not change the workers' environment: when the actors start, each reports the
+settings of its process's initial environment that fix glibc's thresholds
+(`PartitionActor.malloc_settings`) and the store warns once (`WorkerMallocWarning`), naming
+the Dask setting that drops them (docs/scaling-out.md). Without such a setting glibc's
+threshold adapts to the largest block freed so far, and a fresh worker process has not yet
+freed a large one: the DPHMC gradient functions there still took 2 168 faults a call
+(their temporaries trimmed from the top of the heap after every call). An actor therefore
+starts by allocating and freeing one 30 MiB block (`_settle_malloc`, not touched, so no
+page is faulted in): what freeing any large array does in a long-running numpy process,
+and what the one-process run had done before its first sum. It changes no setting (with a
+fixed threshold it is a no-op) and leaves glibc's adaptive threshold at 30 MiB, its heap
+trimmed above 60 MiB of free memory at its top. Measured at ``n = 10^6`` (4 partitions on
+2 workers, PyMC 5 line, workers without ``MALLOC_TRIM_THRESHOLD_``): DPHMC's actor CPU
+181 to 95-98 ms an iteration, faults per partition call 2 168 to 0.
+
 A worker lost during a run is handled by Dask: the partitions it held are recomputed from
 their source (the graph of the persisted arrays); an actor lost with its worker is started
 again, on a live worker, from the same partitions, and the sums it had not returned are
@@ -43,9 +68,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import pickle
+import sys
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from typing import Any
@@ -54,7 +82,7 @@ import numpy as np
 
 from pymc_dp.records.store import split_rows, unique_rows
 
-__all__ = ["DaskStore", "RecordsLostError", "RemoteRecordsError"]
+__all__ = ["DaskStore", "RecordsLostError", "RemoteRecordsError", "WorkerMallocWarning"]
 
 
 class RecordsLostError(RuntimeError):
@@ -75,6 +103,58 @@ class RecordsLostError(RuntimeError):
 
 class RemoteRecordsError(TypeError):
     """An operation that needs per-record values on the driver, asked of remote records."""
+
+
+class WorkerMallocWarning(UserWarning):
+    """The Dask workers run with glibc malloc settings that make every released sum pay
+    page faults (Dask's default ``MALLOC_TRIM_THRESHOLD_``; see `DaskStore`)."""
+
+
+#: Environment variables that fix a glibc malloc threshold and so turn off its adaptive mmap
+#: threshold (glibc sets ``no_dyn_threshold`` for each of them), and the equivalent tunables.
+_MALLOC_VARS = (
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+)
+_MALLOC_TUNABLES = (
+    "glibc.malloc.trim_threshold",
+    "glibc.malloc.mmap_threshold",
+    "glibc.malloc.top_pad",
+    "glibc.malloc.mmap_max",
+)
+
+
+def _initial_environ() -> dict[str, str] | None:
+    """The environment this process started with (``/proc/self/environ``: what glibc read
+    when it set up its allocator, unlike ``os.environ``, which later code may change); None
+    where it cannot be read."""
+    try:
+        with open("/proc/self/environ", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    items = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in items}
+
+
+def _fixed_malloc_settings() -> list[str]:
+    """The settings (``NAME=value``) of this process's initial environment that turn off
+    glibc's adaptive mmap threshold; empty off Linux or when there are none.
+
+    The environment is public configuration, not record data.
+    """
+    if not sys.platform.startswith("linux"):
+        return []  # glibc's variables; other allocators ignore them
+    env = _initial_environ()
+    if env is None:
+        env = dict(os.environ)
+    found = [f"{k}={env[k]}" for k in _MALLOC_VARS if k in env]
+    for item in env.get("GLIBC_TUNABLES", "").split(":"):
+        if item.split("=", 1)[0] in _MALLOC_TUNABLES:
+            found.append(f"GLIBC_TUNABLES {item}")
+    return found
 
 
 def _identity(x):
@@ -168,6 +248,29 @@ def _owner_sum(reduce, init, noise_std: float, seed, *parts):
     return total + (noise if np.ndim(total) else float(noise))
 
 
+#: Bytes of the block an actor allocates and frees when it starts (`_settle_malloc`): below
+#: the 32 MiB cap of glibc's adaptive mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX``).
+_SETTLE_BYTES = 30 * 2**20
+
+
+def _settle_malloc() -> None:
+    """Let glibc's adaptive mmap threshold reach its working size in this process.
+
+    glibc serves a block at or above its mmap threshold with a fresh ``mmap`` (page faults
+    on first touch, returned to the system when freed); the threshold starts at 128 KiB and
+    rises to the size of the largest mmapped block freed so far (at most 32 MiB, the heap's
+    trim threshold to twice that). Allocating and freeing one 30 MiB block -- not touched,
+    so no page is faulted in -- puts a fresh worker where a long-running numpy process
+    already is, so the multi-megabyte temporary arrays of the per-record functions are
+    reused from the heap instead of faulted in on every call. No setting is changed: with a
+    fixed threshold (`_fixed_malloc_settings`) glibc ignores the block, and so does this.
+    """
+    if not sys.platform.startswith("linux") or _fixed_malloc_settings():
+        return
+    block = np.empty(_SETTLE_BYTES // 8)
+    del block
+
+
 class PartitionActor:
     """Worker-side state of the per-iteration protocol: a Dask actor holding partitions.
 
@@ -197,6 +300,7 @@ class PartitionActor:
         }
         self._fns: dict[str, Any] = {}
         self._prepared: dict[str, dict[int, Any]] = {}
+        _settle_malloc()
 
     def _load(self, shipped):
         """The function of ``shipped = (token, pickled bytes or None)``; the bytes come with
@@ -241,6 +345,12 @@ class PartitionActor:
             rows = [np.asarray(a)[uniq] for a in self._parts[j]]
             out.append((j, f(*args, inverse, tuple(_aligned(row_args)), *rows)))
         return out
+
+    def malloc_settings(self) -> list[str]:
+        """The glibc malloc settings of this worker's initial environment that make the
+        per-record functions' temporary arrays fresh ``mmap``s (`_fixed_malloc_settings`;
+        public configuration, no data)."""
+        return _fixed_malloc_settings()
 
     def forget(self, token: str) -> None:
         """Drop a function and its prepared per-partition arrays."""
@@ -462,7 +572,29 @@ class DaskStore:
     def _actor_pool(self) -> list[_Held]:
         if self._actors is None:
             self._actors = [self._start_actor(js, w) for w, js in self._placement()]
+            self._check_malloc()
         return self._actors
+
+    def _check_malloc(self) -> None:
+        """Warn once if a worker runs with glibc settings that fix its malloc thresholds
+        (advisory: the workers' environment is the user's, pymc_dp does not change it)."""
+        found: set[str] = set()
+        for held in self._actors or []:
+            with contextlib.suppress(Exception):  # advisory only: a lost actor is restarted later
+                found.update(held.actor.malloc_settings().result())
+        if found:
+            warnings.warn(
+                f"the Dask workers run with {', '.join(sorted(found))}, which turns off glibc's "
+                "adaptive mmap threshold: every temporary array of a per-record function is a "
+                "fresh mmap, and each released sum pays its page faults (measured: about twice "
+                "the CPU of the same sum in one process at 250 000 records a partition). Dask's "
+                "nanny sets MALLOC_TRIM_THRESHOLD_=65536 by default; start the cluster with "
+                "dask.config.set({'distributed.nanny.pre-spawn-environ': {...}}) without it "
+                "to avoid this (docs/scaling-out.md, 'The workers' allocator'); pymc_dp does "
+                "not change the workers' environment",
+                WorkerMallocWarning,
+                stacklevel=2,
+            )
 
     def _restart(self, i: int) -> None:
         """Start actor ``i`` again (its worker was lost) on the live worker with the fewest
