@@ -485,7 +485,8 @@ def plan(
     posterior means exceeds half a posterior sd, naming what would help (more records, a
     larger epsilon, fewer parameters). For a model given the penalty chain the prediction is
     `chain_forecast`'s: the chain's error, or where the run will or may give way to the
-    one-shot strategy (listed), that strategy's or the larger of the two.
+    one-shot strategy (listed), that strategy's where it gives way over more than half of the
+    test sensitivity's range (and the chain's elsewhere; the listing names the other's).
 
     Parameters
     ----------
