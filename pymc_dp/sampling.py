@@ -535,6 +535,7 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
             tune=plan.tune,
             chains=chains,
             delta=delta,
+            free_block=plan.free_block,
         )
         sample_kwargs = {"cores": 1, **sample_kwargs}
         check = plan.oneshot

@@ -55,6 +55,7 @@ from pymc_dp.kernels.warmstart import (
     private_laplace,
     whitened_grid,
 )
+from pymc_dp.step_methods.laplace import FreeBlock
 from pymc_dp.step_methods.parts import PrivacySettings
 from pymc_dp.step_methods.proposals import ControlVariate, Coordinates, Independent, RandomWalk
 
@@ -217,6 +218,9 @@ class AutoPlan:
     draws_cov: np.ndarray | None = None
     #: the one-shot result and its convergence check (DP outputs)
     oneshot: NoiseAwareLaplace | None = None
+    #: the coordinates of ``y`` no record reads, drawn from their exact conditional prior
+    #: with the one-shot draws (data-free; `pymc_dp.step_methods.laplace.FreeBlock`)
+    free_block: FreeBlock | None = None
     #: the run length the user asked for (``None``: chosen by the planner)
     draws_requested: int | None = None
     tune_requested: int | None = None
@@ -471,6 +475,12 @@ class _Coordinates:
     def prior_logp_and_grad(self, y: np.ndarray) -> tuple[float, np.ndarray]:
         """The log prior density of ``y`` (prior of ``q`` over ``|J|``) and its gradient."""
         return self._prior(y, with_logp=True)
+
+    def prior_logp(self, y: np.ndarray) -> float:
+        """The log prior density of ``y`` (prior of ``q`` over ``|J|``), without its gradient."""
+        q = self.to_q(y)
+        lp = float(self.fns.prior_logp(q))
+        return lp if self.rp is None else lp - float(self.rp.log_det_jacobian(q))
 
     def _prior(self, y: np.ndarray, with_logp: bool) -> tuple[float, np.ndarray]:
         q = self.to_q(y)
@@ -1135,6 +1145,11 @@ def _one_shot(
     plan.oneshot = result
     plan.draws_mean, plan.draws_cov = result.mean, result.cov
     plan.to_q = coords.to_q if coords.rp is not None else None
+    if free.any() and not free.all():
+        # the coordinates no record reads (a recentred hierarchy's loc and log scale): their
+        # conditional posterior given the others is their conditional prior, drawn exactly
+        # (data-free); the Gaussian stands only where the data determine the coordinates
+        plan.free_block = FreeBlock(free, coords.prior_logp, result.cov)
     # published in the model's coordinates (delta method for the covariance)
     plan.laplace_mean = coords.to_q(result.mean)
     plan.laplace_cov = coords.cov_in_q(result.mean, result.cov)

@@ -27,6 +27,10 @@ the last gradients) with the noise-aware output of Bernstein & Sheldon (2018, Se
 posterior given the *released* statistic, whose noise adds to the sampling variance) in its
 Gaussian approximation. Draws are independent
 (`pymc_dp.step_methods.laplace.DPLaplaceDraws`); the run reads no data after the releases.
+Where some coordinates are read by no record (a recentred hierarchy's loc and log scale),
+the draws take them from their exact conditional prior given the others
+(`pymc_dp.step_methods.laplace.FreeBlock`): the Gaussian stands only where the data
+determine the coordinates.
 
 References
 ----------

@@ -22,9 +22,66 @@ from pymc.blocking import RaveledVars
 from pymc.pytensorf import make_shared_replacements
 from pymc.step_methods.arraystep import ArrayStepShared
 
+from pymc_dp.kernels.warmstart import conditional_prior_draw
 from pymc_dp.step_methods.base import DPStep, RunPlan
 
-__all__ = ["DPLaplaceDraws"]
+__all__ = ["DPLaplaceDraws", "FreeBlock"]
+
+#: Metropolis steps per draw of `FreeBlock`, from a draw of the Gaussian's own conditional
+#: (its proposal at Roberts et al.'s scale). Measured on a 6-group hierarchy's loc and log
+#: scale given the group effects (the Gaussian's mean of the scale 0.79 of the exact
+#: conditional's, by quadrature): 12 steps left the draws' mean of the scale 4.4 Monte Carlo
+#: sds from the exact one, 30 steps 1.1.
+FREE_BLOCK_STEPS = 30
+
+
+@dataclass
+class FreeBlock:
+    """The coordinates of ``y`` the likelihood does not read, drawn from their exact
+    conditional prior given the others (data-free; `conditional_prior_draw`).
+
+    A recentred hierarchy ``a = loc + scale * z`` (`pymc_dp.auto.recentre`) is approximated
+    in ``y = (loc, log scale, a, ...)``; the data determine ``a`` (a Gaussian approximation
+    holds there) but ``(loc, log scale)`` given ``a`` is their conditional prior, skewed
+    where the groups are few (log scale's conditional is a scaled inverse chi-square's
+    log). A Gaussian in every coordinate put the mean of ``tau`` and of the ``z`` off the
+    posterior's even at the exact mode: measured (the exact mode and the one-shot
+    covariance, 8 000 draws, against NUTS) 0.50 NUTS sds on an 8-group hierarchy (n =
+    5 000), 0.34 on `bench_auto`'s 20-group one; with the free block drawn from its
+    conditional, 0.13 on the former.
+
+    Parameters
+    ----------
+    free : array of bool (d,)
+        The coordinates the likelihood does not read (public, from the graph).
+    log_prior : callable
+        The log prior density of ``y`` (data-free).
+    cov : array (d, d)
+        The Gaussian approximation's covariance: the proposal is its conditional covariance
+        of the free block given the rest, scaled by ``2.38 / sqrt(k)`` ([Roberts1997]).
+    steps : int
+        Metropolis steps per draw.
+    """
+
+    free: np.ndarray
+    log_prior: Callable[[np.ndarray], float]
+    cov: np.ndarray
+    steps: int = FREE_BLOCK_STEPS
+
+    def __post_init__(self) -> None:
+        self.free = np.asarray(self.free, dtype=bool)
+        cov = np.asarray(self.cov, dtype=float)
+        precision = np.linalg.inv(0.5 * (cov + cov.T))
+        idx = np.flatnonzero(self.free)
+        cond = np.linalg.inv(precision[np.ix_(idx, idx)])  # Cov(free | rest)
+        scale = 2.38 / np.sqrt(max(idx.size, 1))
+        self.proposal_chol = scale * np.linalg.cholesky(0.5 * (cond + cond.T))
+
+    def draw(self, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``y`` with its free block drawn from the conditional prior given the rest."""
+        return conditional_prior_draw(
+            y, self.free, self.log_prior, self.proposal_chol, self.steps, rng
+        )
 
 
 @dataclass
@@ -56,6 +113,10 @@ class DPLaplaceDraws(DPStep):
         The run (as given to ``pm.sample``): a chain beyond it is refused.
     delta : float, optional
         Target delta of the run whose pre-sampling releases made ``mean`` and ``cov``.
+    free_block : FreeBlock, optional
+        Coordinates the likelihood does not read, drawn from their exact conditional prior
+        given the Gaussian draw of the others (data-free); the draws are then the
+        Gaussian's marginal of the others times that conditional.
 
     Notes
     -----
@@ -82,6 +143,7 @@ class DPLaplaceDraws(DPStep):
         tune: int,
         chains: int,
         delta: float | None = None,
+        free_block: FreeBlock | None = None,
     ) -> None:
         model = pm.modelcontext(model)
         vars = model.value_vars
@@ -97,6 +159,12 @@ class DPLaplaceDraws(DPStep):
         self.mean = mean
         self.chol = np.linalg.cholesky(0.5 * (cov + cov.T))
         self.to_q = to_q
+        if free_block is not None and free_block.free.shape != (d,):
+            raise ValueError(
+                f"free_block.free must have shape ({d},) (the model's {d} free parameters); "
+                f"got {free_block.free.shape}"
+            )
+        self.free_block = free_block
         self.plan = RunPlan(draws, tune, chains)
         self.max_iterations = self.plan.iterations_per_chain
         self.target_delta = delta
@@ -116,6 +184,8 @@ class DPLaplaceDraws(DPStep):
 
     def _dp_astep(self, q0):
         y = self.mean + self.chol @ self.rng.normal(size=self.mean.size)
+        if self.free_block is not None:
+            y = self.free_block.draw(y, self.rng)
         q = y if self.to_q is None else self.to_q(y)
         return RaveledVars(np.asarray(q, dtype=q0.data.dtype), q0.point_map_info), {"accepted": 1.0}
 
