@@ -51,7 +51,7 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -59,8 +59,10 @@ import pymc as pm
 
 from pymc_dp.kernels.expfam import (
     negative_hessian,
+    normal_linear_deviation_bound,
     normal_linear_stat_box,
     private_centre,
+    private_tail_excess,
     quadratic_fit,
 )
 from pymc_dp.kernels.suffstats import (
@@ -78,6 +80,9 @@ __all__ = [
     "STATS_LOCATED_SHARE",
     "STATS_QUANTILE",
     "STATS_SCAN_SDS",
+    "STATS_TAIL_KAPPA",
+    "STATS_TAIL_LEVELS",
+    "STATS_TAIL_SHARE",
     "STATS_WHITENING_SHARE",
     "Standardisation",
     "STATS_ERROR_SCALE",
@@ -91,6 +96,7 @@ __all__ = [
     "standardisation",
     "stats_last_share",
     "stats_predicted_error",
+    "tail_clip_bound",
 ]
 
 #: Shares of the budget (``mu``) of the release of the statistics' centre (whence the
@@ -136,9 +142,48 @@ STATS_QUANTILE = 0.999
 STATS_SCAN_SDS = 3.0
 
 
+#: Share of the release of the tail's excess beyond the clip bound (`tail_clip_bound`).
+STATS_TAIL_SHARE = 0.1
+#: Its levels: the DP quantile's bound ``b`` times ``2^j``, ``j < STATS_TAIL_LEVELS``.
+STATS_TAIL_LEVELS = 3
+#: A level is the last release's bound where the released excess beyond it, in units of
+#: the level, is at most this share of the noise-aware posterior's sd per whitened
+#: statistic (``sqrt(n + (2 L z)^2)``: the sampling sd of a sum of ``n`` whitened
+#: deviations and the release's noise at that bound).
+STATS_TAIL_KAPPA = 0.5
+
+
 def stats_last_share() -> float:
     """The last release's share of ``mu``: what the fixed shares leave."""
-    return 1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE
+    return 1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE - STATS_TAIL_SHARE
+
+
+def tail_clip_bound(
+    b: float, top: float, excess: np.ndarray, n: int, noise_multiplier: float
+) -> float:
+    """The last release's clip bound from the released excess beyond ``b 2^j``
+    (post-processing; `pymc_dp.kernels.expfam.private_tail_excess`).
+
+    The DP quantile ``b`` leaves about ``n (1 - q)`` records beyond it and cannot say how
+    far: a tail spread thinly over many bins, each below the histogram's noise, is
+    clipped whole (census 2000 at epsilon 10: 28 records clipped by up to 40 at ``b =
+    18``, the sum of the squared response 14 noise sds short, docs/auto.md). The released
+    excess ``X_j`` (each record's part beyond ``L_j = b 2^j``, capped at ``L_j``, in units
+    of ``L_j``) measures it with the noise of a count. The bound is the first level whose
+    excess, ``L_j X_j``, is at most ``STATS_TAIL_KAPPA`` times the noise-aware posterior's
+    sd per whitened statistic, ``sqrt(n + (2 L_j z)^2)`` (``z`` the last release's
+    multiplier); where none is, ``top`` (the largest whitened deviation inside the
+    declared box: no record inside the box is clipped). Levels at or above ``top`` give
+    ``top``.
+    """
+    levels = float(b) * 2.0 ** np.arange(np.size(excess))
+    for level, x in zip(levels, np.ravel(excess), strict=True):
+        if level >= top:
+            break
+        sd = np.sqrt(n + (2.0 * level * float(noise_multiplier)) ** 2)
+        if level * float(x) <= STATS_TAIL_KAPPA * sd:
+            return float(level)
+    return float(top)
 
 
 #: Predicted error of the worst posterior mean, in NUTS posterior sds, per unit of
@@ -340,10 +385,12 @@ def release_linear_stats(
     clip_noise_multiplier: float,
     noise_multiplier: float,
     rng: np.random.Generator,
+    tail_noise_multiplier: float | None = None,
     quantile: float | None = None,
     on_centre_release: Callable[[], None] | None = None,
     on_whitening_release: Callable[[], None] | None = None,
     on_clip_release: Callable[[], None] | None = None,
+    on_tail_release: Callable[[], None] | None = None,
     on_release: Callable[[], None] | None = None,
     chunk_size: int | None = None,
 ) -> tuple[LinearStats, Standardisation]:
@@ -401,7 +448,22 @@ def release_linear_stats(
         clip_located_share=STATS_LOCATED_SHARE,
         clip_scan_sds=STATS_SCAN_SDS,
     )
-    # -- release 7: the clipped whitened standardised deviations' sum --------------------------
+    if tail_noise_multiplier is not None:
+        # -- release 7: the excess beyond b 2^j, whence the last bound ----------------------
+        y_box = (lo[0], hi[0])
+        x_box = (lo[2 + k : 2 + 2 * k], hi[2 + k : 2 + 2 * k])
+        top_w = normal_linear_deviation_bound(
+            wh.scale @ st.M, std_passes._centre(wh.centre), y_box, x_box
+        )
+        levels = wh.clip * 2.0 ** np.arange(STATS_TAIL_LEVELS)
+        excess = private_tail_excess(
+            std_passes, wh.centre, wh.scale, levels, tail_noise_multiplier, rng
+        )
+        if on_tail_release is not None:
+            on_tail_release()
+        clip = tail_clip_bound(wh.clip, max(top_w, wh.clip), excess, n, noise_multiplier)
+        wh = replace(wh, clip=clip)
+    # -- release 8: the clipped whitened standardised deviations' sum --------------------------
     noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
     if on_release is not None:
         on_release()
