@@ -724,7 +724,6 @@ def private_whitening(
     clip_extend_sds: float | None = None,
     clip_located_share: float | None = None,
     clip_scan_sds: float | None = None,
-    clip_rule: Callable[[np.ndarray, np.ndarray], float] | None = None,
 ) -> Whitening:
     r"""Centre, whiten and bound the sufficient statistics privately (up to six releases).
 
@@ -757,10 +756,7 @@ def private_whitening(
     the largest deviation ``||T(x_i) - c||`` inside the public box, the top of the quantiles'
     grids (default ``stat_clip_bound + ||c||``). ``clip_noise_multiplier``,
     ``clip_extend_sds``, ``clip_located_share`` and ``clip_scan_sds`` are release 6's own
-    (`private_clip_bound`). ``clip_rule``: a public rule ``(c, W) -> b`` (data-free, e.g.
-    the largest whitened deviation inside the declared box,
-    `normal_linear_deviation_bound`) that replaces release 6: no record inside the box is
-    then clipped by the later sum.
+    (`private_clip_bound`).
     """
     z = float(noise_multiplier)
     made = 0
@@ -812,8 +808,6 @@ def private_whitening(
     floor = max(2.0 * std * np.sqrt(d) / n, relative_floor * float(np.max(lam)), 1e-12)
     lam = np.maximum(lam, floor)
     W = (U * lam**-0.5) @ U.T @ np.diag(w)
-    if clip_rule is not None:  # a public bound: no release 6
-        return Whitening(centre=c, scale=W, clip=float(clip_rule(c, W)), releases=made)
     # -- release 6: the DP quantile b of the whitened deviations ||W (T(x_i) - c)|| -----------
     zc = z if clip_noise_multiplier is None else float(clip_noise_multiplier)
     b = dp_quantile(c, W, float(np.linalg.norm(W, 2)) * top, zc, clip_extend_sds)
