@@ -17,7 +17,12 @@ release (Bernstein & Sheldon 2019):
    releases (their spread and second moment, two DP quantiles) give a whitening ``W``, and
    one more (its own share, `STATS_CLIP_SHARE`) the DP quantile ``b`` of the whitened
    deviations, moved up past the bins next to it that hold records (`STATS_EXTEND_SDS`)
-   and past runs of bins whose sum holds records (`STATS_SCAN_SDS`);
+   and past runs of bins whose sum holds records (`STATS_SCAN_SDS`); then one more
+   (`STATS_TAIL_SHARE`) of the excess of the whitened deviations beyond ``b``, ``2b`` and
+   ``4b`` (`pymc_dp.kernels.expfam.private_tail_excess`): the bound moves up to the first
+   of these levels where the records beyond it would bias the sum by at most
+   `STATS_TAIL_KAPPA` posterior sds, else to the largest whitened deviation inside the
+   declared box (`tail_clip_bound`, `pymc_dp.kernels.expfam.normal_linear_deviation_bound`);
 3. `release_whitened_sum`: ``sum_i clip_b(W (T_i - c)) + N(0, (2 b z)^2 I)`` with the rest
    of the budget, whence the released standardised ``A~, r~, c~`` and the covariance of
    their noise;
@@ -32,10 +37,12 @@ release (Bernstein & Sheldon 2019):
 No data are read after step 3. Standardising the response by its residual puts the
 statistics that carry the slopes (``e v``) at unit spread whatever the share of ``y`` the
 covariates explain: the release's noise is that of the residuals. The records clipped by
-``b`` (about ``1 - STATS_QUANTILE`` of them; more at small epsilon, where the histogram
-cannot resolve the tail) bias the statistics; the noise-aware likelihood does not model
-that bias. At small epsilon the noise-aware posterior is not Gaussian (its spread in the
-coefficients grows with them, through the noise of the design's statistics, and
+``b`` bias the statistics; the noise-aware likelihood does not model that bias. The tail's
+excess bounds it where the release can see it (at epsilon 3 and below its noise is
+several times its threshold: a thin tail may still be clipped there, and a tail of
+records each beyond ``8b`` counts only one level's worth). At small epsilon the
+noise-aware posterior is not Gaussian (its spread in the coefficients grows with them,
+through the noise of the design's statistics, and
 ``sigma`` is bounded above by the released residual sum of squares): its mode and
 curvature put the truth beyond 2 of their sds in 6-8 % of (seed, parameter) pairs on gpa2
 at epsilon 1 (docs/auto.md), its median and central intervals in 1.2 % and 0 %.
