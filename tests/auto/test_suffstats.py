@@ -530,7 +530,7 @@ def test_plan_names_the_strategy_and_its_prediction():
     text = str(p)
     assert "sufficient statistics: noisy centre" in text and "<- chosen" in text
     assert p.choice_note and "laplace" in p.choice_note
-    assert sum(ph.releases for ph in p.phases) == 6  # the last release is "the rest"
+    assert sum(ph.releases for ph in p.phases) == 7  # the last release is "the rest"
 
 
 def test_a_noise_dominated_result_says_so():
