@@ -150,6 +150,12 @@ STATS_SCAN_SDS = 3.0
 
 
 #: Share of the release of the tail's excess beyond the clip bound (`tail_clip_bound`).
+#: Measured on census 2000 (log weekly income, n = 29 501, random_seed 1-3 at epsilon 1, 3,
+#: 10; docs/auto.md): with 0.05 and four levels the excess's noise (sd 4.8 at epsilon 10)
+#: was as large as the first level's bar and 2 of 45 (seed, parameter) pairs stayed beyond
+#: 2 own sds; with 0.1 and three levels 0 of 45 (10 of 45 without the release), 0 of 100
+#: and 1 of 100 on seeds 10-29 at epsilon 10 and 3; on linear3b (no tail) the bound did
+#: not move on the seeds checked.
 STATS_TAIL_SHARE = 0.1
 #: Its levels: the DP quantile's bound ``b`` times ``2^j``, ``j < STATS_TAIL_LEVELS``.
 STATS_TAIL_LEVELS = 3
