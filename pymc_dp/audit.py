@@ -781,33 +781,47 @@ def stats_runner(
 ) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
     """A release of the sufficient-statistics strategy on D and D', through the library's
     own calls (`pymc_dp.auto.suffstats.release_box_centre` for ``which="centre"``,
-    `release_whitened_sum` for ``which="sum"``): a change of their noise shows here.
+    `release_whitened_sum` for ``which="sum"``, `pymc_dp.kernels.expfam.private_tail_excess`
+    on the strategy's ``STATS_TAIL_LEVELS`` levels of a bound 1 for ``which="tail"``): a
+    change of their noise shows here.
 
     Published: every coordinate of the release; the auditor also thresholds its
     likelihood-ratio statistic. The whitened sum's centre is public and fixed halfway between
     record 0's statistics in D and in D', so that their clipped deviations are opposite and
-    the sum moves by its full sensitivity ``2 b``.
+    the sum moves by its full sensitivity ``2 b``. For the tail's excess the centre is record
+    0's statistics in D' (it adds nothing to any level there) and record 0 in D lies beyond
+    every level's twice (it adds 1 to each): the excess moves by its full ``sqrt(J)``.
     """
-    from pymc_dp.auto.suffstats import release_box_centre, release_whitened_sum
-    from pymc_dp.kernels.expfam import Whitening, normal_linear_stats
+    from pymc_dp.auto.suffstats import (
+        STATS_TAIL_LEVELS,
+        release_box_centre,
+        release_whitened_sum,
+    )
+    from pymc_dp.kernels.expfam import Whitening, normal_linear_stats, private_tail_excess
 
     (p_d, box), (p_d2, _) = _linear_passes(first_d), _linear_passes(first_d2)
     rows = [
         normal_linear_stats(np.array([f[0]]), np.array([[f[1]]]))[0] for f in (first_d, first_d2)
     ]
-    wh = Whitening(
-        centre=0.5 * (rows[0] + rows[1]), scale=np.eye(rows[0].size), clip=1.0, releases=0
-    )
+    centre = rows[1] if which == "tail" else 0.5 * (rows[0] + rows[1])
+    wh = Whitening(centre=centre, scale=np.eye(rows[0].size), clip=1.0, releases=0)
+    levels = 2.0 ** np.arange(STATS_TAIL_LEVELS)
 
     def release(passes, z, rng, size=None):
         if which == "centre":
             return release_box_centre(passes, box, 10, z, rng, size=size)[0]
+        if which == "tail":
+            return private_tail_excess(passes, wh.centre, wh.scale, levels, z, rng, size=size)
         return release_whitened_sum(passes, wh, z, rng, size=size)
 
     zero = np.random.default_rng(0)
     exact = {k: release(p, 0.0, zero) for k, p in ((False, p_d), (True, p_d2))}
     _, sd = release_box_centre(p_d, box, 10, 1.0, zero)
-    std = sd if which == "centre" else np.full(exact[False].size, 2.0 * wh.clip)
+    if which == "centre":
+        std = sd
+    else:
+        sens = np.sqrt(levels.size) if which == "tail" else 2.0 * wh.clip
+        std = np.full(exact[False].size, sens)
     diff = (exact[True] - exact[False]) / std**2
 
     def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -820,8 +834,8 @@ def stats_runner(
 
 
 def stats_scenarios() -> list[Scenario]:
-    """The sufficient-statistics strategy's box-scaled centre and whitened sum as shipped,
-    and with less noise than claimed (caught). Record 0 is (6, 1) in D and (-6, -1) in D'
+    """The sufficient-statistics strategy's box-scaled centre, whitened sum and tail excess as
+    shipped, and with less noise than claimed (caught). Record 0 is (6, 1) in D and (-6, -1) in D'
     for the centre (a corner of the box and its opposite: the scaled deviations differ by
     ``2 sqrt 2`` of the claimed ``2 sqrt 5``, since no record reaches opposite ends of ``y``
     and ``y^2`` together), (100, 50) and (-100, -50) for the whitened sum (both far outside
@@ -836,6 +850,9 @@ def stats_scenarios() -> list[Scenario]:
     def whitened(z: float = 1.0):
         return lambda: stats_runner((100.0, 50.0), (-100.0, -50.0), which="sum", noise_multiplier=z)
 
+    def tail(z: float = 1.0):
+        return lambda: stats_runner((100.0, 50.0), (0.0, 0.0), which="tail", noise_multiplier=z)
+
     one = gaussian_epsilon(1 / (2 * 1.0**2), delta)
     return [
         Scenario("auto: statistics' centre", "as shipped", one, delta, True, centre(), 400_000),
@@ -847,5 +864,9 @@ def stats_scenarios() -> list[Scenario]:
         Scenario(
             "auto: whitened statistics", "noise scale halved", one, delta, False, whitened(0.5),
             400_000,
+        ),
+        Scenario("auto: tail excess", "as shipped", one, delta, True, tail(), 400_000),
+        Scenario(
+            "auto: tail excess", "noise scale halved", one, delta, False, tail(0.5), 400_000,
         ),
     ]  # fmt: skip

@@ -1221,6 +1221,7 @@ STATS_WHITENING_PHASE = (
     "standardised statistics"
 )
 STATS_CLIP_PHASE = "sufficient statistics: noisy histogram of the whitened norms (clip bound)"
+STATS_TAIL_PHASE = "sufficient statistics: noisy excess of the whitened norms beyond the clip"
 STATS_PHASE = "sufficient statistics: noisy clipped whitened sum"
 
 
@@ -1242,7 +1243,7 @@ def _stats_plan(
     spend = PresampleSpend() if spend is None else spend
     spend.phases = plan.phases
     plan.phases += stats_phases(mu_total, epsilon, delta)
-    centre, whiten, clip, last = plan.phases
+    centre, whiten, clip, tail, last = plan.phases
     z = last.noise_multiplier
     plan.clip_sources = {
         "statistics' centre clip (each statistic's range in the box)": "data_bounds",
@@ -1256,9 +1257,11 @@ def _stats_plan(
         clip_noise_multiplier=clip.noise_multiplier,
         noise_multiplier=z,
         rng=rng,
+        tail_noise_multiplier=tail.noise_multiplier,
         on_centre_release=lambda: spend.release(STATS_CENTRE_PHASE),
         on_whitening_release=lambda: spend.release(STATS_WHITENING_PHASE),
         on_clip_release=lambda: spend.release(STATS_CLIP_PHASE),
+        on_tail_release=lambda: spend.release(STATS_TAIL_PHASE),
         on_release=lambda: spend.release(STATS_PHASE),
         chunk_size=chunk_size,
     )
@@ -1290,12 +1293,18 @@ def stats_phases(mu_total: float, epsilon: float, delta: float) -> list[Phase]:
     centre, the whitening's four releases, the clip bound's histogram (fixed shares of
     ``mu``) and the last sum with the rest, its multiplier nudged up until the composition
     fits the target (data-free)."""
-    from pymc_dp.auto.suffstats import STATS_CENTRE_SHARE, STATS_CLIP_SHARE, STATS_WHITENING_SHARE
+    from pymc_dp.auto.suffstats import (
+        STATS_CENTRE_SHARE,
+        STATS_CLIP_SHARE,
+        STATS_TAIL_SHARE,
+        STATS_WHITENING_SHARE,
+    )
 
     phases = [
         Phase(STATS_CENTRE_PHASE, _share_z(mu_total, STATS_CENTRE_SHARE), 1),
         Phase(STATS_WHITENING_PHASE, _share_z(mu_total, STATS_WHITENING_SHARE, 4), 4),
         Phase(STATS_CLIP_PHASE, _share_z(mu_total, STATS_CLIP_SHARE), 1),
+        Phase(STATS_TAIL_PHASE, _share_z(mu_total, STATS_TAIL_SHARE), 1),
     ]
     probe = AutoPlan(epsilon, delta, 0, 0, 1, mu_total, phases=list(phases))
     z = _last_noise_multiplier(probe, mu_total - sum(p.mu for p in phases), 1)

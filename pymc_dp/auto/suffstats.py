@@ -17,7 +17,12 @@ release (Bernstein & Sheldon 2019):
    releases (their spread and second moment, two DP quantiles) give a whitening ``W``, and
    one more (its own share, `STATS_CLIP_SHARE`) the DP quantile ``b`` of the whitened
    deviations, moved up past the bins next to it that hold records (`STATS_EXTEND_SDS`)
-   and past runs of bins whose sum holds records (`STATS_SCAN_SDS`);
+   and past runs of bins whose sum holds records (`STATS_SCAN_SDS`); then one more
+   (`STATS_TAIL_SHARE`) of the excess of the whitened deviations beyond ``b``, ``2b`` and
+   ``4b`` (`pymc_dp.kernels.expfam.private_tail_excess`): the bound moves up to the first
+   of these levels where the records beyond it would bias the sum by at most
+   `STATS_TAIL_KAPPA` posterior sds, else to the largest whitened deviation inside the
+   declared box (`tail_clip_bound`, `pymc_dp.kernels.expfam.normal_linear_deviation_bound`);
 3. `release_whitened_sum`: ``sum_i clip_b(W (T_i - c)) + N(0, (2 b z)^2 I)`` with the rest
    of the budget, whence the released standardised ``A~, r~, c~`` and the covariance of
    their noise;
@@ -32,10 +37,12 @@ release (Bernstein & Sheldon 2019):
 No data are read after step 3. Standardising the response by its residual puts the
 statistics that carry the slopes (``e v``) at unit spread whatever the share of ``y`` the
 covariates explain: the release's noise is that of the residuals. The records clipped by
-``b`` (about ``1 - STATS_QUANTILE`` of them; more at small epsilon, where the histogram
-cannot resolve the tail) bias the statistics; the noise-aware likelihood does not model
-that bias. At small epsilon the noise-aware posterior is not Gaussian (its spread in the
-coefficients grows with them, through the noise of the design's statistics, and
+``b`` bias the statistics; the noise-aware likelihood does not model that bias. The tail's
+excess bounds it where the release can see it (at epsilon 3 and below its noise is
+several times its threshold: a thin tail may still be clipped there, and a tail of
+records each beyond ``8b`` counts only one level's worth). At small epsilon the
+noise-aware posterior is not Gaussian (its spread in the coefficients grows with them,
+through the noise of the design's statistics, and
 ``sigma`` is bounded above by the released residual sum of squares): its mode and
 curvature put the truth beyond 2 of their sds in 6-8 % of (seed, parameter) pairs on gpa2
 at epsilon 1 (docs/auto.md), its median and central intervals in 1.2 % and 0 %.
@@ -51,7 +58,7 @@ References
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -59,8 +66,10 @@ import pymc as pm
 
 from pymc_dp.kernels.expfam import (
     negative_hessian,
+    normal_linear_deviation_bound,
     normal_linear_stat_box,
     private_centre,
+    private_tail_excess,
     quadratic_fit,
 )
 from pymc_dp.kernels.suffstats import (
@@ -78,6 +87,9 @@ __all__ = [
     "STATS_LOCATED_SHARE",
     "STATS_QUANTILE",
     "STATS_SCAN_SDS",
+    "STATS_TAIL_KAPPA",
+    "STATS_TAIL_LEVELS",
+    "STATS_TAIL_SHARE",
     "STATS_WHITENING_SHARE",
     "Standardisation",
     "STATS_ERROR_SCALE",
@@ -91,6 +103,7 @@ __all__ = [
     "standardisation",
     "stats_last_share",
     "stats_predicted_error",
+    "tail_clip_bound",
 ]
 
 #: Shares of the budget (``mu``) of the release of the statistics' centre (whence the
@@ -136,9 +149,54 @@ STATS_QUANTILE = 0.999
 STATS_SCAN_SDS = 3.0
 
 
+#: Share of the release of the tail's excess beyond the clip bound (`tail_clip_bound`).
+#: Measured on census 2000 (log weekly income, n = 29 501, random_seed 1-3 at epsilon 1, 3,
+#: 10; docs/auto.md): with 0.05 and four levels the excess's noise (sd 4.8 at epsilon 10)
+#: was as large as the first level's bar and 2 of 45 (seed, parameter) pairs stayed beyond
+#: 2 own sds; with 0.1 and three levels 0 of 45 (10 of 45 without the release), 0 of 100
+#: and 1 of 100 on seeds 10-29 at epsilon 10 and 3; on linear3b (no tail) the bound did
+#: not move on the seeds checked.
+STATS_TAIL_SHARE = 0.1
+#: Its levels: the DP quantile's bound ``b`` times ``2^j``, ``j < STATS_TAIL_LEVELS``.
+STATS_TAIL_LEVELS = 3
+#: A level is the last release's bound where the released excess beyond it, in units of
+#: the level, is at most this share of the noise-aware posterior's sd per whitened
+#: statistic (``sqrt(n + (2 L z)^2)``: the sampling sd of a sum of ``n`` whitened
+#: deviations and the release's noise at that bound).
+STATS_TAIL_KAPPA = 0.5
+
+
 def stats_last_share() -> float:
     """The last release's share of ``mu``: what the fixed shares leave."""
-    return 1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE
+    return 1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE - STATS_TAIL_SHARE
+
+
+def tail_clip_bound(
+    b: float, top: float, excess: np.ndarray, n: int, noise_multiplier: float
+) -> float:
+    """The last release's clip bound from the released excess beyond ``b 2^j``
+    (post-processing; `pymc_dp.kernels.expfam.private_tail_excess`).
+
+    The DP quantile ``b`` leaves about ``n (1 - q)`` records beyond it and cannot say how
+    far: a tail spread thinly over many bins, each below the histogram's noise, is
+    clipped whole (census 2000 at epsilon 10: 28 records clipped by up to 40 at ``b =
+    18``, the sum of the squared response 14 noise sds short, docs/auto.md). The released
+    excess ``X_j`` (each record's part beyond ``L_j = b 2^j``, capped at ``L_j``, in units
+    of ``L_j``) measures it with the noise of a count. The bound is the first level whose
+    excess, ``L_j X_j``, is at most ``STATS_TAIL_KAPPA`` times the noise-aware posterior's
+    sd per whitened statistic, ``sqrt(n + (2 L_j z)^2)`` (``z`` the last release's
+    multiplier); where none is, ``top`` (the largest whitened deviation inside the
+    declared box: no record inside the box is clipped). Levels at or above ``top`` give
+    ``top``.
+    """
+    levels = float(b) * 2.0 ** np.arange(np.size(excess))
+    for level, x in zip(levels, np.ravel(excess), strict=True):
+        if level >= top:
+            break
+        sd = np.sqrt(n + (2.0 * level * float(noise_multiplier)) ** 2)
+        if level * float(x) <= STATS_TAIL_KAPPA * sd:
+            return float(level)
+    return float(top)
 
 
 #: Predicted error of the worst posterior mean, in NUTS posterior sds, per unit of
@@ -340,10 +398,12 @@ def release_linear_stats(
     clip_noise_multiplier: float,
     noise_multiplier: float,
     rng: np.random.Generator,
+    tail_noise_multiplier: float | None = None,
     quantile: float | None = None,
     on_centre_release: Callable[[], None] | None = None,
     on_whitening_release: Callable[[], None] | None = None,
     on_clip_release: Callable[[], None] | None = None,
+    on_tail_release: Callable[[], None] | None = None,
     on_release: Callable[[], None] | None = None,
     chunk_size: int | None = None,
 ) -> tuple[LinearStats, Standardisation]:
@@ -401,7 +461,22 @@ def release_linear_stats(
         clip_located_share=STATS_LOCATED_SHARE,
         clip_scan_sds=STATS_SCAN_SDS,
     )
-    # -- release 7: the clipped whitened standardised deviations' sum --------------------------
+    if tail_noise_multiplier is not None:
+        # -- release 7: the excess beyond b 2^j, whence the last bound ----------------------
+        y_box = (lo[0], hi[0])
+        x_box = (lo[2 + k : 2 + 2 * k], hi[2 + k : 2 + 2 * k])
+        top_w = normal_linear_deviation_bound(
+            wh.scale @ st.M, std_passes._centre(wh.centre), y_box, x_box
+        )
+        levels = wh.clip * 2.0 ** np.arange(STATS_TAIL_LEVELS)
+        excess = private_tail_excess(
+            std_passes, wh.centre, wh.scale, levels, tail_noise_multiplier, rng
+        )
+        if on_tail_release is not None:
+            on_tail_release()
+        clip = tail_clip_bound(wh.clip, max(top_w, wh.clip), excess, n, noise_multiplier)
+        wh = replace(wh, clip=clip)
+    # -- release 8: the clipped whitened standardised deviations' sum --------------------------
     noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
     if on_release is not None:
         on_release()

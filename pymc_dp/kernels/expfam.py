@@ -66,14 +66,17 @@ __all__ = [
     "expfam_noise_std",
     "normal_linear_natural",
     "normal_linear_stat_bound",
+    "normal_linear_deviation_bound",
     "normal_linear_stat_box",
     "normal_linear_stats",
     "negative_hessian",
     "private_centre",
     "private_clip_bound",
+    "private_tail_excess",
     "private_whitening",
     "quadratic_fit",
     "scan_tail",
+    "tail_excess",
     "whiten",
 ]
 
@@ -150,6 +153,83 @@ def normal_linear_stat_box(
     lo = np.concatenate([[y[0]], yx[0], [yy[0]], x[0], xx[0]])
     hi = np.concatenate([[y[1]], yx[1], [yy[1]], x[1], xx[1]])
     return lo, hi
+
+
+#: Random starts of `normal_linear_deviation_bound`'s search (besides the box's corners).
+DEVIATION_BOUND_STARTS = 64
+#: Largest number of the box's corners `normal_linear_deviation_bound` evaluates (beyond
+#: ``2^12`` corners, that many drawn at random).
+DEVIATION_BOUND_CORNERS = 4096
+#: Polished from the best this many corners and starts.
+DEVIATION_BOUND_POLISH = 16
+
+
+def _linear_stats_jacobian(u: np.ndarray) -> np.ndarray:
+    """``d T / d (y, x)`` of `normal_linear_stats` at one point ``u = (y, x)``."""
+    y, x = float(u[0]), np.asarray(u[1:], dtype=float)
+    k = x.size
+    j, jj = np.triu_indices(k)
+    J = np.zeros((2 + 2 * k + j.size, k + 1))
+    J[0, 0] = 1.0
+    J[1 + np.arange(k), 0] = x
+    J[1 + np.arange(k), 1 + np.arange(k)] = y
+    J[1 + k, 0] = 2.0 * y
+    J[2 + k + np.arange(k), 1 + np.arange(k)] = 1.0
+    r = 2 + 2 * k + np.arange(j.size)
+    np.add.at(J, (r, 1 + j), x[jj])
+    np.add.at(J, (r, 1 + jj), x[j])
+    return J
+
+
+def normal_linear_deviation_bound(
+    scale: np.ndarray,
+    centre: np.ndarray,
+    y_box: tuple[float, float],
+    x_box: tuple[np.ndarray, np.ndarray],
+) -> float:
+    r"""The largest ``||W (T(y, x) - c)||`` over the declared box (data-free).
+
+    ``T`` is `normal_linear_stats`, ``W`` (``scale``) and ``c`` (``centre``) public (DP
+    outputs of earlier releases). Used as the clip bound of a sum of whitened deviations it
+    clips no record inside the box: the sum has no clipping bias, only the noise of its
+    sensitivity ``2 b`` (`pymc_dp.auto.suffstats`). The squared norm is a quartic in
+    ``(y, x)``; its maximum over the box is searched from every corner (up to
+    ``DEVIATION_BOUND_CORNERS``, the rest drawn at random) and ``DEVIATION_BOUND_STARTS``
+    random points (a fixed seed), the best ``DEVIATION_BOUND_POLISH`` polished by bounded
+    L-BFGS-B with the exact gradient. A local search: it bounds the maximum from below,
+    and a record between the value found and the true maximum would be clipped (no
+    privacy cost either way: the bound is public).
+    """
+    import itertools
+
+    from scipy.optimize import minimize
+
+    S = np.asarray(scale, dtype=float)
+    c = np.asarray(centre, dtype=float).ravel()
+    lo = np.concatenate([[float(y_box[0])], np.asarray(x_box[0], dtype=float).ravel()])
+    hi = np.concatenate([[float(y_box[1])], np.asarray(x_box[1], dtype=float).ravel()])
+    d = lo.size
+    gen = np.random.default_rng(0)  # data-free search points
+    if 2**d <= DEVIATION_BOUND_CORNERS:
+        corners = np.array(list(itertools.product([0.0, 1.0], repeat=d)))
+    else:
+        corners = gen.integers(0, 2, size=(DEVIATION_BOUND_CORNERS, d)).astype(float)
+    pts = lo + (hi - lo) * np.vstack([corners, gen.uniform(size=(DEVIATION_BOUND_STARTS, d))])
+    dev = (normal_linear_stats(pts[:, 0], pts[:, 1:]) - c) @ S.T
+    val = np.einsum("ij,ij->i", dev, dev)
+
+    def neg(u: np.ndarray) -> tuple[float, np.ndarray]:
+        r = S @ (normal_linear_stats(u[:1], u[None, 1:])[0] - c)
+        return -float(r @ r), -2.0 * (_linear_stats_jacobian(u).T @ (S.T @ r))
+
+    best = float(np.max(val))
+    for i in np.argsort(val)[::-1][:DEVIATION_BOUND_POLISH]:
+        res = minimize(
+            neg, pts[i], jac=True, method="L-BFGS-B", bounds=list(zip(lo, hi, strict=True))
+        )
+        if np.isfinite(res.fun):
+            best = max(best, -float(res.fun))
+    return float(np.sqrt(best))
 
 
 def _logit(p: float) -> float:
@@ -788,6 +868,51 @@ def private_clip_bound(
         k = int(np.searchsorted(grid, b))
         b = float(grid[scan_tail(noisy, k, (1.0 - quantile) * n, scan_sds * std)])
     return b
+
+
+#: Points of the midpoint rule of each level of `tail_excess`.
+TAIL_EXCESS_POINTS = 32
+
+
+def _tail_excess_grid(levels: np.ndarray) -> np.ndarray:
+    levels = np.asarray(levels, dtype=float).ravel()
+    mid = (np.arange(TAIL_EXCESS_POINTS) + 0.5) / TAIL_EXCESS_POINTS
+    return (levels[:, None] * (1.0 + mid[None, :])).ravel()
+
+
+def tail_excess(passes: StatPasses, centre, scale, levels) -> np.ndarray:
+    r"""The clipped excess of the deviations beyond each level (exact: the query of
+    `private_tail_excess`).
+
+    For levels ``L_j``, ``X_j = sum_i min((||W (T(x_i) - c)|| - L_j)_+, L_j) / L_j`` by the
+    midpoint rule on ``TAIL_EXCESS_POINTS`` points of ``(L_j, 2 L_j]``: a record's share
+    of ``X_j`` is the fraction of those points its deviation exceeds, in ``[0, 1]``.
+    ``L_j X_j`` is the part below ``2 L_j`` of the norm that a clip at ``L_j`` takes off
+    the records beyond it (the clipped sum's bias is at most the whole of it).
+    """
+    levels = np.asarray(levels, dtype=float).ravel()
+    counts = np.asarray(passes.deviation_counts(centre, _tail_excess_grid(levels), scale))
+    return counts.reshape(levels.size, TAIL_EXCESS_POINTS).mean(axis=1)
+
+
+def private_tail_excess(
+    passes: StatPasses,
+    centre,
+    scale,
+    levels,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    size: int | None = None,
+) -> np.ndarray:
+    """`tail_excess` plus ``N(0, (sqrt(J) z)^2 I)`` (one Gaussian release).
+
+    Replace-one sensitivity ``sqrt(J)`` for ``J`` levels: each record moves each ``X_j`` by
+    at most 1 (its share is in ``[0, 1]``). ``size``: that many independent releases
+    (shape ``(size, J)``; the audit's trials).
+    """
+    X = tail_excess(passes, centre, scale, levels)
+    shape = X.shape if size is None else (int(size), X.size)
+    return X + float(noise_multiplier) * float(np.sqrt(X.size)) * rng.normal(size=shape)
 
 
 def scan_tail(noisy: np.ndarray, k: int, allowance: float, bar: float) -> int:

@@ -448,7 +448,14 @@ def test_stats_strategy_epsilon_is_the_composition_of_the_noise_it_added(monkeyp
 
     import pymc_dp
     import pymc_dp.auto as auto
-    from pymc_dp.auto.suffstats import STATS_CENTRE_SHARE, STATS_CLIP_SHARE, STATS_WHITENING_SHARE
+    from pymc_dp.auto.suffstats import (
+        STATS_CENTRE_SHARE,
+        STATS_CLIP_SHARE,
+        STATS_TAIL_LEVELS,
+        STATS_TAIL_SHARE,
+        STATS_WHITENING_SHARE,
+    )
+    from pymc_dp.kernels.expfam import TAIL_EXCESS_POINTS
     from pymc_dp.records.expfam import ExpFamilyModel
 
     log: list = []
@@ -465,9 +472,11 @@ def test_stats_strategy_epsilon_is_the_composition_of_the_noise_it_added(monkeyp
         log.append(("read", (kind, bound)))
         return real_sum(self, centre, bound, *a, absolute=absolute, outer=outer, **k)
 
-    def counts(self, *a, **k):
-        log.append(("read", ("histogram", None)))
-        return real_counts(self, *a, **k)
+    def counts(self, centre, grid, *a, **k):
+        # the tail's excess (`private_tail_excess`) counts on its levels' midpoints
+        tail = np.size(grid) == STATS_TAIL_LEVELS * TAIL_EXCESS_POINTS
+        log.append(("read", ("tail" if tail else "histogram", None)))
+        return real_counts(self, centre, grid, *a, **k)
 
     monkeypatch.setattr(ExpFamilyModel, "centred_clip_sum", centred)
     monkeypatch.setattr(ExpFamilyModel, "deviation_counts", counts)
@@ -499,21 +508,26 @@ def test_stats_strategy_epsilon_is_the_composition_of_the_noise_it_added(monkeyp
         read, bound = last
         if read == "histogram":
             z.append(("histogram", what["scale"] / SQRT2))
+        elif read == "tail":
+            z.append(("tail", what["scale"] / np.sqrt(STATS_TAIL_LEVELS)))
         elif read == "outer":
             z.append(("outer", what["scale"] / (SQRT2 * bound**2)))
         else:
             z.append(("sum", what["scale"] / (2.0 * bound)))
     kinds = [k for k, _ in z]
     # the centre; the whitening's quantile, spread, quantile, second moment; the clip
-    # bound's quantile; the last sum
-    assert kinds == ["sum", "histogram", "sum", "histogram", "outer", "histogram", "sum"]
+    # bound's quantile; the tail's excess beyond it; the last sum
+    assert kinds == ["sum", "histogram", "sum", "histogram", "outer", "histogram", "tail", "sum"]
     zs = np.array([v for _, v in z])
     mu2 = _gdp_mu(epsilon, delta) ** 2
     np.testing.assert_allclose(zs[0], np.sqrt(1 / (STATS_CENTRE_SHARE * mu2)), rtol=1e-9)
     np.testing.assert_allclose(zs[1:5], np.sqrt(4 / (STATS_WHITENING_SHARE * mu2)), rtol=1e-9)
     np.testing.assert_allclose(zs[5], np.sqrt(1 / (STATS_CLIP_SHARE * mu2)), rtol=1e-9)
-    left = (1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE) * mu2
-    np.testing.assert_allclose(zs[6], np.sqrt(1 / left), rtol=1e-6)
+    np.testing.assert_allclose(zs[6], np.sqrt(1 / (STATS_TAIL_SHARE * mu2)), rtol=1e-9)
+    left = (
+        1.0 - STATS_CENTRE_SHARE - STATS_WHITENING_SHARE - STATS_CLIP_SHARE - STATS_TAIL_SHARE
+    ) * mu2
+    np.testing.assert_allclose(zs[7], np.sqrt(1 / left), rtol=1e-6)
     composed = _gdp_epsilon(float(np.sqrt(np.sum(zs**-2.0))), delta)
     assert report.epsilon == pytest.approx(composed, rel=1e-6)
     assert report.epsilon == pytest.approx(epsilon, rel=1e-6) and report.epsilon <= epsilon
