@@ -33,6 +33,7 @@ import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
 from pymc_dp.auto.oneshot import (
+    CURVATURE_WIDENING_WARN,
     ONESHOT_NEWTON_STEPS,
     NoiseAwareLaplace,
     bonferroni_sds,
@@ -1141,14 +1142,21 @@ def _one_shot(
     # the warm start's iterates from its public start (DP outputs): how far it has been
     path = np.vstack([start, *info.path]) if start is not None else None
     result = noise_aware_laplace(steps[0], steps[1], ~free, path=path)
+    widened = result.curvature_widening > CURVATURE_WIDENING_WARN
     plan.predicted_error = result.predicted_error
     plan.oneshot = result
     plan.draws_mean, plan.draws_cov = result.mean, result.cov
     plan.to_q = coords.to_q if coords.rp is not None else None
-    if free.any() and not free.all():
+    if free.any() and not free.all() and result.converged and not widened:
         # the coordinates no record reads (a recentred hierarchy's loc and log scale): their
         # conditional posterior given the others is their conditional prior, drawn exactly
-        # (data-free); the Gaussian stands only where the data determine the coordinates
+        # (data-free); the Gaussian stands only where the data determine the coordinates.
+        # Not where the result was widened (its steps disagree, or the curvature's noise
+        # dominates its intervals): the group effects' draws are then wider than their
+        # posterior, and their spread, read by the conditional prior, puts the scale too
+        # high (measured: a logistic GLMM on 9 275 real records, 8 groups, epsilon 3 and 1,
+        # the scale 14.7 NUTS sds and 2.05 of its own sds above the NUTS mean; kept as the
+        # Gaussian's, wide and within its sds)
         plan.free_block = FreeBlock(free, coords.prior_logp, result.cov)
     # published in the model's coordinates (delta method for the covariance)
     plan.laplace_mean = coords.to_q(result.mean)

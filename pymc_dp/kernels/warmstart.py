@@ -746,6 +746,14 @@ def private_laplace(
         info.path.append(q.copy())
         # the next iteration's whitening: the data block of this precision (a DP output)
         basis = curv.next_basis()
+    if info.anchor is None:
+        # the steps stopped early (a step that is not finite, or one the prior's support
+        # would not take): the last iterate is the anchor, with its iteration's clip bound
+        # (measured: a 300-record hierarchical model at epsilon 0.5, every histogram noise
+        # only, the bound the grid's smallest, the curvature ~ n b^2 and the third step not
+        # finite; the caller failed on a missing anchor after the releases)
+        info.anchor = q.copy()
+        info.anchor_bound = float(info.clip_bounds[-1]) if info.clip_bounds else float(grid[-1])
     k = max(1, min(average_last, len(iterates)))
     info.mean = np.mean(iterates[-k:], axis=0)
     info.cov = cov
