@@ -109,3 +109,51 @@ def test_sample_accepts_a_step_instance_with_declared_data_free_potentials():
         )
         idata = pymc_dp.sample(step=step, draws=5, tune=0, chains=1, random_seed=1, **SAMPLE)
     assert idata["posterior"]["t"].shape == (1, 5)
+
+
+def test_ordinal_likelihoods_stored_probabilities_are_refused_with_compute_p_named(monkeypatch):
+    """pm.OrderedLogistic adds the Deterministic 'y_probs' (compute_p=True by default): the
+    refusal says where it came from and how not to add it, before anything compiles."""
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("the step compiled before the data-free refusal")
+
+    monkeypatch.setattr(base, "build_record_functions", no_compile)
+    y = np.array([0, 1, 2, 1, 0, 2, 1, 1])
+    with pm.Model() as model:
+        eta = pm.Normal("eta", 0, 1)
+        c = pm.Normal(
+            "c", 0, 5, shape=2, transform=pm.distributions.transforms.ordered, initval=[-1.0, 1.0]
+        )
+        pm.OrderedLogistic("y", eta=eta * np.linspace(-1, 1, y.size), cutpoints=c, observed=y)
+    with model, pytest.raises(pymc_dp.ModelNotSupportedError) as err:
+        pymc_dp.sample(
+            step=pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=5,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+        )
+    assert "'y_probs' depends on the data" in str(err.value)
+    assert "pass compute_p=False to 'y'" in str(err.value)
+
+
+def test_a_users_own_probs_deterministic_gets_no_ordinal_hint():
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 1)
+        pm.Deterministic("resid_probs", X - t)
+        pm.Normal("x", t, 1, observed=X)
+    with model, pytest.raises(pymc_dp.ModelNotSupportedError) as err:
+        pymc_dp.sample(
+            step=pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=5,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+        )
+    assert "'resid_probs' depends on the data" in str(err.value)
+    assert "compute_p" not in str(err.value)
