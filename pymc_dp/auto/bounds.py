@@ -137,6 +137,7 @@ class DerivedBounds:
         from pytensor.graph.traversal import ancestors
 
         from pymc_dp.records.graphs import per_record_graphs
+        from pymc_dp.records.rewrite import UNSAFE_REWRITES
         from pymc_dp.records.store import node_shape
 
         graphs = per_record_graphs(model, vars, initial_point)
@@ -145,14 +146,17 @@ class DerivedBounds:
         # simplified graphs (fewer repeated subexpressions: tighter enclosures); no fusion,
         # whose Composite ops have no gradient and no interval rule
         rewrites = {"include": ("canonicalize", "stabilize", "specialize")}
-        rewrites["exclude"] = ("fusion", "inplace")
+        rewrites["exclude"] = ("fusion", "inplace", *UNSAFE_REWRITES)
         raw = pytensor.grad(graphs.one_record, graphs.x)
         grad = rewrite_graph(raw, **rewrites)
         try:
             hess = pt.stack([pytensor.grad(grad[j], graphs.x) for j in range(self.ndim)])
         except NotImplementedError:  # a specialised op without a gradient: from the raw one
             hess = pt.stack([pytensor.grad(raw[j], graphs.x) for j in range(self.ndim)])
-        self._grad, self._hess = grad, rewrite_graph(hess, **rewrites)
+        # the Hessian as differentiated, not rewritten: on PyTensor 2.38 its rewrites did
+        # not finish in minutes on a negative binomial regression's Hessian (issue 26's
+        # real-data sweep); a looser enclosure, still sound
+        self._grad, self._hess = grad, hess
         self._boxes: dict = {}
         self._splits: dict = {}
         missing: dict[str, list[str]] = {}

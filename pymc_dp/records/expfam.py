@@ -49,6 +49,7 @@ from pymc_dp.records.errors import ModelNotSupportedError
 from pymc_dp.records.graph_facts import count_records
 from pymc_dp.records.graph_facts import data_nodes as _data_nodes
 from pymc_dp.records.graph_facts import observed_data as _observed_data
+from pymc_dp.records.rewrite import UNSAFE_REWRITES
 from pymc_dp.records.rewrite import drop_shape_pins as _drop_shape_pins
 from pymc_dp.records.rewrite import inline_op_from_graph as _inline_op_from_graph
 from pymc_dp.records.store import node_shape as _node_shape
@@ -661,7 +662,9 @@ class ExpFamilyModel:
         g = _drop_shape_pins(
             clone_replace(g, replace=dict(zip(s._x_nodes, xb, strict=True)), rebuild_strict=False)
         )
-        g = rewrite_graph(g, include=("canonicalize",), exclude=("constant_folding",))
+        g = rewrite_graph(
+            g, include=("canonicalize",), exclude=("constant_folding", *UNSAFE_REWRITES)
+        )
         g = _drop_shape_pins(g)
         if g.ndim > 1:
             g = pt.sum(g, axis=tuple(range(1, g.ndim)))

@@ -36,7 +36,7 @@ from pymc_dp.records.clipping import (
 )
 from pymc_dp.records.gathers import unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
-from pymc_dp.records.rewrite import lift_switches
+from pymc_dp.records.rewrite import UNSAFE_REWRITES, lift_switches
 from pymc_dp.records.segment import build_segment_route
 from pymc_dp.records.sorted_segments import build_sorted_route
 
@@ -254,7 +254,8 @@ def build_glm_route(
     gs = pytensor.grad(graphs.one_record, wrt=wrt, disconnected_inputs="ignore")
     blocks = unbatch_gathers(vectorize_graph(list(gs), to_batch))
     blocks = [
-        rewrite_graph(b, include=("canonicalize",), exclude=("constant_folding",)) for b in blocks
+        rewrite_graph(b, include=("canonicalize",), exclude=("constant_folding", *UNSAFE_REWRITES))
+        for b in blocks
     ]
     blocks = [b[:, None] if b.ndim == 1 else b for b in blocks]
     split = [factor_rows(b, x) for b in blocks]

@@ -56,6 +56,7 @@ from pymc_dp.records.clipping import (
 )
 from pymc_dp.records.gathers import gather_parts, lift_gathers, unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
+from pymc_dp.records.rewrite import UNSAFE_REWRITES
 
 __all__ = ["build_segment_route"]
 
@@ -194,7 +195,9 @@ def build_segment_route(graphs: RecordGraphs, compile_kwargs: dict | None = None
     for b in blocks_p:
         f = None
         if b.type.shape[1] not in (None, 1):
-            b = rewrite_graph(b, include=("canonicalize",), exclude=("constant_folding",))
+            b = rewrite_graph(
+                b, include=("canonicalize",), exclude=("constant_folding", *UNSAFE_REWRITES)
+            )
             f = factor_rows(b, x)
         split.append(f)
     sq, row_sq_in, row_sq_out = squared_row_norms(blocks_p, split)

@@ -70,6 +70,7 @@ from pymc_dp.records.backend import compile_function
 from pymc_dp.records.clipping import ClipRoute
 from pymc_dp.records.gathers import unbatch_gathers
 from pymc_dp.records.graphs import RecordGraphs
+from pymc_dp.records.rewrite import UNSAFE_REWRITES
 
 __all__ = ["SortedSegmentSum", "build_sorted_route"]
 
@@ -427,7 +428,9 @@ def build_sorted_route(
     # The per-record gradient (shared entries, then gathered values) as one Composite.
     grads = pytensor.grad(one2, wrt=[*pieces, *g_in], disconnected_inputs="ignore")
     grads = rewrite_graph(
-        list(grads), include=("canonicalize", "stabilize", "specialize"), exclude=("fusion",)
+        list(grads),
+        include=("canonicalize", "stabilize", "specialize"),
+        exclude=("fusion", *UNSAFE_REWRITES),
     )
     used_rows = [r for r in rows if r in set(ancestors(grads))]
     if any(not (r.type.ndim == 0 or _ones(r)) for r in used_rows):
