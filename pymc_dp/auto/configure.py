@@ -1098,8 +1098,8 @@ def _off_centre(
 
 
 def _prior_cov(coords, y: np.ndarray) -> np.ndarray:
-    """The inverse of the prior's curvature at ``y`` (data-free), its eigenvalues floored
-    at 1e-12: the widening of a one-shot result whose releases have not located the mode
+    """The inverse of the prior's curvature at ``y`` (data-free, public), its eigenvalues
+    floored at 1e-12: the widening of a one-shot result whose releases have not located the mode
     (`pymc_dp.auto.oneshot.noise_aware_laplace`)."""
     try:
         p = np.nan_to_num(coords.prior_curvature(y))
@@ -1154,8 +1154,12 @@ def _one_shot(
         y = steps[-1].mean
     # the warm start's iterates from its public start (DP outputs): how far it has been
     path = np.vstack([start, *info.path]) if start is not None else None
+    # the prior's curvature at the public start, not at the result's mean: far out in a
+    # log-transformed scale's tail it goes to 0 (measured: a Gamma GLM's log shape, whose
+    # draws then overflowed)
+    at = start if start is not None else steps[1].mean
     result = noise_aware_laplace(
-        steps[0], steps[1], ~free, path=path, prior_cov=_prior_cov(coords, steps[1].mean)
+        steps[0], steps[1], ~free, path=path, prior_cov=_prior_cov(coords, at)
     )
     widened = result.curvature_widening > CURVATURE_WIDENING_WARN
     plan.predicted_error = result.predicted_error
