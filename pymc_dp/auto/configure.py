@@ -1097,6 +1097,19 @@ def _off_centre(
     return degraded(pred), degraded(best), math.sqrt(delta2)
 
 
+def _prior_cov(coords, y: np.ndarray) -> np.ndarray:
+    """The inverse of the prior's curvature at ``y`` (data-free, public), its eigenvalues
+    floored at 1e-12: the widening of a one-shot result whose releases have not located the mode
+    (`pymc_dp.auto.oneshot.noise_aware_laplace`)."""
+    try:
+        p = np.nan_to_num(coords.prior_curvature(y))
+        w, v = np.linalg.eigh(0.5 * (p + p.T))
+    except np.linalg.LinAlgError:
+        return np.eye(y.size) * 1e12
+    w = np.maximum(w, 1e-12)
+    return (v / w) @ v.T
+
+
 def _one_shot(
     plan,
     fns,
@@ -1141,7 +1154,13 @@ def _one_shot(
         y = steps[-1].mean
     # the warm start's iterates from its public start (DP outputs): how far it has been
     path = np.vstack([start, *info.path]) if start is not None else None
-    result = noise_aware_laplace(steps[0], steps[1], ~free, path=path)
+    # the prior's curvature at the public start, not at the result's mean: far out in a
+    # log-transformed scale's tail it goes to 0 (measured: a Gamma GLM's log shape, whose
+    # draws then overflowed)
+    at = start if start is not None else steps[1].mean
+    result = noise_aware_laplace(
+        steps[0], steps[1], ~free, path=path, prior_cov=_prior_cov(coords, at)
+    )
     widened = result.curvature_widening > CURVATURE_WIDENING_WARN
     plan.predicted_error = result.predicted_error
     plan.oneshot = result

@@ -284,3 +284,39 @@ def test_growing_schedule_shares_and_per_iteration_multipliers():
             hist_noise_multiplier=1.0, newton_steps=2, rng=np.random.default_rng(0),
         )  # fmt: skip
     assert not calls
+
+
+def test_secant_ratio_is_the_hessian_over_the_curvature_along_the_step():
+    """On a quadratic log posterior (Hessian ``H``) with a curvature ``P = 50 H + E``: the
+    noise-free ratio is ``s^T H s / s^T P s`` to rounding; with the released gradients'
+    noise (``N(0, sd^2 B B^T)`` each, two whitenings) the ratios of 4000 draws average it
+    (5 Monte Carlo sds) and their sd is the one returned (within 5 %)."""
+    from pymc_dp.kernels.warmstart import secant_ratio
+
+    rng = np.random.default_rng(21)
+    d = 4
+    a = rng.normal(size=(d, d))
+    hess = a @ a.T + d * np.eye(d)
+    e = rng.normal(size=(d, d))
+    prec = 50.0 * hess + e @ e.T
+    mode = rng.normal(size=d)
+    y0 = mode + rng.normal(size=d) * 3.0
+    step = np.linalg.solve(prec, -hess @ (y0 - mode))
+    g0, g1 = -hess @ (y0 - mode), -hess @ (y0 + step - mode)
+    want = float(step @ hess @ step) / float(step @ prec @ step)
+    b0, b1 = np.linalg.cholesky(prec), np.linalg.cholesky(hess)
+    sds = (0.05, 0.08)
+    rho, rho_sd = secant_ratio(step, g0, g1, prec, (0.0, 0.0), (b0, b1))
+    assert rho == pytest.approx(want, rel=1e-10) and rho_sd == 0.0
+    assert want == pytest.approx(0.02, rel=0.1)
+    k = 4000
+    got = np.array([
+        secant_ratio(
+            step, g0 + b0 @ rng.normal(size=d) * sds[0], g1 + b1 @ rng.normal(size=d) * sds[1],
+            prec, sds, (b0, b1),
+        )
+        for _ in range(k)
+    ])  # fmt: skip
+    assert np.allclose(got[:, 1], got[0, 1])
+    assert abs(got[:, 0].mean() - want) < 5 * got[0, 1] / np.sqrt(k)
+    assert got[:, 0].std() == pytest.approx(got[0, 1], rel=0.05)
