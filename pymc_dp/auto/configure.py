@@ -235,8 +235,9 @@ class AutoPlan:
     #: ``warm_start_only``: the DP quantile of the per-record gradient norms in the model's
     #: coordinates at the warm start's mean (the clip bound of a configured step class)
     gradient_clip: float = float("nan")
-    #: the one-shot result's parameters that came out at least as wide as their prior and
-    #: fell back to it (`pymc_dp.auto.oneshot.prior_cap`; names, from DP outputs)
+    #: the one-shot result's parameters that came out wider than their prior (about the
+    #: result's mean) and were capped there (`pymc_dp.auto.oneshot.prior_cap`; names, a
+    #: function of DP outputs)
     prior_wide: list[str] = field(default_factory=list)
     #: the one-shot result was not finite and the draws are the prior's (in words)
     oneshot_fallback: str = ""

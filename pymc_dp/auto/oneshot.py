@@ -27,6 +27,10 @@ the last gradients) with the noise-aware output of Bernstein & Sheldon (2018, Se
 posterior given the *released* statistic, whose noise adds to the sampling variance) in its
 Gaussian approximation. Draws are independent
 (`pymc_dp.step_methods.laplace.DPLaplaceDraws`); the run reads no data after the releases.
+Every Newton step is held within a data-free trust region (`trust_region`: a few prior sds
+a coordinate), the part cut off widening the result, and the result's variances are capped
+by the prior's spread about its mean (`prior_cap`, the law of total variance): a release far
+in its noise's tail gives a wide answer, never a NaN or a 1e27-wide one.
 Where some coordinates are read by no record (a recentred hierarchy's loc and log scale),
 the draws take them from their exact conditional prior given the others
 (`pymc_dp.step_methods.laplace.FreeBlock`): the Gaussian stands only where the data
