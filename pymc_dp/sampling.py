@@ -20,7 +20,7 @@ import pymc as pm
 import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
-from pymc_dp.auto.oneshot import CURVATURE_WIDENING_WARN
+from pymc_dp.auto.oneshot import CURVATURE_WIDENING_WARN, TRUST_PRIOR_SDS
 from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
 from pymc_dp.records import (
     ModelNotSupportedError,
@@ -490,10 +490,16 @@ def _run(run: _Request, step, presample=None):
         # independent draws always mix; the one-shot strategy's own check failed
         attrs["dp_converged"] = 0
         attrs["dp_convergence"] = (
-            "NOT CONVERGED (the one-shot approximation's last two Newton steps disagree "
+            "NOT CONVERGED (the one-shot approximation's Newton steps were cut by their "
+            "trust region, a few prior sds; its intervals were widened)"
+            if attrs.get("dp_oneshot_trust_cut")
+            else "NOT CONVERGED (the one-shot approximation's last two Newton steps disagree "
             f"beyond their noise: chi-square {attrs['dp_oneshot_step_chi2']:.4g}; its "
             "intervals were widened)"
         )
+    if attrs.get("dp_oneshot_fallback"):
+        attrs["dp_converged"] = 0
+        attrs["dp_convergence"] = f"NOT USABLE ({attrs['dp_oneshot_fallback']})"
     idata.attrs.update(attrs)
     idata["posterior"].attrs.update(attrs)
     privacy_report(idata, delta, model=model)
@@ -580,9 +586,34 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 NoiseDominatedWarning,
                 stacklevel=3,
             )
-        if check is not None and not check.converged:
+        if plan.oneshot_fallback:
             warnings.warn(
-                "the one-shot private Laplace approximation had not converged: its last two "
+                f"NOT USABLE: {plan.oneshot_fallback}. A larger epsilon, more records, or "
+                "auto_kwargs={'method': 'chain'} would help",
+                OneShotWarning,
+                stacklevel=3,
+            )
+        elif plan.prior_wide:
+            warnings.warn(
+                "the data could not be told from the noise for "
+                f"{', '.join(plan.prior_wide)}: the one-shot result came out wider than "
+                "the prior there (in expectation a posterior is no wider than its prior), so "
+                "those parameters' draws are prior-wide (the prior's spread about the "
+                "result's mean, in the approximation's coordinates; attribute "
+                "dp_oneshot_prior_wide); a larger epsilon or more records would help",
+                NoiseDominatedWarning,
+                stacklevel=3,
+            )
+        if check is not None and not check.converged:
+            cut = (
+                "a Newton step would have moved a parameter by more than "
+                f"{TRUST_PRIOR_SDS:g} prior sds and was cut (the rest widens the intervals); "
+                if check.cut
+                else ""
+            )
+            warnings.warn(
+                "the one-shot private Laplace approximation had not converged: "
+                f"{cut}its last two "
                 f"Newton steps disagree by {check.step_chi2:.4g} on the chi-square scale of "
                 "their release noise (at most "
                 f"{scipy.stats.chi2.ppf(0.99, plan.d):.3g} where the warm start has "

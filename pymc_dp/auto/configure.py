@@ -35,11 +35,14 @@ from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_e
 from pymc_dp.auto.oneshot import (
     CURVATURE_WIDENING_WARN,
     ONESHOT_NEWTON_STEPS,
+    TRUST_LOG_SCALE,
+    TRUST_PRIOR_SDS,
     NoiseAwareLaplace,
     bonferroni_sds,
     choose_method,
     newton_step,
     noise_aware_laplace,
+    prior_cap,
     release_gradient_sum,
 )
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
@@ -232,6 +235,12 @@ class AutoPlan:
     #: ``warm_start_only``: the DP quantile of the per-record gradient norms in the model's
     #: coordinates at the warm start's mean (the clip bound of a configured step class)
     gradient_clip: float = float("nan")
+    #: the one-shot result's parameters that came out wider than their prior (about the
+    #: result's mean) and were capped there (`pymc_dp.auto.oneshot.prior_cap`; names, a
+    #: function of DP outputs)
+    prior_wide: list[str] = field(default_factory=list)
+    #: the one-shot result was not finite and the draws are the prior's (in words)
+    oneshot_fallback: str = ""
 
     def spent_before_sampling(self) -> PresampleSpend:
         """Every pre-sampling release, made in full (the plan is complete)."""
@@ -258,6 +267,11 @@ class AutoPlan:
             out["dp_oneshot_step_chi2"] = self.oneshot.step_chi2
             out["dp_oneshot_converged"] = int(self.oneshot.converged)
             out["dp_oneshot_curvature_widening"] = float(self.oneshot.curvature_widening)
+            # DP outputs: which parameters the data could not tell from the noise
+            out["dp_oneshot_prior_wide"] = ", ".join(self.prior_wide)
+            out["dp_oneshot_trust_cut"] = int(self.oneshot.cut)
+            if self.oneshot_fallback:
+                out["dp_oneshot_fallback"] = self.oneshot_fallback
         if self.method in ("laplace", "stats"):
             out["dp_predicted_error"] = float(self.predicted_error)
         if self.recentred:
@@ -456,9 +470,31 @@ class _Coordinates:
     chains and the records' functions in ``q``. Data-free.
     """
 
-    def __init__(self, fns, rp, spend: PresampleSpend | None = None) -> None:
+    def __init__(
+        self, fns, rp, spend: PresampleSpend | None = None, model=None, vars=None, point=None
+    ) -> None:
         self.fns, self.rp = fns, rp
         self.spend = PresampleSpend() if spend is None else spend
+        self.model, self.vars, self.point = model, vars, point
+        self._prior_in_y: PriorInY | None = None
+
+    def prior(self) -> PriorInY | None:
+        """The prior's moments in ``y`` (`prior_in_y`, cached; None without the model)."""
+        if self._prior_in_y is None and self.model is not None:
+            to_y = None if self.rp is None else self.to_y
+            self._prior_in_y = prior_in_y(self.model, self.vars, self.point, to_y)
+        return self._prior_in_y
+
+    def max_move(self) -> np.ndarray | None:
+        """The one-shot steps' trust region in ``y`` (`pymc_dp.auto.oneshot.trust_region`):
+        `TRUST_PRIOR_SDS` prior sds a coordinate, at most `TRUST_LOG_SCALE` for a log
+        scale; ``inf`` where the prior gives no scale. Data-free."""
+        prior = self.prior()
+        if prior is None:
+            return None
+        move = TRUST_PRIOR_SDS * prior.scale
+        move = np.where(np.isfinite(move) & (move > 0), move, np.inf)
+        return np.where(prior.log_scale, np.minimum(move, TRUST_LOG_SCALE), move)
 
     def to_q(self, y: np.ndarray) -> np.ndarray:
         return y if self.rp is None else self.rp.inverse(y)
@@ -527,6 +563,99 @@ class _Coordinates:
             return cov
         jinv = np.linalg.inv(self.rp.jacobian(self.to_q(y)))
         return jinv @ cov @ jinv.T
+
+
+#: Draws of the prior behind `prior_in_y` (data-free; a fixed public seed): the Monte Carlo
+#: error of a variance from 4 000 draws of a Gaussian is 2 %.
+PRIOR_DRAWS = 4000
+PRIOR_SEED = 20261127
+
+
+@dataclass
+class PriorInY:
+    """The prior's moments in the approximation's coordinates ``y`` (data-free)."""
+
+    mean: np.ndarray
+    #: the prior variance of each coordinate (``inf`` where it has none that can be
+    #: estimated: an improper prior, draws that are not finite)
+    var: np.ndarray
+    #: a robust scale (half the 16-84 % range) for the trust region (``inf`` as above)
+    scale: np.ndarray
+    #: the coordinates that are a positive parameter's log
+    log_scale: np.ndarray
+    #: a name per coordinate (``"zb[3]"``; the recentred slot keeps its value's name)
+    names: list[str]
+
+
+def _flat_names(vars, point) -> list[str]:
+    names = []
+    for v in vars:
+        size = int(np.size(point[v.name]))
+        base = v.name
+        for suffix in ("_log__", "_logodds__", "_interval__", "_simplex__", "_ordered__"):
+            if base.endswith(suffix):
+                base = base[: -len(suffix)]
+        names += (
+            [base]
+            if size == 1 and np.ndim(point[v.name]) == 0
+            else [f"{base}[{i}]" for i in range(size)]
+        )
+    return names
+
+
+def prior_in_y(model: pm.Model, vars, point, to_y, draws: int = PRIOR_DRAWS) -> PriorInY:
+    """Mean, variance and a robust scale of the prior in ``y`` by forward draws (data-free).
+
+    The free variables are drawn jointly from their prior (``pm.draw``, a fixed public seed)
+    and put in the model's transformed coordinates ``q`` by their transforms, then mapped to
+    ``y`` (`pymc_dp.auto.recentre`). The prior reads no data. Where the prior cannot be
+    drawn (a ``Flat`` prior) or its draws are not finite, the coordinates get no moments
+    (``inf``): no trust region from the prior there, no cap. ``to_y`` ``None``: ``y = q``
+    (then a variable that cannot be drawn leaves the others their moments; with a
+    recentring the joint draws are needed, and none of them gets any).
+    """
+    names = _flat_names(vars, point)
+    d = len(names)
+    sizes = [int(np.size(point[v.name])) for v in vars]
+    log_scale = np.concatenate(
+        [np.full(k, v.name.endswith("_log__")) for v, k in zip(vars, sizes, strict=True)]
+    ).astype(bool)
+    inf = np.full(d, np.inf)
+
+    def draw(vs) -> list[np.ndarray]:
+        outs = []
+        for v in vs:
+            rv = model.values_to_rvs[v]
+            tr = model.rvs_to_transforms.get(rv)
+            outs.append(rv if tr is None else tr.forward(rv, *rv.owner.inputs))
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            vals = pm.draw(outs, draws=draws, random_seed=PRIOR_SEED)
+        vals = vals if isinstance(vals, list | tuple) else [vals]
+        return [np.reshape(np.asarray(x, dtype=float), (draws, -1)) for x in vals]
+
+    try:
+        qs = np.concatenate(draw(vars), axis=1)
+    except Exception:  # noqa: BLE001 (a prior that cannot be drawn, e.g. a Flat one)
+        if to_y is not None:  # the recentred coordinates need the joint draws
+            return PriorInY(np.zeros(d), inf, inf, log_scale, names)
+        # each variable alone: its marginal moments, the others' where they can be drawn
+        cols = []
+        for v, k in zip(vars, sizes, strict=True):
+            try:
+                cols.append(draw([v])[0])
+            except Exception:  # noqa: BLE001
+                cols.append(np.full((draws, k), np.nan))
+        qs = np.concatenate(cols, axis=1)
+    with np.errstate(all="ignore"):
+        ys = np.array([to_y(q) for q in qs]) if to_y is not None else qs
+    ok = np.all(np.isfinite(ys), axis=0)
+    ys = np.where(np.isfinite(ys), ys, 0.0)
+    lo, hi = np.quantile(ys, [0.16, 0.84], axis=0)
+    mean = np.where(ok, np.mean(ys, axis=0), 0.0)
+    var = np.where(ok, np.var(ys, axis=0), np.inf)
+    scale = np.where(ok, 0.5 * (hi - lo), np.inf)
+    return PriorInY(mean, var, scale, log_scale, names)
 
 
 def _unravel(point_info, q: np.ndarray) -> dict:
@@ -701,7 +830,9 @@ def auto_configure(
     plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method=method)
     spend = PresampleSpend() if spend is None else spend
     spend.phases = plan.phases  # the same list: the phases as they are planned
-    coords = _Coordinates(fns, Recentring(model, blocks, vars, ip) if blocks else None, spend)
+    coords = _Coordinates(
+        fns, Recentring(model, blocks, vars, ip) if blocks else None, spend, model, vars, ip
+    )
     plan.recentred = [b.describe() for b in blocks]
     plan.clip_sources = sources
     grad_derived = sources.get("warm-start gradient clip") == "data_bounds"
@@ -1056,6 +1187,7 @@ def _newton_step_at(y, released, b, z, coords, info, free):
         prior_precision_floor=floor,
         curvature_entry_std=info.curvature_entry_std,
         curvature_basis=info.curvature_basis,
+        max_move=coords.max_move(),
     )
 
 
@@ -1159,13 +1291,20 @@ def _one_shot(
     # draws then overflowed)
     at = start if start is not None else steps[1].mean
     result = noise_aware_laplace(
-        steps[0], steps[1], ~free, path=path, prior_cov=_prior_cov(coords, at)
+        steps[0],
+        steps[1],
+        ~free,
+        path=path,
+        prior_cov=_prior_cov(coords, at),
+        max_move=coords.max_move(),
     )
     widened = result.curvature_widening > CURVATURE_WIDENING_WARN
     plan.predicted_error = result.predicted_error
     plan.oneshot = result
-    plan.draws_mean, plan.draws_cov = result.mean, result.cov
+    plan.draws_mean, plan.draws_cov = _bounded_by_prior(plan, coords, result, info)
     plan.to_q = coords.to_q if coords.rp is not None else None
+    if plan.oneshot_fallback or plan.prior_wide:
+        widened = True  # no conditional-prior draws from a Gaussian that fell back
     if free.any() and not free.all() and result.converged and not widened:
         # the coordinates no record reads (a recentred hierarchy's loc and log scale): their
         # conditional posterior given the others is their conditional prior, drawn exactly
@@ -1178,8 +1317,8 @@ def _one_shot(
         # Gaussian's, wide and within its sds)
         plan.free_block = FreeBlock(free, coords.prior_logp, result.cov)
     # published in the model's coordinates (delta method for the covariance)
-    plan.laplace_mean = coords.to_q(result.mean)
-    plan.laplace_cov = coords.cov_in_q(result.mean, result.cov)
+    plan.laplace_mean = coords.to_q(plan.draws_mean)
+    plan.laplace_cov = coords.cov_in_q(plan.draws_mean, plan.draws_cov)
     plan.draws_requested, plan.tune_requested = draws, tune
     # (the compute bound ``max_iterations`` caps the draws the user did not fix)
     default = max(1, min(ONESHOT_DRAWS, max_iterations // plan.chains))
@@ -1190,6 +1329,70 @@ def _one_shot(
         "(nothing to adapt)" + ("" if not tune else f", tune={tune} not run and not charged")
     )
     return plan
+
+
+#: Draws `_bounded_by_prior` maps to ``q`` to check the result is finite there (data-free).
+FINITE_CHECK_DRAWS = 200
+
+
+def _finite_gaussian(mean: np.ndarray, cov: np.ndarray, to_q, rng: np.random.Generator) -> bool:
+    """Whether ``N(mean, cov)`` can be drawn and its draws (and mean) map to finite ``q``."""
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(cov))):
+        return False
+    try:
+        chol = np.linalg.cholesky(0.5 * (cov + cov.T))
+    except np.linalg.LinAlgError:
+        return False
+    with np.errstate(all="ignore"):
+        ys = mean + rng.normal(size=(FINITE_CHECK_DRAWS, mean.size)) @ chol.T
+        return all(np.all(np.isfinite(to_q(y))) for y in (mean, *ys))
+
+
+def _bounded_by_prior(plan, coords, result, info) -> tuple[np.ndarray, np.ndarray]:
+    """The one-shot result's Gaussian in ``y``, bounded by the prior (post-processing).
+
+    Marginal variances above the prior's fall back to the prior's marginal
+    (`pymc_dp.auto.oneshot.prior_cap`; the parameters named in ``plan.prior_wide``). Where
+    the result is still not finite anywhere (a mean, a covariance, or draws that map to a
+    non-finite ``q``), the whole Gaussian falls back to the prior's moments (the warm
+    start's mean and covariance where the prior has none), said in
+    ``plan.oneshot_fallback``: never a NaN or infinite draw.
+    """
+    prior = coords.prior()
+    mean, cov = np.asarray(result.mean, float), np.asarray(result.cov, float)
+    if prior is not None:
+        cap = prior_cap(mean, cov, prior.mean, prior.var)
+        mean, cov = cap.mean, cap.cov
+        names = [prior.names[j] for j in np.flatnonzero(cap.capped)]
+        plan.prior_wide = _group_names(names)
+    # a public seed: the check reads no data and draws nothing that is published
+    check_rng = np.random.default_rng(PRIOR_SEED)
+    if _finite_gaussian(mean, cov, coords.to_q, check_rng):
+        return mean, cov
+    fb_mean = np.asarray(info.mean, float).copy()
+    fb_var = np.diag(np.asarray(info.cov, float)).copy()
+    if prior is not None:
+        proper = np.isfinite(prior.var) & (prior.var > 0)
+        fb_mean[proper], fb_var[proper] = prior.mean[proper], prior.var[proper]
+    fb_mean = np.nan_to_num(fb_mean, nan=0.0, posinf=0.0, neginf=0.0)
+    fb_var = np.where(np.isfinite(fb_var) & (fb_var > 0), fb_var, 1.0)
+    plan.oneshot_fallback = (
+        "the one-shot result was not finite (its Newton steps left the region where the "
+        "model's coordinates are finite); the draws are the prior's marginals (mean and "
+        "variance, independent): prior-wide, nothing learnt from the data"
+    )
+    if prior is not None:
+        plan.prior_wide = _group_names(prior.names)
+    return fb_mean, np.diag(fb_var)
+
+
+def _group_names(names: list[str]) -> list[str]:
+    """``["zb[0]", "zb[1]", "sigma"]`` as ``["zb (2 of its entries)", "sigma"]``."""
+    out: dict[str, int] = {}
+    for nm in names:
+        base = nm.split("[")[0]
+        out[base] = out.get(base, 0) + 1
+    return [b if k == 1 and b in names else f"{b} ({k} entries)" for b, k in out.items()]
 
 
 class RunLengthWarning(ConvergenceWarning):

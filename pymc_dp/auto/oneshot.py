@@ -27,6 +27,10 @@ the last gradients) with the noise-aware output of Bernstein & Sheldon (2018, Se
 posterior given the *released* statistic, whose noise adds to the sampling variance) in its
 Gaussian approximation. Draws are independent
 (`pymc_dp.step_methods.laplace.DPLaplaceDraws`); the run reads no data after the releases.
+Every Newton step is held within a data-free trust region (`trust_region`: a few prior sds
+a coordinate), the part cut off widening the result, and the result's variances are capped
+by the prior's spread about its mean (`prior_cap`, the law of total variance): a release far
+in its noise's tail gives a wide answer, never a NaN or a 1e27-wide one.
 Where some coordinates are read by no record (a recentred hierarchy's loc and log scale),
 the draws take them from their exact conditional prior given the others
 (`pymc_dp.step_methods.laplace.FreeBlock`): the Gaussian stands only where the data
@@ -55,7 +59,12 @@ __all__ = [
     "CURVATURE_WIDENING_WARN",
     "NewtonStep",
     "NoiseAwareLaplace",
+    "PriorCap",
+    "TRUST_PRIOR_SDS",
+    "TRUST_LOG_SCALE",
     "newton_step",
+    "prior_cap",
+    "trust_region",
     "bonferroni_sds",
     "choose_method",
     "curvature_step_cov",
@@ -75,6 +84,17 @@ CONTRACTION_UPPER_SDS = 2.0
 #: `NoiseAwareLaplace.curvature_widening` above which the result warns that the released
 #: curvature's noise dominates its intervals (`pymc_dp.NoiseDominatedWarning`).
 CURVATURE_WIDENING_WARN = 2.0
+
+#: Trust region of every one-shot Newton step (`trust_region`): no coordinate of ``y`` moves
+#: further than this many of its prior sds in one step (data-free). Measured (docs/auto.md,
+#: "Eleventh session"): a varying-slopes model on 4 360 real records whose first step moved
+#: ``log tau_b`` by -3.5e6 (a NaN result), a negative binomial whose ``alpha`` came out with
+#: moments of 1e21.
+TRUST_PRIOR_SDS = 3.0
+
+#: The most a log-scale coordinate (a positive parameter's log transform) moves in one step,
+#: whatever its prior: ``log(1e3)``.
+TRUST_LOG_SCALE = float(np.log(1e3))
 
 
 def choose_method(
@@ -129,6 +149,9 @@ class NewtonStep:
     #: the released curvature's error's effect on ``mean`` (first order; `curvature_step_cov`;
     #: zeros where the curvature's error was not given)
     curvature_cov: np.ndarray
+    #: the part of the step the trust region held back (`trust_region`; zeros where none):
+    #: doubt, which the result's covariance covers
+    cut: np.ndarray | None = None
 
 
 @dataclass
@@ -153,6 +176,98 @@ class NoiseAwareLaplace:
     #: than the released curvature ``P`` alone (``max_j sqrt((P_c^-1)_jj / (P^-1)_jj)``):
     #: above `CURVATURE_WIDENING_WARN` the curvature's noise dominates the intervals
     curvature_widening: float = 1.0
+    #: whether the trust region (`trust_region`) cut a step or the extrapolation: the warm
+    #: start had not converged (``converged`` is then false), the cut part widens ``cov``
+    cut: bool = False
+
+
+def trust_region(step: np.ndarray, max_move: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """A step shortened as a whole so that no coordinate moves further than ``max_move``.
+
+    Returns ``(taken, cut)`` with ``taken + cut`` the step: ``taken = step / r``, ``r =
+    max(1, max_j |step_j| / max_move_j)`` (the direction kept). ``max_move`` comes from the
+    prior (`TRUST_PRIOR_SDS` prior sds, `TRUST_LOG_SCALE` for a log scale: data-free);
+    ``inf`` where there is no bound (an improper prior). A step that is not finite is not
+    taken; its cut is then ``max_move`` (``0`` where that is unbounded): the doubt of a
+    step that could have gone anywhere within the region. Post-processing of released
+    values.
+    """
+    step = np.asarray(step, dtype=float)
+    if max_move is None:
+        return step, np.zeros_like(step)
+    bound = np.broadcast_to(np.asarray(max_move, dtype=float), step.shape)
+    if not np.all(np.isfinite(step)):
+        return np.zeros_like(step), np.where(np.isfinite(bound), bound, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over = np.where(np.isfinite(bound), np.abs(step) / bound, 0.0)
+    r = float(np.max(over, initial=0.0))
+    if not r > 1.0:
+        return step, np.zeros_like(step)
+    taken = step / r
+    return taken, step - taken
+
+
+@dataclass
+class PriorCap:
+    """The one-shot result bounded by the prior's variance (`prior_cap`; coordinates ``y``)."""
+
+    mean: np.ndarray
+    cov: np.ndarray
+    #: the coordinates that came out wider than their prior (about the result's mean): their
+    #: variance is the prior's mean square about the mean (the data could not be told from
+    #: the noise there)
+    capped: np.ndarray
+
+
+def prior_cap(
+    mean: np.ndarray, cov: np.ndarray, prior_mean: np.ndarray, prior_var: np.ndarray
+) -> PriorCap:
+    """Bound a Gaussian result's marginal variances by the prior's spread (data-free).
+
+    By the law of total variance, ``Var(theta) = E[Var(theta | D)] + Var(E[theta | D])``: in
+    expectation over the data the posterior variance of every function of the parameters
+    is at most its prior variance. A noise-aware result wider than that in a coordinate has
+    learnt nothing there that can be told from the release noise: its variance falls back
+    to the prior's mean square about the result's mean, ``prior_var + (mean -
+    prior_mean)^2`` (the prior's spread, measured from where the result is), whenever it
+    exceeds it, the mean kept. Keeping the mean and the prior's spread about it covers the
+    truth both where the result's mean is noise and the truth is where the prior puts it
+    (within one sd) and where the prior is far from the data (a coefficient 3.3 prior sds
+    out: measured on a logistic GLMM, 9 275 real records, at epsilon 1, where the prior's
+    own mean and variance put it 3.2 sds off). The covariance is rescaled, ``D S D`` with
+    ``D_jj`` the ratio of the sds there (``1`` elsewhere): positive semi-definite, the
+    correlations kept. Coordinates with a non-finite ``prior_var`` (an improper or
+    heavy-tailed prior) are not capped. A coordinate whose mean or variance is not finite
+    gets the prior's mean and variance, its covariances with the others set to 0.
+    Post-processing.
+
+    The bound holds in every coordinate system; it is applied in the approximation's
+    coordinates ``y``, where the draws are Gaussian: a log scale's variance bounded there
+    bounds the draws of the scale itself (a log-normal of the prior's log-variance, not of
+    a variance of 1e12).
+    """
+    mean = np.array(mean, dtype=float)
+    cov = np.array(cov, dtype=float)
+    prior_mean = np.asarray(prior_mean, dtype=float)
+    prior_var = np.asarray(prior_var, dtype=float)
+    proper = np.isfinite(prior_var) & np.isfinite(prior_mean) & (prior_var > 0)
+    diag = np.diag(cov).copy()
+    bad = ~(np.isfinite(mean) & np.all(np.isfinite(cov), axis=1) & np.isfinite(diag))
+    bad &= proper
+    mean[bad] = prior_mean[bad]
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound = np.where(proper, prior_var + (mean - prior_mean) ** 2, np.inf)
+    capped = proper & (bad | ~(diag <= bound))
+    if not capped.any():
+        return PriorCap(mean, cov, capped)
+    cov[bad, :] = 0.0
+    cov[:, bad] = 0.0
+    diag = np.where(bad, 1.0, diag)
+    cov[np.diag_indices_from(cov)] = diag
+    scale = np.ones_like(diag)
+    scale[capped] = np.sqrt(bound[capped] / diag[capped])
+    cov = scale[:, None] * cov * scale[None, :]
+    return PriorCap(mean, 0.5 * (cov + cov.T), capped)
 
 
 def release_gradient_sum(
@@ -190,6 +305,7 @@ def newton_step(
     prior_precision_floor: float,
     curvature_entry_std: np.ndarray | None = None,
     curvature_basis: np.ndarray | None = None,
+    max_move: np.ndarray | None = None,
 ) -> NewtonStep:
     """One Newton step with a released gradient, and the effect of its noise (post-processing).
 
@@ -227,10 +343,15 @@ def newton_step(
         of its release (`pymc_dp.kernels.warmstart.LaplaceInfo.curvature_entry_std`): with
         them, the step's error from the curvature's (`curvature_step_cov`) is in
         ``curvature_cov``.
+    max_move : array (d,), optional
+        The trust region (`trust_region`, data-free): the step is shortened as a whole so
+        that no coordinate moves further; the part held back is ``cut``.
     """
     p = 0.5 * (precision + precision.T)
     cov_p = np.linalg.inv(p)
-    step = cov_p @ (basis @ released_grad + prior_grad)
+    with np.errstate(all="ignore"):
+        full = cov_p @ (basis @ released_grad + prior_grad)
+    step, cut = trust_region(full, max_move)
     pc = p - np.asarray(damping, dtype=float)
     w, v = np.linalg.eigh(0.5 * (pc + pc.T))
     w = np.maximum(w, max(prior_precision_floor, 1e-12 * float(np.max(np.abs(w)))))
@@ -238,7 +359,9 @@ def newton_step(
     curv = np.zeros_like(p)
     if curvature_entry_std is not None and curvature_basis is not None:
         curv = curvature_step_cov(step, cov_p, curvature_basis, curvature_entry_std)
-    return NewtonStep(anchor + step, step, noise_std**2 * (k @ k.T), (v / w) @ v.T, p, curv)
+    return NewtonStep(
+        anchor + step, step, noise_std**2 * (k @ k.T), (v / w) @ v.T, p, curv, cut=cut
+    )
 
 
 def curvature_step_cov(
@@ -274,6 +397,7 @@ def noise_aware_laplace(
     data: np.ndarray,
     path: np.ndarray | None = None,
     prior_cov: np.ndarray | None = None,
+    max_move: np.ndarray | None = None,
 ) -> NoiseAwareLaplace:
     """Combine two Newton steps, the second from where the first ended (module docstring).
 
@@ -313,6 +437,12 @@ def noise_aware_laplace(
     posterior sds off after ten steps, the result 57 of its own sds off). ``prior_cov``
     (data-free: the inverse of the prior's curvature at the mean) is then added: the
     releases have not located the mode, and the result says so.
+
+    ``max_move`` (optional, the trust region of the steps, `trust_region`): the
+    extrapolation moves no coordinate further than that. What the trust region held back, of
+    either step or of the extrapolation, is doubt (the mode may lie where the cut step
+    pointed): the covariance is widened along it as along the steps, and a cut first step
+    counts as a warm start that had not converged.
     """
     n1, n2 = first.noise_cov, second.noise_cov
     diff = second.mean - first.mean
@@ -327,7 +457,10 @@ def noise_aware_laplace(
     c1, c2 = first.curvature_cov, second.curvature_cov
     # the first step on the chi-square scale of its own release's noise: within it, the
     # anchor was at the mode as far as the last releases can tell
-    moving = float(first.step @ np.linalg.pinv(n1, hermitian=True) @ first.step) > limit
+    cuts = [c for c in (first.cut, second.cut) if c is not None and np.any(c != 0.0)]
+    moving = bool(cuts) or (
+        float(first.step @ np.linalg.pinv(n1, hermitian=True) @ first.step) > limit
+    )
     if chi2 <= limit or not moving:
         mean = first.mean + n1 @ joint @ diff
         w2 = n1 @ joint
@@ -361,7 +494,10 @@ def noise_aware_laplace(
         )
         a_hi = a + CONTRACTION_UPPER_SDS * a_sd
         a = min(max(a, -3.0), 0.75)
-        mean, noise = second.mean + a / (1.0 - a) * diff, n2 + 2.0 * (c1 + c2)
+        jump, cut = trust_region(a / (1.0 - a) * diff, max_move)
+        if np.any(cut != 0.0):
+            cuts.append(cut)
+        mean, noise = second.mean + jump, n2 + 2.0 * (c1 + c2)
         # the rest of the series of steps, and the first step itself: how far from the
         # mode the warm start had left the anchor (its ratio r is itself a noisy estimate)
         doubt[0] = diff / (1.0 - r) if r < 0.9 else 10.0 * diff
@@ -376,6 +512,8 @@ def noise_aware_laplace(
             path = np.asarray(path, dtype=float).reshape(-1, diff.size)
             where = path if r >= 0.9 else path[-4:]
             doubt = np.vstack([doubt, where - mean])
+    if cuts:  # where the trust region held a step back, the mode may lie along the rest
+        doubt = np.vstack([doubt, *cuts])
     noise = 0.5 * (noise + noise.T)
     # the doubt along the steps, and as much on every coordinate alone: the error of an
     # unconverged warm start need not lie along the steps (measured: a linear regression's
@@ -389,5 +527,13 @@ def noise_aware_laplace(
         widening = np.sqrt(np.diag(second.cov_c) / released)
     widening = float(np.max(np.where(np.isfinite(widening), widening, np.inf)))
     return NoiseAwareLaplace(
-        mean, 0.5 * (cov + cov.T), noise, err, chi2, bool(chi2 <= limit), r, widening
+        mean,
+        0.5 * (cov + cov.T),
+        noise,
+        err,
+        chi2,
+        bool(chi2 <= limit) and not cuts,
+        r,
+        widening,
+        bool(cuts),
     )

@@ -1,0 +1,247 @@
+"""The one-shot strategy bounded (issue 26, eleventh session): a data-free trust region on
+its Newton steps, its result's variances capped by the prior's, never a non-finite draw."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+
+import pymc_dp
+from pymc_dp.auto.configure import AutoPlan, _bounded_by_prior, _Coordinates, prior_in_y
+from pymc_dp.auto.oneshot import (
+    NoiseAwareLaplace,
+    newton_step,
+    noise_aware_laplace,
+    prior_cap,
+    trust_region,
+)
+from pymc_dp.records import build_record_functions
+
+
+# -- the trust region ----------------------------------------------------------------------
+def test_trust_region_shortens_the_step_as_a_whole():
+    """No coordinate moves further than its bound; the direction is kept; taken + cut is the
+    step; a step within the region, or no region, is taken whole; a non-finite step is not
+    taken and its cut is the region (0 where unbounded)."""
+    step = np.array([3.5e6, -2.0, 0.5])
+    bound = np.array([3.0, 3.0, np.inf])
+    taken, cut = trust_region(step, bound)
+    assert np.all(np.abs(taken) <= bound + 1e-12)
+    assert np.abs(taken[0]) == pytest.approx(3.0)
+    np.testing.assert_allclose(taken + cut, step)
+    np.testing.assert_allclose(taken / np.linalg.norm(taken), step / np.linalg.norm(step))
+    small = np.array([1.0, -2.0, 100.0])  # the unbounded coordinate never cuts
+    t2, c2 = trust_region(small, bound)
+    np.testing.assert_array_equal(t2, small)
+    assert not np.any(c2)
+    t3, c3 = trust_region(step, None)
+    np.testing.assert_array_equal(t3, step)
+    t4, c4 = trust_region(np.array([np.nan, 1.0, np.inf]), bound)
+    np.testing.assert_array_equal(t4, 0.0)
+    np.testing.assert_array_equal(c4, [3.0, 3.0, 0.0])
+
+
+def _gaussian(d: int = 3, seed: int = 5):
+    """Log-likelihood -(theta - m)^T F (theta - m) / 2, prior N(0, 10 I): the exact posterior
+    is N((F + P0)^-1 F m, (F + P0)^-1)."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(d, d))
+    fisher = 50.0 * (a @ a.T + d * np.eye(d))
+    m = rng.normal(size=d)
+    prior_prec = 0.1 * np.eye(d)
+    prec = fisher + prior_prec
+    return rng, fisher, m, prior_prec, prec, np.linalg.solve(prec, fisher @ m)
+
+
+def _step(anchor, noise, fisher, m, prior_prec, prec, max_move):
+    basis = np.linalg.cholesky(prec)
+    released = np.linalg.solve(basis, fisher @ (m - anchor)) + noise
+    return newton_step(
+        anchor=anchor, released_grad=released, prior_grad=-prior_prec @ anchor,
+        precision=prec, damping=0.0, basis=basis, data=np.ones(anchor.size, dtype=bool),
+        noise_std=0.4, prior_precision_floor=0.1, max_move=max_move,
+    )  # fmt: skip
+
+
+def test_an_absurd_released_gradient_is_cut_and_the_result_covers_the_mode():
+    """A Gaussian model whose first released gradient is absurd (noise 1e7 release sds in
+    one coordinate, as a release far off in the tails would be): without the trust region the
+    first step ends 1e5 posterior sds away and the result's sds are 1e5-1e6 times the
+    posterior's; with it (3 prior sds a coordinate) the step is cut there, the cut part is
+    doubt, and after the prior cap the result covers the exact posterior mean within 2 of
+    its sds in every coordinate, no sd above the prior's."""
+    _, fisher, m, prior_prec, prec, exact = _gaussian()
+    prior_sd = np.sqrt(10.0)
+    move = 3.0 * prior_sd * np.ones(3)
+    anchor = exact + 0.01
+    absurd = np.array([1e7, 0.0, 0.0])
+    for max_move in (None, move):
+        first = _step(anchor, absurd, fisher, m, prior_prec, prec, max_move)
+        second = _step(first.mean, np.zeros(3), fisher, m, prior_prec, prec, max_move)
+        res = noise_aware_laplace(first, second, np.ones(3, dtype=bool), max_move=max_move)
+        if max_move is None:  # the failure the trust region prevents
+            assert np.max(np.abs(first.mean - exact)) > 1e3
+            continue
+        assert np.all(np.abs(first.step) <= move + 1e-9)
+        np.testing.assert_allclose(first.step + first.cut, np.linalg.solve(prec, fisher @ (
+            m - anchor) - prior_prec @ anchor + np.linalg.cholesky(prec) @ absurd))  # fmt: skip
+        assert not res.converged  # a cut first step is a warm start that had not converged
+        cap = prior_cap(res.mean, res.cov, np.zeros(3), prior_sd**2 * np.ones(3))
+        sd = np.sqrt(np.diag(cap.cov))
+        assert np.all(np.abs(cap.mean - exact) < 2.0 * sd), (cap.mean, exact, sd)
+        # no wider than the prior's spread about the result's mean
+        assert np.all(sd**2 <= (prior_sd**2 + cap.mean**2) * (1 + 1e-12))
+        assert np.max(sd) < 10 * prior_sd
+
+
+# -- the prior cap -------------------------------------------------------------------------
+def test_prior_cap_never_exceeds_the_prior_spread():
+    """Random covariances with coordinates 1e-3 to 1e12 times their prior's variance: after
+    the cap no variance exceeds the prior's mean square about the result's mean
+    (``prior_var + (mean - prior_mean)^2``: the prior's variance where the means agree), the
+    covariance stays positive semi-definite, the means are kept, the coordinates within
+    the bound untouched; a non-finite mean or covariance entry comes out finite (the prior's
+    mean and variance); an improper prior (variance inf) caps nothing."""
+    rng = np.random.default_rng(0)
+    d = 6
+    prior_mean, prior_var = rng.normal(size=d), rng.uniform(0.5, 4.0, size=d)
+    for _ in range(200):
+        a = rng.normal(size=(d, d)) * 10.0 ** rng.uniform(-2, 6, size=d)[:, None]
+        cov = a @ a.T + 1e-6 * np.eye(d)
+        mean = prior_mean + rng.normal(size=d) * 2.0 * np.sqrt(prior_var)
+        bound = prior_var + (mean - prior_mean) ** 2
+        cap = prior_cap(mean, cov, prior_mean, prior_var)
+        assert np.all(np.diag(cap.cov) <= bound * (1 + 1e-12))
+        assert np.linalg.eigvalsh(cap.cov).min() >= -1e-9 * np.abs(cap.cov).max()
+        wide = np.diag(cov) > bound
+        np.testing.assert_array_equal(cap.capped, wide)
+        np.testing.assert_allclose(np.diag(cap.cov)[wide], bound[wide], rtol=1e-12)
+        np.testing.assert_array_equal(cap.mean, mean)
+        keep = np.ix_(~wide, ~wide)
+        np.testing.assert_array_equal(cap.cov[keep], 0.5 * (cov[keep] + cov[keep].T))
+    at_prior = prior_cap(prior_mean, 1e12 * np.eye(d), prior_mean, prior_var)
+    np.testing.assert_allclose(np.diag(at_prior.cov), prior_var, rtol=1e-12)
+    cov = np.eye(d)
+    cov[1, 1], cov[2, 3], cov[3, 2] = np.inf, np.nan, np.nan
+    mean = np.zeros(d)
+    mean[4] = np.nan
+    cap = prior_cap(mean, cov, prior_mean, prior_var)
+    assert np.all(np.isfinite(cap.cov)) and np.all(np.isfinite(cap.mean))
+    want = {1, 2, 3, 4} | {j for j in (0, 5) if prior_var[j] + prior_mean[j] ** 2 < 1.0}
+    assert set(np.flatnonzero(cap.capped).tolist()) == want
+    np.testing.assert_array_equal(cap.mean[[1, 2, 3, 4]], prior_mean[[1, 2, 3, 4]])
+    np.testing.assert_allclose(np.diag(cap.cov)[[1, 2, 3, 4]], prior_var[[1, 2, 3, 4]], rtol=1e-12)
+    improper = prior_cap(np.zeros(d), 1e9 * np.eye(d), prior_mean, np.full(d, np.inf))
+    assert not improper.capped.any()
+    np.testing.assert_array_equal(np.diag(improper.cov), 1e9)
+
+
+def test_prior_in_y_matches_closed_forms():
+    """The prior's moments in the model's transformed coordinates from its forward draws:
+    Normal(1, 2) has mean 1 and variance 4; a HalfNormal(1)'s log, log|Z|, has mean
+    -(gamma + log 2) / 2 and variance pi^2 / 8 (within 4 Monte Carlo standard errors of
+    the draws); a Flat prior has none (inf), the others keep theirs."""
+    with pm.Model() as model:
+        pm.Normal("a", 1.0, 2.0)
+        pm.HalfNormal("s", 1.0)
+        pm.Flat("f")
+    ip = model.initial_point()
+    prior = prior_in_y(model, model.value_vars, ip, None)
+    n = 4000
+    # Monte Carlo standard errors from the known distributions (numpy draws, 1e6)
+    z = np.random.default_rng(0).normal(size=1_000_000)
+    ls = np.log(np.abs(z))
+    se_mean = np.sqrt(np.array([4.0, np.var(ls)]) / n)
+    se_var = np.sqrt(np.array([2 * 16.0, np.var((ls - ls.mean()) ** 2)]) / n)
+    want_mean = np.array([1.0, -(np.euler_gamma + np.log(2.0)) / 2.0])
+    want_var = np.array([4.0, np.pi**2 / 8.0])
+    assert prior.names == ["a", "s", "f"]
+    np.testing.assert_array_equal(prior.log_scale, [False, True, False])
+    assert np.all(np.abs(prior.mean[:2] - want_mean) < 4 * se_mean)
+    assert np.all(np.abs(prior.var[:2] - want_var) < 4 * se_var)
+    assert prior.var[2] == np.inf and prior.scale[2] == np.inf
+
+
+# -- never a non-finite result -------------------------------------------------------------
+def _plan_and_coords(flat: bool = False):
+    x = np.random.default_rng(1).normal(0.5, 1.0, size=40)
+    with pm.Model() as model:
+        mu = pm.Flat("mu") if flat else pm.Normal("mu", 0.0, 3.0)
+        sigma = pm.HalfNormal("sigma", 2.0)
+        pm.Normal("x", mu, sigma, observed=x)
+    vars, ip = model.value_vars, model.initial_point()
+    fns = build_record_functions(model, vars, ip)[0]
+    coords = _Coordinates(fns, None, None, model, vars, ip)
+    plan = AutoPlan(1.0, 1e-6, 40, 2, 4, 1.0, method="laplace")
+    return plan, coords
+
+
+class _Info:
+    mean = np.array([0.3, 0.1])
+    cov = np.eye(2) * 0.5
+
+
+def test_a_non_finite_result_is_never_drawn():
+    """A one-shot result with a NaN mean and an infinite variance: where the prior is proper
+    the cap gives those coordinates the prior's mean and variance (0 and 9 for mu) and
+    names them; where it is not (a Flat mu), the whole Gaussian falls back (the prior's
+    marginals where proper, the warm start's elsewhere) and the plan says so. A finite
+    result within its prior is returned as it is."""
+    bad = NoiseAwareLaplace(np.array([np.nan, 0.0]), np.diag([1.0, np.inf]), np.eye(2), 1.0)
+    plan, coords = _plan_and_coords()
+    mean, cov = _bounded_by_prior(plan, coords, bad, _Info())
+    prior = coords.prior()
+    assert np.all(np.isfinite(mean)) and np.all(np.isfinite(cov))
+    np.testing.assert_allclose(mean, prior.mean)
+    np.testing.assert_allclose(np.diag(cov), prior.var)
+    assert abs(prior.var[0] - 9.0) < 4 * 9.0 * np.sqrt(2 / 4000)
+    assert plan.prior_wide == ["mu", "sigma"] and not plan.oneshot_fallback
+    plan, coords = _plan_and_coords(flat=True)
+    mean, cov = _bounded_by_prior(plan, coords, bad, _Info())
+    prior = coords.prior()
+    assert prior.var[0] == np.inf and np.isfinite(prior.var[1])
+    assert np.all(np.isfinite(mean)) and np.all(np.isfinite(cov))
+    np.testing.assert_allclose(mean, [_Info.mean[0], prior.mean[1]])
+    np.testing.assert_allclose(np.diag(cov), [_Info.cov[0, 0], prior.var[1]])
+    assert "not finite" in plan.oneshot_fallback
+    plan2, coords = _plan_and_coords()
+    good = NoiseAwareLaplace(np.array([0.5, 0.0]), np.diag([0.01, 0.02]), np.eye(2), 0.1)
+    mean, cov = _bounded_by_prior(plan2, coords, good, _Info())
+    np.testing.assert_array_equal(mean, good.mean)
+    assert not plan2.oneshot_fallback and plan2.prior_wide == []
+
+
+def test_a_noise_dominated_run_is_no_wider_than_its_prior():
+    """End to end: 30 records at epsilon 0.05 (the releases are mostly noise). The draws are
+    finite, and no parameter's sd in the model's transformed coordinates exceeds the prior's
+    spread about the draws' mean by more than their Monte Carlo error; a parameter that was
+    capped is named in the warning and the attribute."""
+    x = np.random.default_rng(2).normal(0.5, 1.0, size=30)
+    with pm.Model() as model:
+        pm.Normal("mu", 0.0, 3.0)
+        s = pm.HalfNormal("sigma", 2.0)
+        pm.Normal("x", model["mu"], s, observed=x)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        idata = pymc_dp.sample(
+            step=None, epsilon=0.05, delta=1e-6, random_seed=3, chains=2, model=model,
+            auto_kwargs={"method": "laplace"}, progressbar=False,
+        )  # fmt: skip
+    post = idata.posterior
+    mu, sigma = post["mu"].values.ravel(), post["sigma"].values.ravel()
+    assert np.all(np.isfinite(mu)) and np.all(np.isfinite(sigma))
+    k = mu.size
+    # prior mean and sd: mu 0 and 3; log of a HalfNormal(2): log 2 - (gamma + log 2) / 2 and
+    # pi / sqrt(8); the sample sd's error sd / sqrt(2k), the prior variance's sqrt(2 / 4000)
+    log_mean = np.log(2.0) - (np.euler_gamma + np.log(2.0)) / 2.0
+    for draws, pm_, psd in ((mu, 0.0, 3.0), (np.log(sigma), log_mean, np.pi / np.sqrt(8.0))):
+        spread = np.sqrt(psd**2 * (1 + 4 * np.sqrt(2 / 4000)) + (np.mean(draws) - pm_) ** 2)
+        assert np.std(draws) <= spread * (1 + 4 / np.sqrt(2 * k)), (np.std(draws), spread)
+    # this seed's releases are noise: before the cap, mu's sd came out 8 900 (prior 3)
+    wide = idata.attrs["dp_oneshot_prior_wide"]
+    assert "mu" in wide.split(", ")
+    text = [str(x.message) for x in w if "could not be told from the noise" in str(x.message)]
+    assert len(text) == 1 and all(name in text[0] for name in wide.split(", "))
