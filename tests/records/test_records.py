@@ -236,3 +236,20 @@ def test_compiled_functions_skip_the_input_filter_only_for_exact_arguments():
             f(*bad)
     g = pickle.loads(pickle.dumps(f))
     assert float(g(qv, 2.0, dv)) == 18.0
+
+
+def test_a_constant_column_of_n_rows_joined_to_the_records_is_refused_clearly():
+    """A multinomial logit written as PyMC users do, its reference category's column
+    ``pm.math.zeros((X.shape[0], 1))`` with a numpy X (issue-26 sweep): the glue's shape-pin
+    removal broke the concatenation with a bare PyTensor ValueError; now a refusal naming the
+    cause and the fix, raised while the step builds its graphs (before any data is read)."""
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(40, 2))
+    y = rng.integers(0, 3, size=40)
+    with pm.Model():
+        B = pm.Normal("B", 0, 1, shape=(2, 2))
+        eta = pm.math.concatenate([pm.math.zeros((X.shape[0], 1)), pm.math.dot(X, B)], axis=1)
+        pm.Categorical("y", p=pm.math.softmax(eta, axis=1), observed=y)
+        with pytest.raises(pymc_dp.ModelNotSupportedError, match="concatenates per-record") as err:
+            pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=5.0)
+    assert "pt.zeros((k, 1))" in str(err.value)
