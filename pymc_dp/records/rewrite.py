@@ -19,12 +19,10 @@ from pytensor.graph.rewriting.basic import in2out, node_rewriter
 from pytensor.graph.rewriting.utils import rewrite_graph
 from pytensor.graph.traversal import ancestors
 from pytensor.scalar import Switch
-from pytensor.tensor.basic import Alloc, Join
+from pytensor.tensor.basic import Alloc
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
 from pytensor.tensor.variable import TensorConstant
-
-from pymc_dp.records.errors import ModelNotSupportedError
 
 __all__ = [
     "UNSAFE_REWRITES",
@@ -95,6 +93,11 @@ def _drop_shape_pins(graph):
     which holds for every chunk of those records as well. Any other broadcast stays, and the
     separability checks refuse the model.
     """
+    nodes = [v.owner for v in ancestors([graph]) if v.owner is not None]
+    clients: dict = {}
+    for node in nodes:
+        for x in node.inputs:
+            clients.setdefault(x, []).append(node)
     replacements = {}
     for v in ancestors([graph]):
         if v.owner is None:
@@ -109,29 +112,19 @@ def _drop_shape_pins(graph):
             and tuple(inp.type.shape) == tuple(v.type.shape)
         ):
             replacements[v] = inp
-        elif isinstance(op, Alloc) and isinstance(inp, TensorConstant) and inp.type.ndim == 0:
+        elif (
+            isinstance(op, Alloc)
+            and isinstance(inp, TensorConstant)
+            and inp.type.ndim == 0
+            and all(isinstance(c.op, Elemwise) for c in clients.get(v, []))
+        ):
+            # broadcastable only where every use broadcasts (elementwise); a Join does not:
+            # pt.concatenate([pt.zeros((k, 1)), B], axis=1) (a multinomial logit's reference
+            # column, issue-26 sweep) failed here with PyTensor's bare ValueError
             replacements[v] = pt.shape_padleft(inp, v.type.ndim)
     if not replacements:
         return graph
-    try:
-        return clone_replace(graph, replace=replacements, rebuild_strict=False)
-    except ValueError as err:
-        if not any(
-            v.owner is not None and isinstance(v.owner.op, Join) for v in ancestors([graph])
-        ):
-            raise
-        # an Alloc of a constant to the records' length joined to per-record values (found on
-        # the issue-26 sweep: a multinomial logit's reference column pm.math.zeros((n, 1))
-        # with n = X.shape[0] of a numpy X): the constant no longer lines up with the records
-        raise ModelNotSupportedError(
-            "the likelihood concatenates per-record values with an array of a fixed number of "
-            "rows, the number of records, built from a constant (e.g. a reference category's "
-            "column pm.math.zeros((X.shape[0], 1)) with a numpy X); pymc_dp evaluates the "
-            "likelihood on batches of records, which such an array does not follow. Put the "
-            "constant in the parameters instead (e.g. B_full = pt.concatenate([pt.zeros((k, 1)), "
-            "B], axis=1), then X @ B_full), or build it from a per-record expression "
-            "(pt.zeros_like(eta[:, :1]))"
-        ) from err
+    return clone_replace(graph, replace=replacements, rebuild_strict=False)
 
 
 inline_op_from_graph = _inline_op_from_graph
