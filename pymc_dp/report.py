@@ -461,6 +461,54 @@ def _model_reasons(idata, stats, model, posterior) -> list[str]:
     leaky = [d.name for d in deterministics_reading_data(model) if d.name in stored]
     if leaky:
         reasons.append(f"Deterministics {leaky} are computed from the data and stored")
+    reasons += _predictive_reasons(idata, model)
+    return reasons
+
+
+#: Groups of draws PyMC adds after sampling (``pm.sample_posterior_predictive(...,
+#: extend_inferencedata=True)``, ``pm.sample_prior_predictive``): draws of the observed
+#: variables at the model's current data.
+PREDICTIVE_GROUPS = ("posterior_predictive", "prior_predictive")
+
+
+def _predictive_reasons(idata, model) -> list[str]:
+    """Predictive draws in the result that are per-record functions of the data.
+
+    A posterior predictive draw of record ``i``, ``y_rep_i ~ p(y | theta, x_i)``, reads the
+    record's covariates ``x_i`` without noise: averaged over the draws it gives
+    ``E[y | theta, x_i]`` record by record (for a linear regression, ``a + x_i b``, from which
+    ``x_i`` follows). Draws of a variable whose distribution reads no record data (no
+    covariates: a function of the DP draws alone) are post-processing and pass. Judged from
+    the model's graph (data-free). Found on the issue-26 sweep: after
+    ``extend_inferencedata=True`` and removing ``observed_data`` the report called such a
+    result private.
+    """
+    from pymc_dp.records import deterministics_reading_data
+    from pymc_dp.records.graph_facts import count_records, record_data_read
+
+    n = count_records(model)
+    data_dets = {d.name for d in deterministics_reading_data(model)}
+    reasons = []
+    for group in PREDICTIVE_GROUPS:
+        ds = _get_group(idata, group)
+        if ds is None:
+            continue
+        read = set()
+        for name in ds.data_vars:
+            var = model.named_vars.get(name)
+            if var is None:
+                continue
+            if name in data_dets:
+                read.add(name)
+            elif var in model.observed_RVs and record_data_read(var.owner.inputs, model, n):
+                read.add(name)
+        if read:
+            reasons.append(
+                f"the {group} group holds draws of {sorted(read)} at the records' own data "
+                "(covariates): per-record functions of the data without noise; remove the "
+                "group before publishing (for predictions at public covariates: pm.set_data, "
+                "then pm.sample_posterior_predictive(..., predictions=True))"
+            )
     return reasons
 
 

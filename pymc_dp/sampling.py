@@ -263,9 +263,7 @@ def sample(
             "pymc_dp.sample's first parameter is draws, as in pm.sample; pass the step method "
             "as a keyword: pymc_dp.sample(draws, step=..., epsilon=..., delta=...)"
         )
-    for bad in ("return_inferencedata", "discard_tuned_samples_private"):
-        if bad in sample_kwargs:
-            raise TypeError(f"pymc_dp.sample got an unexpected argument {bad!r}")
+    _check_sample_kwargs(sample_kwargs)
     if draws is not None:
         draws = check_positive("draws", draws, integer=True)
     if tune is not None:
@@ -531,6 +529,7 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
         raise ValueError("step_kwargs go with a step class; use auto_kwargs with step=None")
     if "initvals" in sample_kwargs:
         raise ValueError("the automatic mode chooses initvals (from its private warm start)")
+    _refuse_potentials(model, "the automatic mode (step=None)")
     check_model_supported(model, [], data_free_potentials=False)
     _check_outputs_are_private(model, run.var_names, run.idata_kwargs)
     rng, seed = _presample_seeds(run.random_seed)
@@ -654,6 +653,9 @@ def _sample_configured(run: _Request, cls: type):
 
     model, chains, records = run.model, run.chains, run.records
     epsilon, delta = _require_target(run.epsilon, run.delta, cls.__name__)
+    _refuse_potentials(
+        model, f"{cls.__name__} without its hyperparameters (configured by the automatic mode)"
+    )
     _check_class_run(run, cls)
     if records is not None and getattr(records, "owners", None) is not None:
         raise ValueError(
@@ -695,6 +697,55 @@ def _sample_configured(run: _Request, cls: type):
     if config.initvals:
         planned.sample_kwargs = {"initvals": config.initvals, **run.sample_kwargs}
     return _run(planned, step, presample=config.plan)
+
+
+def _refuse_potentials(model: pm.Model, what: str) -> None:
+    """The automatic mode's private phases take no ``pm.Potential`` (declared data-free or
+    not): say so before any data is read, with the runs that do take one.
+
+    Found on the issue-26 sweep: a ridge Potential beside a logistic likelihood was refused
+    in automatic mode with "pass data_free_potentials=True", which neither ``pymc_dp.sample``
+    nor ``auto_kwargs`` accepts, and a step class configured privately refused it again
+    with the declaration in ``step_kwargs``.
+    """
+    if not model.potentials:
+        return
+    names = ", ".join(repr(p.name) for p in model.potentials)
+    raise ModelNotSupportedError(
+        f"the model has pm.Potential terms ({names}); {what} does not take Potentials (its "
+        "private phases cannot tell whether one reads the data). If every Potential is a "
+        "function of the parameters only, write the term as a prior, or give a step class its "
+        "hyperparameters and declare them: pymc_dp.sample(step=pymc_dp.DPHMC, step_kwargs="
+        "{'data_free_potentials': True, 'grad_clip_bound': ..., 'llr_clip_bound': ...}, ...)"
+    )
+
+
+def _check_sample_kwargs(sample_kwargs: dict) -> None:
+    """Refuse, before any data is read, the ``pm.sample`` arguments a DP run cannot take.
+
+    ``nuts_sampler`` other than ``"pymc"`` hands the model to an external NUTS; ``pm.sample``
+    refuses it with any other step ("Model can not be sampled with NUTS alone"), but only
+    after the automatic mode has spent the whole budget on its pre-sampling releases (found
+    on the issue-26 sweep: 36 releases, epsilon 3 spent, then PyMC's error).
+    ``return_inferencedata=False`` would return a MultiTrace, which has no place for the
+    privacy report and keeps no record of the raw-data groups to remove.
+    """
+    if "return_inferencedata" in sample_kwargs:
+        raise TypeError(
+            "pymc_dp.sample always returns an InferenceData (PyMC 5.x) or DataTree (PyMC 6.x): "
+            "its privacy report is written into the result's attributes; remove "
+            "return_inferencedata"
+        )
+    if "discard_tuned_samples_private" in sample_kwargs:
+        raise TypeError("pymc_dp.sample got an unexpected argument 'discard_tuned_samples_private'")
+    sampler = sample_kwargs.get("nuts_sampler", "pymc")
+    if sampler != "pymc":
+        raise ValueError(
+            f"nuts_sampler={sampler!r} runs an external NUTS sampler, which reads the data "
+            "without a privacy mechanism; pymc_dp's steps run in PyMC's own sampler: remove "
+            "nuts_sampler (refused here before any data is read; pm.sample would refuse it "
+            "only after the automatic mode had spent the budget)"
+        )
 
 
 def _check_cores(sample_kwargs: dict) -> None:

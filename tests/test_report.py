@@ -226,3 +226,52 @@ def test_sample_refuses_step_calibrated_for_smaller_run():
         )
         with pytest.raises(ValueError, match="calibrated for"):
             pymc_dp.sample(step=step, draws=10, tune=0, chains=2)
+
+
+def _drop(idata, group):
+    if callable(getattr(idata, "groups", None)):
+        delattr(idata, group)
+        idata._groups = [g for g in idata._groups if g != group]
+    else:
+        del idata[group]
+
+
+@pytest.mark.parametrize("covariate", [True, False])
+def test_posterior_predictive_at_the_records_covariates_is_not_private(covariate):
+    """y_rep_i ~ p(y | theta, x_i) reads x_i without noise (averaged over draws: a + x_i b);
+    without covariates the predictive draws are a function of the DP draws alone. Found on the
+    issue-26 sweep: extend_inferencedata=True, observed_data removed, reported private."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, 30)
+    y = 0.5 * x + rng.normal(0, 0.5, 30)
+    with pm.Model():
+        a = pm.Normal("a", 0, 1)
+        mu = a + pm.Normal("b", 0, 1) * x if covariate else a
+        pm.Normal("y", mu, 0.5, observed=y)
+        idata = pymc_dp.sample(
+            step=pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=10,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+            random_seed=1,
+            **SAMPLE,
+        )
+        assert pymc_dp.privacy_report(idata).private
+        pm.sample_posterior_predictive(
+            idata, extend_inferencedata=True, random_seed=1, progressbar=False
+        )
+        _drop(idata, "observed_data")
+        if covariate:
+            with pytest.warns(UserWarning, match="posterior_predictive"):
+                rep = pymc_dp.privacy_report(idata)
+            assert not rep.private and rep.epsilon == np.inf
+            assert any(
+                "posterior_predictive group holds draws of ['y']" in r
+                for r in rep.not_private_reasons
+            )
+        else:
+            rep = pymc_dp.privacy_report(idata)
+            assert rep.private, rep.not_private_reasons

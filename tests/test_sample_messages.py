@@ -157,3 +157,74 @@ def test_a_users_own_probs_deterministic_gets_no_ordinal_hint():
         )
     assert "'resid_probs' depends on the data" in str(err.value)
     assert "compute_p" not in str(err.value)
+
+
+def _no_private_phase(monkeypatch):
+    """Make the automatic mode's private phases (the first data reads) fail the test."""
+    import pymc_dp.auto
+    import pymc_dp.auto.steps
+
+    def read(*args, **kwargs):
+        raise AssertionError("the data was read before the refusal")
+
+    monkeypatch.setattr(pymc_dp.auto, "auto_configure", read)
+    monkeypatch.setattr(pymc_dp.auto.steps, "configure_step_class", read)
+
+
+@pytest.mark.parametrize("sampler", ["numpyro", "nutpie", "blackjax"])
+def test_an_external_nuts_sampler_is_refused_before_the_budget_is_spent(monkeypatch, sampler):
+    """pm.sample refuses nuts_sampler with a DP step only after the automatic mode's releases
+    (measured on the issue-26 sweep: 36 releases, epsilon 3 of 3 spent, then "Model can not be
+    sampled with NUTS alone")."""
+    _no_private_phase(monkeypatch)
+    with _model(), pytest.raises(ValueError, match=f"nuts_sampler='{sampler}' runs an external"):
+        pymc_dp.sample(epsilon=1.0, delta=1e-5, nuts_sampler=sampler, **SAMPLE)
+
+
+def test_return_inferencedata_false_names_what_is_returned_and_why():
+    with _model(), pytest.raises(TypeError, match="always returns an InferenceData") as err:
+        pymc_dp.sample(epsilon=1.0, delta=1e-5, return_inferencedata=False, **SAMPLE)
+    assert "privacy report" in str(err.value)
+
+
+def _ridge_model():
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 1)
+        pm.Potential("ridge", -0.5 * t**2)
+        pm.Normal("x", t, 1, observed=X)
+    return model
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {},
+        {"step": pymc_dp.DPPenaltyMetropolis, "step_kwargs": {"data_free_potentials": True}},
+    ],
+    ids=["auto", "configured-class"],
+)
+def test_a_potential_in_the_automatic_phases_names_the_runs_that_take_one(monkeypatch, how):
+    """The automatic mode (and a class it configures) takes no Potential, declared or not: the
+    refusal said "pass data_free_potentials=True", which neither accepts."""
+    _no_private_phase(monkeypatch)
+    with _ridge_model(), pytest.raises(pymc_dp.ModelNotSupportedError) as err:
+        pymc_dp.sample(epsilon=1.0, delta=1e-5, **how, **SAMPLE)
+    msg = str(err.value)
+    assert "'ridge'" in msg and "does not take Potentials" in msg
+    assert "step_kwargs={'data_free_potentials': True" in msg
+
+
+def test_a_step_classs_potential_refusal_says_where_the_declaration_goes(monkeypatch):
+    _no_private_phase(monkeypatch)
+    with _ridge_model(), pytest.raises(pymc_dp.ModelNotSupportedError) as err:
+        pymc_dp.sample(
+            step=pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=5,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+            **SAMPLE,
+        )
+    assert "step_kwargs={'data_free_potentials': True}" in str(err.value)

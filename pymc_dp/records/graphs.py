@@ -134,11 +134,22 @@ def per_record_graphs(
     ll_batch = drop_shape_pins(
         clone_replace(ll_vec, replace=dict(zip(nodes, batch, strict=True)), rebuild_strict=False)
     )
-    one = clone_replace(
-        ll_vec,
-        replace={d: r[None] for d, r in zip(nodes, rows, strict=True)},
-        rebuild_strict=False,
-    )
+    try:
+        one = clone_replace(
+            ll_vec,
+            replace={d: r[None] for d, r in zip(nodes, rows, strict=True)},
+            rebuild_strict=False,
+        )
+    except ValueError as err:  # a static shape check of n rows against one record
+        raise ModelNotSupportedError(
+            "the likelihood combines per-record values with an array of n rows (the number of "
+            "records) computed from constants, not data (e.g. a multinomial logit's reference "
+            "column pm.math.zeros((X.shape[0], 1)) with a numpy X, concatenated to X @ B); "
+            "pymc_dp evaluates the likelihood on batches of records, which such an array does "
+            "not follow. Put the constant in the parameters (B_full = pt.concatenate("
+            "[pt.zeros((k, 1)), B], axis=1), then X @ B_full) or build it from a per-record "
+            f"expression (pt.zeros_like(eta[:, :1])). PyTensor said: {err}"
+        ) from err
     one = canonicalize(drop_shape_pins(one).sum())
     return RecordGraphs(
         x=x,

@@ -46,7 +46,8 @@ def check_model_supported(
         raise ModelNotSupportedError(
             f"the model has pm.Potential terms ({names}); pymc_dp cannot tell whether a "
             "Potential reads the data, and one that does would bypass the privacy mechanism. "
-            "If every Potential is a function of parameters only, pass data_free_potentials=True"
+            "If every Potential is a function of parameters only, pass data_free_potentials=True "
+            "to the step (with pymc_dp.sample: step_kwargs={'data_free_potentials': True})"
         )
     # Everything outside the per-record likelihood enters the acceptance tests exactly (no
     # noise): the prior and log-Jacobian of every free variable, data-free Potentials, and

@@ -93,6 +93,11 @@ def _drop_shape_pins(graph):
     which holds for every chunk of those records as well. Any other broadcast stays, and the
     separability checks refuse the model.
     """
+    nodes = [v.owner for v in ancestors([graph]) if v.owner is not None]
+    clients: dict = {}
+    for node in nodes:
+        for x in node.inputs:
+            clients.setdefault(x, []).append(node)
     replacements = {}
     for v in ancestors([graph]):
         if v.owner is None:
@@ -107,7 +112,15 @@ def _drop_shape_pins(graph):
             and tuple(inp.type.shape) == tuple(v.type.shape)
         ):
             replacements[v] = inp
-        elif isinstance(op, Alloc) and isinstance(inp, TensorConstant) and inp.type.ndim == 0:
+        elif (
+            isinstance(op, Alloc)
+            and isinstance(inp, TensorConstant)
+            and inp.type.ndim == 0
+            and all(isinstance(c.op, Elemwise) for c in clients.get(v, []))
+        ):
+            # broadcastable only where every use broadcasts (elementwise); a Join does not:
+            # pt.concatenate([pt.zeros((k, 1)), B], axis=1) (a multinomial logit's reference
+            # column, issue-26 sweep) failed here with PyTensor's bare ValueError
             replacements[v] = pt.shape_padleft(inp, v.type.ndim)
     if not replacements:
         return graph

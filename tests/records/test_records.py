@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pymc as pm
+import pytensor
 import pytest
 
 import pymc_dp
@@ -236,3 +237,55 @@ def test_compiled_functions_skip_the_input_filter_only_for_exact_arguments():
             f(*bad)
     g = pickle.loads(pickle.dumps(f))
     assert float(g(qv, 2.0, dv)) == 18.0
+
+
+def _multinomial_logit(reference_in_parameters: bool):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(40, 2))
+    y = rng.integers(0, 3, size=40)
+    with pm.Model() as model:
+        B = pm.Normal("B", 0, 1, shape=(2, 2))
+        if reference_in_parameters:
+            eta = pm.math.dot(X, pm.math.concatenate([pm.math.zeros((2, 1)), B], axis=1))
+        else:
+            zeros = pm.math.zeros((X.shape[0], 1))
+            eta = pm.math.concatenate([zeros, pm.math.dot(X, B)], axis=1)
+        pm.Categorical("y", p=pm.math.softmax(eta, axis=1), observed=y)
+    return model
+
+
+def test_a_constant_column_of_n_rows_joined_to_the_records_is_refused_clearly():
+    """A multinomial logit written as PyMC users do, its reference category's column
+    ``pm.math.zeros((X.shape[0], 1))`` with a numpy X (issue-26 sweep): a bare PyTensor
+    ValueError before; now a refusal naming the cause and the fix, raised while the step
+    builds its graphs (before any data is read)."""
+    with _multinomial_logit(False):
+        with pytest.raises(pymc_dp.ModelNotSupportedError, match="an array of n rows") as err:
+            pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=5.0)
+    assert "pt.zeros((k, 1))" in str(err.value)
+
+
+@pytest.mark.xfail(
+    int(pytensor.__version__.split(".")[0]) >= 3,
+    reason="PyTensor 3: past the shape-pin removal, the separability check refuses this model "
+    "('does not separate into one term per record'); not diagnosed (issue-26 sweep)",
+    raises=pymc_dp.ModelNotSupportedError,
+    strict=True,
+)
+def test_a_constant_joined_to_the_parameters_is_kept():
+    """``pt.concatenate([pt.zeros((k, 1)), B], axis=1)``: the shape-pin removal made the
+    Alloc of 0 a (1, 1) constant, which a Join does not broadcast (PyTensor's ValueError,
+    issue-26 sweep); an Alloc of a constant is now made broadcastable only where every use is
+    elementwise."""
+    with _multinomial_logit(True):
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=5.0)
+        idata = pm.sample(
+            3,
+            tune=0,
+            chains=1,
+            step=step,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    assert idata["posterior"]["B"].shape == (1, 3, 2, 2)
