@@ -40,10 +40,12 @@ from pymc_dp.auto.oneshot import (
     NoiseAwareLaplace,
     bonferroni_sds,
     choose_method,
+    lost_coordinates,
     newton_step,
     noise_aware_laplace,
     prior_cap,
     release_gradient_sum,
+    widen_to_prior,
 )
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
 from pymc_dp.diagnostics import MIN_ACCEPT, MIN_ESS, ConvergenceWarning
@@ -1301,7 +1303,7 @@ def _one_shot(
     widened = result.curvature_widening > CURVATURE_WIDENING_WARN
     plan.predicted_error = result.predicted_error
     plan.oneshot = result
-    plan.draws_mean, plan.draws_cov = _bounded_by_prior(plan, coords, result, info)
+    plan.draws_mean, plan.draws_cov = _bounded_by_prior(plan, coords, result, info, steps[1])
     plan.to_q = coords.to_q if coords.rp is not None else None
     if plan.oneshot_fallback or plan.prior_wide:
         widened = True  # no conditional-prior draws from a Gaussian that fell back
@@ -1348,22 +1350,30 @@ def _finite_gaussian(mean: np.ndarray, cov: np.ndarray, to_q, rng: np.random.Gen
         return all(np.all(np.isfinite(to_q(y))) for y in (mean, *ys))
 
 
-def _bounded_by_prior(plan, coords, result, info) -> tuple[np.ndarray, np.ndarray]:
+def _bounded_by_prior(plan, coords, result, info, last=None) -> tuple[np.ndarray, np.ndarray]:
     """The one-shot result's Gaussian in ``y``, bounded by the prior (post-processing).
 
     Marginal variances above the prior's fall back to the prior's marginal
-    (`pymc_dp.auto.oneshot.prior_cap`; the parameters named in ``plan.prior_wide``). Where
-    the result is still not finite anywhere (a mean, a covariance, or draws that map to a
-    non-finite ``q``), the whole Gaussian falls back to the prior's moments (the warm
+    (`pymc_dp.auto.oneshot.prior_cap`; the parameters named in ``plan.prior_wide``), and so
+    do those of the coordinates ``last`` (the last Newton step) leaves lost: told by the
+    curvature's noise alone, far out in the prior (`pymc_dp.auto.oneshot.lost_coordinates`).
+    Where the result is still not finite anywhere (a mean, a covariance, or draws that map
+    to a non-finite ``q``), the whole Gaussian falls back to the prior's moments (the warm
     start's mean and covariance where the prior has none), said in
     ``plan.oneshot_fallback``: never a NaN or infinite draw.
     """
     prior = coords.prior()
     mean, cov = np.asarray(result.mean, float), np.asarray(result.cov, float)
     if prior is not None:
+        lost = np.zeros(mean.size, dtype=bool)
+        if last is not None and np.all(np.isfinite(mean)) and np.all(np.isfinite(cov)):
+            # coordinates the curvature's noise dominates, far out in the prior: widened to
+            # the prior's spread about the mean (`lost_coordinates`)
+            lost = lost_coordinates(last, mean, prior.mean, prior.var)
+            cov = widen_to_prior(mean, cov, prior.mean, prior.var, lost)
         cap = prior_cap(mean, cov, prior.mean, prior.var)
         mean, cov = cap.mean, cap.cov
-        names = [prior.names[j] for j in np.flatnonzero(cap.capped)]
+        names = [prior.names[j] for j in np.flatnonzero(cap.capped | lost)]
         plan.prior_wide = _group_names(names)
     # a public seed: the check reads no data and draws nothing that is published
     check_rng = np.random.default_rng(PRIOR_SEED)

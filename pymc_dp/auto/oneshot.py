@@ -62,6 +62,10 @@ __all__ = [
     "PriorCap",
     "TRUST_PRIOR_SDS",
     "TRUST_LOG_SCALE",
+    "LOST_PRIOR_SDS",
+    "LOST_WIDENING",
+    "lost_coordinates",
+    "widen_to_prior",
     "newton_step",
     "prior_cap",
     "trust_region",
@@ -217,6 +221,64 @@ class PriorCap:
     #: variance is the prior's mean square about the mean (the data could not be told from
     #: the noise there)
     capped: np.ndarray
+
+
+#: Per-coordinate widening by the released curvature's noise (`curvature_widening`, one
+#: coordinate) from which `lost_coordinates` treats a coordinate as told by nothing but noise
+LOST_WIDENING = 10.0
+#: ... and the distance from the prior's mean, in prior sds, beyond which its location is
+#: then not trusted
+LOST_PRIOR_SDS = 4.0
+
+
+def lost_coordinates(
+    second: NewtonStep, mean: np.ndarray, prior_mean: np.ndarray, prior_var: np.ndarray
+) -> np.ndarray:
+    """The coordinates whose location nothing released supports (post-processing).
+
+    A coordinate is *lost* where the released curvature's noise dominates its interval,
+    ``sqrt((P_c^-1)_jj / (P^-1)_jj) >= LOST_WIDENING`` (the eigenvalue floor of
+    `newton_step` set its sd, not the data), where the prior is proper and where one such
+    coordinate's mean lies beyond `LOST_PRIOR_SDS` prior sds of the prior's mean. Where the
+    curvature's noise dominates, the steps are as small as they are uninformative: a warm
+    start lost far out (measured: a zero-inflated Poisson regression on 2 725 real records
+    at epsilon 1, every eigenvalue floored, `curvature_widening` 1e6, the steps agreeing
+    within their noise, the intercept 6.4 prior sds out and 90 of its own sds off, ``logit
+    psi`` at 66, ``psi`` drawn as exactly 1) passes every check on the steps. Such a
+    coordinate's sd is widened to the prior's spread about its mean (the bound of
+    `prior_cap`, `widen_to_prior`): its interval then reaches the prior's bulk.
+    """
+    p_inv = np.diag(np.linalg.pinv(second.precision, hermitian=True))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        widening = np.sqrt(np.diag(second.cov_c) / p_inv)
+        far = np.abs(np.asarray(mean) - prior_mean) > LOST_PRIOR_SDS * np.sqrt(prior_var)
+    proper = np.isfinite(prior_var) & (prior_var > 0) & np.isfinite(prior_mean)
+    noisy = proper & ~(widening < LOST_WIDENING)
+    # one such coordinate far out means the warm start got lost: none of the coordinates
+    # the curvature's noise dominates can be trusted to be near the mode (measured, the same
+    # run: the slopes 1.6-3.6 prior sds out, 11-23 of their own sds off)
+    return noisy if (noisy & far).any() else np.zeros_like(noisy)
+
+
+def widen_to_prior(
+    mean: np.ndarray, cov: np.ndarray, prior_mean: np.ndarray, prior_var: np.ndarray, which
+) -> np.ndarray:
+    """``cov`` with the variance of the coordinates ``which`` raised to ``prior_var + (mean -
+    prior_mean)^2`` (`prior_cap`'s bound), rescaled as ``D S D`` (correlations kept)."""
+    cov = np.array(cov, dtype=float)
+    which = np.asarray(which, dtype=bool)
+    if not which.any():
+        return cov
+    diag = np.diag(cov)
+    bound = prior_var + (np.asarray(mean) - prior_mean) ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(which & (diag > 0), np.sqrt(bound / diag), 1.0)
+    out = cov * np.outer(ratio, ratio)
+    zero = which & ~(diag > 0)
+    out[zero, :] = 0.0
+    out[:, zero] = 0.0
+    out[zero, zero] = bound[zero]
+    return out
 
 
 def prior_cap(

@@ -12,11 +12,16 @@ import pytest
 import pymc_dp
 from pymc_dp.auto.configure import AutoPlan, _bounded_by_prior, _Coordinates, prior_in_y
 from pymc_dp.auto.oneshot import (
+    LOST_PRIOR_SDS,
+    LOST_WIDENING,
+    NewtonStep,
     NoiseAwareLaplace,
+    lost_coordinates,
     newton_step,
     noise_aware_laplace,
     prior_cap,
     trust_region,
+    widen_to_prior,
 )
 from pymc_dp.records import build_record_functions
 
@@ -245,3 +250,87 @@ def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     assert "mu" in wide.split(", ")
     text = [str(x.message) for x in w if "could not be told from the noise" in str(x.message)]
     assert len(text) == 1 and all(name in text[0] for name in wide.split(", "))
+
+
+# -- a warm start lost far out: the coordinates the curvature's noise dominates -----------
+def _floored_step(cov_c_diag, p_diag):
+    d = len(p_diag)
+    z = np.zeros(d)
+    return NewtonStep(
+        mean=z,
+        step=z,
+        noise_cov=np.eye(d),
+        cov_c=np.diag(cov_c_diag),
+        precision=np.diag(p_diag),
+        curvature_cov=np.zeros((d, d)),
+    )
+
+
+def test_lost_coordinates_need_noise_domination_and_one_far_out():
+    """A coordinate is lost where the floored curvature made its sd >= LOST_WIDENING times
+    the released curvature's, once one such coordinate sits beyond LOST_PRIOR_SDS prior sds
+    of the prior's mean; a coordinate the data determine, or an improper prior, never."""
+    prior_mean, prior_var = np.zeros(4), np.array([4.0, 1.0, 1.0, np.inf])
+    # coordinates 0, 1 and 3: sd 100 / 10.5 / 20 times the released curvature's; 2: 1x
+    step = _floored_step([1e4, 110.25, 1.0, 400.0], [1.0, 1.0, 1.0, 1.0])
+    far = np.array([2.0 * (LOST_PRIOR_SDS + 0.5), 1.0, 50.0, 1e6])  # coordinate 0: 4.5 sds
+    lost = lost_coordinates(step, far, prior_mean, prior_var)
+    np.testing.assert_array_equal(lost, [True, True, False, False])
+    near = far.copy()
+    near[0] = 2.0 * (LOST_PRIOR_SDS - 0.5)  # 3.5 prior sds: nothing is lost
+    assert not lost_coordinates(step, near, prior_mean, prior_var).any()
+    # the far coordinate not noise-dominated (coordinate 2, 50 prior sds out): nothing lost
+    step_ok = _floored_step([1.0, 110.25, 1.0, 400.0], [1.0, 1.0, 1.0, 1.0])
+    assert not lost_coordinates(step_ok, far, prior_mean, prior_var).any()
+    # just below the widening threshold
+    below = _floored_step([(0.99 * LOST_WIDENING) ** 2, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0])
+    assert not lost_coordinates(below, far, prior_mean, prior_var).any()
+
+
+def test_widen_to_prior_reaches_the_prior_spread_about_the_mean():
+    """The widened variances are ``prior_var + (mean - prior_mean)^2``; the others and every
+    correlation are kept; the result stays positive semi-definite."""
+    rng = np.random.default_rng(4)
+    a = rng.normal(size=(5, 5))
+    cov = a @ a.T * 1e-3 + np.eye(5) * 1e-4
+    mean = np.array([12.8, -3.6, 0.2, 66.0, 1.0])
+    prior_mean, prior_var = np.zeros(5), np.array([4.0, 1.0, 1.0, 2.0, 9.0])
+    which = np.array([True, True, False, True, False])
+    out = widen_to_prior(mean, cov, prior_mean, prior_var, which)
+    bound = prior_var + (mean - prior_mean) ** 2
+    np.testing.assert_allclose(np.diag(out)[which], bound[which])
+    np.testing.assert_allclose(np.diag(out)[~which], np.diag(cov)[~which])
+    corr = lambda c: c / np.sqrt(np.outer(np.diag(c), np.diag(c)))  # noqa: E731
+    np.testing.assert_allclose(corr(out), corr(cov), atol=1e-12)
+    assert np.linalg.eigvalsh(out).min() > -1e-9 * np.abs(out).max()
+    # a lost coordinate whose variance was 0 gets the bound, uncorrelated
+    cov0 = cov.copy()
+    cov0[0, :] = cov0[:, 0] = 0.0
+    out0 = widen_to_prior(mean, cov0, prior_mean, prior_var, which)
+    assert out0[0, 0] == pytest.approx(bound[0])
+    assert not np.any(out0[0, 1:])
+    np.testing.assert_array_equal(
+        widen_to_prior(mean, cov, prior_mean, prior_var, ~np.ones(5, bool)), cov
+    )
+
+
+def test_a_lost_result_is_widened_to_the_prior_and_named():
+    """`_bounded_by_prior` with the last step: a result whose curvature the noise dominates
+    and whose mu sits 10 prior sds out is widened to the prior's spread about its mean on
+    every such coordinate, and both are named; the same result with the data determining
+    its curvature is returned as it is."""
+    plan, coords = _plan_and_coords()
+    prior = coords.prior()
+    mean = prior.mean + np.array([10.0 * np.sqrt(prior.var[0]), 0.5 * np.sqrt(prior.var[1])])
+    cov = np.diag([0.01, 0.02])
+    lost = NoiseAwareLaplace(mean, cov, cov, 1e-4)
+    floored = _floored_step([1e4, 1e4], [1.0, 1.0])
+    out_mean, out_cov = _bounded_by_prior(plan, coords, lost, _Info(), floored)
+    np.testing.assert_array_equal(out_mean, mean)
+    np.testing.assert_allclose(np.diag(out_cov), prior.var + (mean - prior.mean) ** 2)
+    assert plan.prior_wide == ["mu", "sigma"]
+    plan2, coords = _plan_and_coords()
+    determined = _floored_step([1.0, 1.0], [1.0, 1.0])
+    out_mean, out_cov = _bounded_by_prior(plan2, coords, lost, _Info(), determined)
+    np.testing.assert_array_equal(out_cov, cov)
+    assert plan2.prior_wide == []
