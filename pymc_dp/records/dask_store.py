@@ -29,7 +29,7 @@ scheduler's event loop runs in the driver process), and each answer is awaited o
 actor its call over the client's connection pool (the worker's ``actor_execute``
 handler, the same request an `Actor` handle sends when the client connects directly) and
 gathers the answers (issue 28, measured on 2 local worker processes and tiny data, A/B on
-one cluster: the driver's CPU a released sum 1.5-3.2 ms against 2.5-5.1 ms;
+one cluster: the driver's CPU a released sum 1.5-3.8 ms against 2.5-5.9 ms;
 docs/benchmarks.md, section 7). A client made with ``direct_to_workers=False`` (workers it
 cannot reach) keeps the scheduler's route.
 
@@ -757,8 +757,8 @@ class DaskStore:
         ``direct_to_workers=None`` goes through the scheduler instead (its ``proxy``
         handler: two more messages a call, and on a ``LocalCluster`` the scheduler runs in
         the driver process), and each answer is waited for separately. Measured (issue 28,
-        2 worker processes, tiny data, A/B on one cluster): 1.5-3.2 ms of driver CPU a
-        released sum against 2.5-5.1 ms through the scheduler. A client created with
+        2 worker processes, tiny data, A/B on one cluster): 1.5-3.8 ms of driver CPU a
+        released sum against 2.5-5.9 ms through the scheduler. A client created with
         ``direct_to_workers=False`` (workers it cannot reach) keeps the scheduler route, and
         so does a store whose direct call failed to connect while the scheduler still
         reached the actor.
