@@ -453,7 +453,7 @@ def _task_error(kind: str) -> RuntimeError:
 
 
 async def _execute_direct(rpc, targets: list) -> list:
-    """Call ``PartitionActor.run(*request)`` of every ``(address, key, request)`` target at
+    """Call ``PartitionActor.run(request)`` of every ``(address, key, request)`` target at
     once, straight to the worker at ``address`` (its ``actor_execute`` handler, the
     request pickled as one argument); every result or exception, in order."""
     import asyncio
@@ -775,7 +775,7 @@ class DaskStore:
                 if isinstance(out, OSError) and _actor_alive(calls[k][0]):
                     # not reachable directly, reachable through the scheduler: use that
                     retry = self._send_proxied(method, [calls[k]])[0]
-                    if not isinstance(retry, OSError):
+                    if not isinstance(retry, BaseException):  # answered: keep that route
                         self._direct = False
                     outs[k] = retry
             return outs
