@@ -3,8 +3,12 @@
 On a ``LocalCluster`` with 2 worker processes (one thread each) this script measures, for the
 banana model of the DP-HMC paper (d = 2, generic route):
 
-* the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 1`` computed sums, the
-  gradient at the start kept from the last trajectory, `pymc_dp.records.GradSumMemo`) and of
+* the per-iteration time of DPHMC (``L`` leapfrog steps: ``L + 1`` gradient sums and a
+  ratio sum released, ``L`` of them computed in ``L`` passes over the records and ``L``
+  messages to each worker: the gradient at the start kept from the last trajectory,
+  `pymc_dp.records.GradSumMemo`, and the ratio sum computed in the last gradient pass,
+  `pymc_dp.records.FusedLastPass`, the log-likelihoods at the current point kept on the
+  workers) and of
   DPPenaltyMetropolis (1 released sum) at each ``n``, in one process (``chunk_size`` = the
   partition size) and with ``DaskRecords`` (the same partitions on the 2 workers);
 * the per-iteration time of DPSGLD with a Poisson minibatch of expected size ``B`` (1
@@ -16,7 +20,7 @@ banana model of the DP-HMC paper (d = 2, generic route):
 
 and fits the model ``T(W, n) = c n / W + k R`` of an iteration on ``W`` workers, with ``c``
 the single-process compute time per record and iteration (from the largest ``n``) and ``k``
-the computed sums per iteration (``L + 1`` for DPHMC, 1 for the penalty step); for the
+the round trips per iteration (``L`` for DPHMC, 1 for the penalty step); for the
 minibatch step ``T(W, B) = c_B B / W + R`` with ``c_B`` its single-process time per
 minibatch record (independent of ``n``). Printed: the
 measurements, the model's prediction for ``W = 2`` next to the measured Dask time (how well
@@ -69,7 +73,7 @@ import pymc_dp  # noqa: E402
 from pymc_dp.distributed import DaskRecords  # noqa: E402
 from pymc_dp.experiments.models import banana  # noqa: E402
 
-L = 5  # leapfrog steps of DPHMC: L + 1 computed sums (round trips) per iteration
+L = 5  # leapfrog steps of DPHMC: L round trips per iteration (kept start gradient, fused ratio)
 B = 1000  # expected minibatch of DPSGLD (1 released sum per iteration)
 PARTITIONS = 4  # partitions of the records (2 per worker)
 
@@ -220,7 +224,7 @@ def _report(args, rows, rt: float, trim: str) -> None:
     )
     print(head)
     print("-" * len(head))
-    k = {"DPHMC": L + 1, "DPPenaltyMetropolis": 1}
+    k = {"DPHMC": L, "DPPenaltyMetropolis": 1}
     n_max = max(args.sizes)
     c = {name: t1 / n for name, n, t1, *_ in rows if n == n_max}
     mb = f"DPSGLD (B={B})"  # minibatch: the work is B rows, whatever n

@@ -270,6 +270,147 @@ def test_a_function_failing_on_a_worker_names_only_its_type(client):
     store.close()
 
 
+def _count_actor_calls(monkeypatch, *names):
+    """Count the calls of `PartitionActor` methods (in-process workers: the same class)."""
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        real = getattr(dask_store.PartitionActor, name)
+
+        def counted(self, *a, _real=real, _name=name):
+            calls[_name] += 1
+            return _real(self, *a)
+
+        monkeypatch.setattr(dask_store.PartitionActor, name, counted)
+    return calls
+
+
+def test_fused_pass_on_dask_gives_the_in_memory_sums_in_one_message_per_worker(client, monkeypatch):
+    """Issue 28: DP-HMC's last gradient pass and its ratio release in one pass on the
+    cluster. The per-record log-likelihoods stay on the workers (`KeptOnWorkers`), computed
+    there at the old point when not kept; both releases are one message to each actor and
+    give the in-memory fused pass's sums with the same chunks, exactly, whether the values
+    were kept or computed (a fresh handle at the same point), and the kept-ratio release
+    likewise."""
+    from pymc_dp.records.runtime import KeptOnWorkers
+
+    X, y = _data()
+    kw = dict(llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0)
+    kw.update(grad_noise_multiplier=1.0)
+    with _model(X, y):
+        local = pymc_dp.DPHMC(chunk_size=PART, **kw)
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.DPHMC(records=_records(client, X, y), **kw)
+    local.fuse_ratio_pass = remote.fuse_ratio_pass = True
+    assert remote.fuses_ratio_pass and remote._fns.keeps_remotely and remote._fns.fused_pays
+    q0, q1, q2 = np.array([0.1, 0.2]), np.array([0.9, -0.8]), np.array([0.4, -0.1])
+
+    def passes(fns):
+        l0 = fns.loglik_chunks(q0)
+        first = fns.clipped_grad_and_ratio_sum_kept(q1, 0.4, l0, 0.3)
+        second = fns.clipped_grad_and_ratio_sum_kept(q2, 0.4, first[-1], 0.2)
+        third = fns.clipped_loglik_ratio_sum_kept(q0, second[-1], 0.25)
+        return [first[:-1], second[:-1], third[:-1]]
+
+    want = passes(local._fns)
+    remote._fns.check_start(q0)  # actors started
+    calls = _count_actor_calls(monkeypatch, "map", "kept", "rows")
+    got = passes(remote._fns)
+    n_actors = len(remote._fns.records._actors)
+    assert calls == {"map": 0, "kept": 3 * n_actors, "rows": 0}  # one message per release
+    for w, g in zip(want, got, strict=True):
+        for a, b in zip(_flatten(w), _flatten(g), strict=True):
+            if a.ndim == 0 and b == 0 and a != 0:  # a count: it stays on the workers
+                continue
+            np.testing.assert_array_equal(a, b)
+    # not kept (a new actor, or the first release of a chain): computed where the records
+    # are, the same numbers
+    fresh = remote._fns.clipped_grad_and_ratio_sum_kept(q2, 0.4, KeptOnWorkers(q1), 0.2)
+    for a, b in zip(_flatten(want[1]), _flatten(fresh[:-1]), strict=True):
+        if not (a.ndim == 0 and b == 0 and a != 0):
+            np.testing.assert_array_equal(a, b)
+    assert want[0][0].any() and want[0][2] != 0.0  # non-trivial sums
+
+
+def test_dphmc_on_dask_fuses_the_ratio_pass_and_draws_equal_the_in_memory_run(client, monkeypatch):
+    """Issue 28: a DP-HMC iteration on the cluster is ``L`` messages to each actor (the
+    first gradient kept from the last trajectory, the ratio release fused into the last
+    gradient pass), ``L + 1`` before; its draws and privacy account are those of the
+    in-memory run with the same chunks and the fused pass, and of the unfused cluster run."""
+    X, y = _data()
+    L = 3
+    kw = dict(llr_clip_bound=0.5, grad_clip_bound=0.5, n_leapfrog=L)
+
+    def run(records=None, fuse=None, **extra):
+        step_kwargs = {**kw, **extra}
+        monkeypatch.setattr(pymc_dp.DPHMC, "fuse_ratio_pass", fuse)
+        with _model(X[:10], y[:10]) if records is not None else _model(X, y):
+            return pymc_dp.sample(
+                step=pymc_dp.DPHMC, epsilon=5.0, delta=1e-5, step_kwargs=step_kwargs,
+                records=records, random_seed=11, **RUN,
+            )  # fmt: skip
+
+    local = run(chunk_size=PART, fuse=True)
+    recs = _records(client, X, y)
+    calls = _count_actor_calls(monkeypatch, "map", "kept")
+    remote = run(recs)
+    iterations = RUN["chains"] * (RUN["draws"] + RUN["tune"])
+    n_actors = 2  # one per worker (2 workers, 4 partitions)
+    # per chain: the start gradient once, then L messages an iteration (L - 1 gradient
+    # passes and the fused pass); the start checks are `map` calls too (a few per chain)
+    assert calls["kept"] == iterations * n_actors
+    per_iteration = (calls["map"] + calls["kept"]) / n_actors / iterations
+    assert L <= per_iteration < L + 1
+    unfused = run(_records(client, X, y), fuse=False)
+    np.testing.assert_array_equal(local.posterior["b"].values, remote.posterior["b"].values)
+    np.testing.assert_allclose(
+        unfused.posterior["b"].values, remote.posterior["b"].values, rtol=1e-12, atol=1e-12
+    )
+    a, b = pymc_dp.privacy_report(local), pymc_dp.privacy_report(remote)
+    assert (a.epsilon, a.releases, a.iterations) == (b.epsilon, b.releases, b.iterations)
+    assert b.releases == iterations * (L + 2)
+
+
+def test_actor_calls_go_straight_to_the_workers_unless_the_client_says_otherwise(
+    client, monkeypatch
+):
+    """A released sum is sent to every actor's worker directly, all at once
+    (`dask_store._execute_direct`), not through the actors' `Actor` handles (which go
+    through the scheduler's proxy when the client has Dask's default
+    ``direct_to_workers=None``); a client made with ``direct_to_workers=False`` keeps the
+    handles' route, with the same sums."""
+    used = {"direct": 0, "proxied": 0}
+    real_direct, real_proxied = dask_store._execute_direct, dask_store.DaskStore._send_proxied
+
+    async def direct(rpc, targets):
+        used["direct"] += len(targets)
+        return await real_direct(rpc, targets)
+
+    def proxied(self, method, calls):
+        used["proxied"] += len(calls)
+        return real_proxied(self, method, calls)
+
+    X, y = _data()
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
+    with distributed.Client(client.scheduler.address, direct_to_workers=False) as other:
+        sums = []
+        for c in (client, other):
+            with _model(X[:10], y[:10]):
+                step = pymc_dp.DPPenaltyMetropolis(
+                    clip_bound=5.0, noise_multiplier=1.0, records=_records(c, X, y)
+                )
+            step._fns.clipped_loglik_ratio_sum(q1, q0, 0.5)  # actors started
+            with monkeypatch.context() as mp:
+                mp.setattr(dask_store, "_execute_direct", direct)
+                mp.setattr(dask_store.DaskStore, "_send_proxied", proxied)
+                used.update(direct=0, proxied=0)
+                sums.append(step._fns.clipped_loglik_ratio_sum(q1, q0, 0.5)[0])
+            assert step._fns.records._direct is (c is client)
+            want = {"direct": 2, "proxied": 0} if c is client else {"direct": 0, "proxied": 2}
+            assert used == want  # one call per actor
+            step._fns.records.close()
+    assert sums[0] == sums[1] and sums[0] != 0.0
+
+
 def test_closing_the_store_releases_its_actors(client):
     """One actor per worker, started by the first read of the records (the step's start
     checks); `DaskStore.close` releases them (other tests' actors may come and go on the

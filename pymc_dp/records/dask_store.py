@@ -21,6 +21,25 @@ the function's token and the parameter vectors; every actor evaluates the functi
 each of its partitions (in the worker's actor thread) and answers with the partition sums. The
 minibatch releases send each actor only the indices of the rows its partitions hold.
 
+"Straight to the worker" is done here, not by Dask's `Actor` handle: an actor method
+called from a client with Dask's default ``direct_to_workers=None`` goes through the
+scheduler's ``proxy`` handler (two more messages a call; on a ``LocalCluster`` the
+scheduler's event loop runs in the driver process), and each answer is awaited on its own.
+`DaskStore._send` instead runs one coroutine on the client's event loop that sends every
+actor its call over the client's connection pool (the worker's ``actor_execute``
+handler, the same request an `Actor` handle sends when the client connects directly) and
+gathers the answers (issue 28, measured on 2 local worker processes and tiny data, A/B on
+one cluster: the driver's CPU a released sum 1.5-3.8 ms against 2.5-5.9 ms;
+docs/benchmarks.md, section 7). A client made with ``direct_to_workers=False`` (workers it
+cannot reach) keeps the scheduler's route.
+
+Per-record values kept between releases (DP-HMC's log-likelihoods at the current point,
+`pymc_dp.records.LoglikMemo`) stay on the actors (`PartitionActor.kept`): the driver holds
+only a name for them (`pymc_dp.records.runtime.KeptOnWorkers`), and an actor that does not
+keep them (its first call, a new actor after a lost worker) computes them at the named
+point within the release. So DP-HMC's ratio release runs in its last gradient pass on the
+cluster too (`pymc_dp.records.FusedLastPass`): ``L`` messages to each worker an iteration.
+
 In the *data-sharing* mode of Yildirim & Ermis (2019), Sec. 3.2.2, Algorithm 2, the
 owners' noisy sums (`DaskStore.owner_sums`) still run as tasks (one task per partition and
 one per owner, which adds its own noise where its partitions' sums are; the driver never
@@ -300,7 +319,17 @@ class PartitionActor:
         }
         self._fns: dict[str, Any] = {}
         self._prepared: dict[str, dict[int, Any]] = {}
+        #: per-record values kept between calls (`kept`): ``{key: {partition: array}}``
+        self._kept: dict[str, dict[int, np.ndarray]] = {}
         _settle_malloc()
+
+    def run(self, request: tuple[str, tuple]):
+        """``method(*args)`` of ``request = (method, args)``: every released sum is this one
+        call (`DaskStore._on_actors`), its arguments one object (serialised once)."""
+        method, args = request
+        if method not in ("map", "rows", "kept"):
+            raise ValueError(f"unknown method {method!r}")  # a protocol error: no data
+        return getattr(self, method)(*args)
 
     def _load(self, shipped):
         """The function of ``shipped = (token, pickled bytes or None)``; the bytes come with
@@ -331,6 +360,37 @@ class PartitionActor:
                 out.append((j, f(*args, *chunk)))
             else:
                 out.append((j, f(*args, self._prepare(prepare, j, chunk), *chunk)))
+        return out
+
+    def kept(self, fn, args: tuple, prepare, fill, old: str, new: str) -> list:
+        """``[(j, fn(*args, [prepared_j,] l_old_j, *partition_j)[:-1] + (None,))]``, the
+        last element of each result (``l_new_j``, per-record values) kept on this actor.
+
+        ``l_old_j`` are the per-record values this actor keeps under the key ``old`` (from
+        an earlier call) or, when it keeps none under that key (its first call, or a new
+        actor after a lost worker), ``ll(q_old, *partition_j)`` with ``fill = (ll,
+        q_old)``: the same numbers either way (a deterministic function of the point and
+        the records). Afterwards the actor keeps the values under ``old`` and ``new`` only
+        (those at the chain's current point and at the proposal: `LoglikMemo` on the
+        driver names which it needs next). The kept values never leave the worker.
+        """
+        return _guarded(self._kept_map, fn, args, prepare, fill, old, new)
+
+    def _kept_map(self, fn, args, prepare, fill, old, new):
+        f, args, out = self._load(fn), _aligned(args), []
+        have = self._kept.get(old)
+        ll, q_old = self._load(fill[0]), _aligned([fill[1]])[0]
+        l_old, l_new = {}, {}
+        for j in self._index:
+            chunk = self._parts[j]
+            lo = have[j] if have is not None else np.asarray(ll(q_old, *chunk))
+            if prepare is None:
+                res = f(*args, lo, *chunk)
+            else:
+                res = f(*args, self._prepare(prepare, j, chunk), lo, *chunk)
+            l_old[j], l_new[j] = lo, res[-1]
+            out.append((j, (*res[:-1], None)))
+        self._kept = {new: l_new, old: l_old}  # ``old`` wins when the two keys are equal
         return out
 
     def rows(self, fn, args: tuple, requests: list) -> list:
@@ -392,6 +452,34 @@ def _task_error(kind: str) -> RuntimeError:
     )
 
 
+async def _execute_direct(rpc, targets: list) -> list:
+    """Call ``PartitionActor.run(request)`` of every ``(address, key, request)`` target at
+    once, straight to the worker at ``address`` (its ``actor_execute`` handler, the
+    request pickled as one argument); every result or exception, in order."""
+    import asyncio
+
+    from distributed.protocol import to_serialize
+
+    async def one(address, key, request):
+        try:
+            msg = await rpc(address).actor_execute(
+                function="run", actor=key, args=[to_serialize(request)], kwargs={}
+            )
+        except Exception as err:  # noqa: BLE001 - classified by the caller
+            return err
+        if msg.get("status") == "OK":
+            return msg["result"]
+        err = msg.get("exception")
+        return err if isinstance(err, BaseException) else RuntimeError("actor call failed")
+
+    return list(await asyncio.gather(*(one(*t) for t in targets)))
+
+
+def _actor_alive(held: _Held) -> bool:
+    """Whether the scheduler still has the actor (its worker was not lost)."""
+    return getattr(held.future, "status", None) in ("finished", "pending")
+
+
 def _actor_lost(err: BaseException) -> bool:
     """Whether an actor call failed because its worker is gone (not because of the data)."""
     if isinstance(err, OSError) or type(err).__name__ in _LOST:
@@ -448,6 +536,9 @@ class DaskStore:
         self._owner_calls = 0
         self._blobs: dict[int, tuple[Any, str, bytes]] = {}
         self._actors: list[_Held] | None = None
+        #: Call the actors straight on their workers (`_send`), unless the client was made
+        #: with ``direct_to_workers=False`` or a direct call could not connect.
+        self._direct = getattr(client, "direct_to_workers", None) is not False
 
     def __getstate__(self):
         raise RemoteRecordsError(
@@ -610,7 +701,7 @@ class DaskStore:
 
     def _on_actors(self, method: str, make_args: Callable[[_Held, Callable], tuple | None]):
         """Call ``method`` of every actor at once (one message each, straight to its
-        worker) and return ``{partition: result}``.
+        worker: `_send`) and return ``{partition: result}``.
 
         ``make_args(held, ship)`` gives the call's arguments for one actor (None: nothing
         for it to do); ``ship(fn)`` is ``fn``'s token, with its bytes if that actor has not
@@ -634,22 +725,13 @@ class DaskStore:
                 args = make_args(held, ship)
                 if args is None:
                     continue
-                try:
-                    fut = getattr(held.actor, method)(*args)
-                except Exception as err:  # noqa: BLE001 - the actor's worker is gone
-                    fut = err
-                sent.append((i, held, new, fut))
-            failed, failure = [], None
-            for i, held, new, fut in sent:
-                try:
-                    if isinstance(fut, BaseException):
-                        raise fut
-                    out = fut.result()
-                except Exception as err:  # noqa: BLE001 - classified below, text not shown
-                    failure = err
-                if failure is not None:
-                    lost, kind = _actor_lost(failure), type(failure).__name__
-                    failure = None  # its text could hold record values
+                sent.append((i, held, new, args))
+            outs = self._send(method, [(held, args) for _, held, _, args in sent])
+            failed = []
+            for (i, held, new, _), out in zip(sent, outs, strict=True):
+                if isinstance(out, BaseException):
+                    lost, kind = _actor_lost(out), type(out).__name__
+                    out = None  # its text could hold record values
                     if not lost:
                         raise _task_error(kind)
                     failed.append(i)
@@ -662,6 +744,59 @@ class DaskStore:
                 self._restart(i)
             todo = failed
         raise _lost_error("the worker holding an actor was lost repeatedly")
+
+    def _send(self, method: str, calls: list[tuple[_Held, tuple]]) -> list:
+        """``PartitionActor.run(method, args)`` on every ``(held, args)`` at once; each
+        call's result or its exception, in order.
+
+        Direct (the default): one coroutine on the client's event loop sends every call
+        straight to its actor's worker over the client's connection pool (Dask's
+        ``actor_execute`` handler, what an `Actor` method does when the client connects to
+        workers directly) and gathers the answers: one hand-over to the event loop per
+        released sum. An ``Actor`` method call of a client with Dask's default
+        ``direct_to_workers=None`` goes through the scheduler instead (its ``proxy``
+        handler: two more messages a call, and on a ``LocalCluster`` the scheduler runs in
+        the driver process), and each answer is waited for separately. Measured (issue 28,
+        2 worker processes, tiny data, A/B on one cluster): 1.5-3.8 ms of driver CPU a
+        released sum against 2.5-5.9 ms through the scheduler. A client created with
+        ``direct_to_workers=False`` (workers it cannot reach) keeps the scheduler route, and
+        so does a store whose direct call failed to connect while the scheduler still
+        reached the actor.
+        """
+        if not calls:
+            return []
+        if self._direct:
+            targets = [(h.actor._address, h.actor.key, (method, args)) for h, args in calls]
+            try:
+                outs = self._client.sync(_execute_direct, self._client.rpc, targets)
+            except Exception as err:  # noqa: BLE001 - e.g. the client's loop is closing
+                outs = [err] * len(calls)
+            for k, out in enumerate(outs):
+                if isinstance(out, OSError) and _actor_alive(calls[k][0]):
+                    # not reachable directly, reachable through the scheduler: use that
+                    retry = self._send_proxied(method, [calls[k]])[0]
+                    if not isinstance(retry, BaseException):  # answered: keep that route
+                        self._direct = False
+                    outs[k] = retry
+            return outs
+        return self._send_proxied(method, calls)
+
+    def _send_proxied(self, method: str, calls: list[tuple[_Held, tuple]]) -> list:
+        """`_send` through the `Actor` handles (the scheduler's proxy unless the client
+        connects to workers directly)."""
+        futs = []
+        for held, args in calls:
+            try:
+                futs.append(held.actor.run((method, args)))
+            except Exception as err:  # noqa: BLE001 - the actor's worker is gone
+                futs.append(err)
+        outs = []
+        for fut in futs:
+            try:
+                outs.append(fut if isinstance(fut, BaseException) else fut.result())
+            except Exception as err:  # noqa: BLE001 - classified by the caller
+                outs.append(err)
+        return outs
 
     def _receive(self, out: list) -> list:
         """The ``(partition, result)`` pairs an actor returned: partition results only."""
@@ -737,6 +872,37 @@ class DaskStore:
             out = self._on_actors("map", lambda held, ship: (ship(fn), args))
         else:
             out = self._on_actors("map", lambda held, ship: (ship(fn), args, ship(prepare)))
+        return functools.reduce(reduce, (out[j] for j in range(self.n_partitions)), init)
+
+    def map_reduce_kept(
+        self,
+        fn: Callable[..., Any],
+        reduce: Callable[[Any, Any], Any],
+        init: Any,
+        *,
+        args: tuple = (),
+        prepare: Callable[..., Any] | None = None,
+        fill: tuple[Callable[..., Any], np.ndarray],
+        old: str,
+        new: str,
+    ):
+        """`map_reduce` with per-record values kept on the workers between calls.
+
+        ``fn(*args, [prepared_j,] l_old_j, *partition_j)`` on every partition (on its
+        worker), where ``l_old_j`` are the partition's values kept under the key ``old``
+        by an earlier call, or ``fill[0](fill[1], *partition_j)`` where they are not kept
+        (`PartitionActor.kept`); the last element of ``fn``'s result (``l_new_j``) stays on
+        the worker under the key ``new`` and is returned as None. The counterpart of
+        `InMemoryRecords.map_reduce` with ``per_chunk`` (`pymc_dp.records.LoglikMemo`): the
+        same numbers, with the per-record values never leaving the workers.
+        """
+        args, fill = tuple(args), (fill[0], np.asarray(fill[1]))
+
+        def make_args(held, ship):
+            shipped = (ship(fill[0]), fill[1])
+            return (ship(fn), args, None if prepare is None else ship(prepare), shipped, old, new)
+
+        out = self._on_actors("kept", make_args)
         return functools.reduce(reduce, (out[j] for j in range(self.n_partitions)), init)
 
     def map_reduce_rows(

@@ -13,6 +13,7 @@ both points) would publish a bit of the data without noise.
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,7 +23,14 @@ from pymc_dp.records.graphs import RecordGraphs
 from pymc_dp.records.routes import compile_fused_pass, compile_gradients, compile_kept_ratio
 from pymc_dp.records.store import InMemoryRecords, _private_call
 
-__all__ = ["FusedLastPass", "GradSumMemo", "LoglikMemo", "RecordFunctions", "RecordSource"]
+__all__ = [
+    "FusedLastPass",
+    "GradSumMemo",
+    "KeptOnWorkers",
+    "LoglikMemo",
+    "RecordFunctions",
+    "RecordSource",
+]
 
 
 @runtime_checkable
@@ -42,11 +50,14 @@ class RecordSource(Protocol):
     @property
     def loglik_worth_keeping(self) -> bool: ...
 
-    def loglik_chunks(self, q: np.ndarray) -> list[np.ndarray]: ...
+    @property
+    def can_keep(self) -> bool: ...
+
+    def loglik_chunks(self, q: np.ndarray) -> list[np.ndarray] | KeptOnWorkers: ...
 
     def clipped_loglik_ratio_sum_kept(
-        self, q_new: np.ndarray, l_old: list[np.ndarray], bound: float
-    ) -> tuple[float, int, list[np.ndarray]]: ...
+        self, q_new: np.ndarray, l_old: list[np.ndarray] | KeptOnWorkers, bound: float
+    ) -> tuple[float, int, list[np.ndarray] | KeptOnWorkers]: ...
 
     @property
     def fusable(self) -> bool: ...
@@ -55,8 +66,12 @@ class RecordSource(Protocol):
     def fused_pays(self) -> bool: ...
 
     def clipped_grad_and_ratio_sum_kept(
-        self, q_new: np.ndarray, grad_bound: float, l_old: list[np.ndarray], llr_bound: float
-    ) -> tuple[np.ndarray, int, float, int, list[np.ndarray]]: ...
+        self,
+        q_new: np.ndarray,
+        grad_bound: float,
+        l_old: list[np.ndarray] | KeptOnWorkers,
+        llr_bound: float,
+    ) -> tuple[np.ndarray, int, float, int, list[np.ndarray] | KeptOnWorkers]: ...
 
     def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]: ...
 
@@ -687,16 +702,49 @@ class RecordFunctions:
             self._loglik_costly = bool(costly_per_record_ops(g.ll_batch, g.batch))
         return self._loglik_costly
 
-    def loglik_chunks(self, q: np.ndarray) -> list[np.ndarray]:
-        """Per-record (tempered) log-likelihoods at ``q``, one array per chunk, to be kept
-        in this process for `clipped_loglik_ratio_sum_kept` (in-memory records only).
+    @property
+    def keeps_remotely(self) -> bool:
+        """Whether the records live elsewhere and the per-record values a release keeps
+        stay there (`pymc_dp.records.dask_store.DaskStore.map_reduce_kept`). Structural."""
+        return not getattr(self._records, "local", False) and hasattr(
+            self._records, "map_reduce_kept"
+        )
 
-        Noise-free values of the data: never publish them; they may only enter a release
-        (`LoglikMemo` keeps them for the next ratio release). Not a release itself.
+    @property
+    def can_keep(self) -> bool:
+        """Whether per-record log-likelihoods can be kept between releases (`LoglikMemo`):
+        in this process for in-memory records, on the workers for a remote store that keeps
+        them (`keeps_remotely`). Structural, data-free."""
+        return bool(getattr(self._records, "local", False)) or self.keeps_remotely
+
+    def loglik_chunks(self, q: np.ndarray) -> list[np.ndarray] | KeptOnWorkers:
+        """Per-record (tempered) log-likelihoods at ``q``, one array per chunk, to be kept
+        for `clipped_loglik_ratio_sum_kept` (`can_keep`).
+
+        In-memory records: computed now, kept in this process. A remote store
+        (`keeps_remotely`): nothing is read now; a `KeptOnWorkers` handle is returned, and
+        the workers compute the values within the release that first uses them and keep
+        them there. Noise-free values of the data: never publish them; they may only enter
+        a release (`LoglikMemo` keeps them for the next ratio release). Not a release itself.
         """
+        if self.keeps_remotely:
+            return KeptOnWorkers(q)
         if not getattr(self._records, "local", False):
             raise TypeError("per-record log-likelihoods are kept for in-memory records only")
         return self._records.map_reduce(self._c.ll_chunk, _collect, [], args=(q,))
+
+    def _kept_remotely(self, kernel, reduce, init, l_old, q_new, **kw) -> tuple:
+        """``map_reduce_kept`` of a remote store: the values ``l_old`` (a `KeptOnWorkers`
+        handle) kept on the workers or computed there at its point, ``l_new`` kept there
+        under a new handle (at ``q_new``), returned in place of the per-chunk list."""
+        if not isinstance(l_old, KeptOnWorkers):
+            raise TypeError("the kept log-likelihoods of a remote store are a KeptOnWorkers")
+        l_new = KeptOnWorkers(q_new)
+        out = self._records.map_reduce_kept(
+            kernel, reduce, init, fill=(self._c.ll_chunk, l_old.q), old=l_old.key,
+            new=l_new.key, **kw,
+        )  # fmt: skip
+        return (*out[:-1], l_new)
 
     def clipped_loglik_ratio_sum_kept(
         self, q_new: np.ndarray, l_old: list[np.ndarray], bound: float
@@ -709,8 +757,17 @@ class RecordFunctions:
         Returns ``(clipped sum, n_clipped, l_new)``, ``l_new`` per chunk, to be kept (never
         published). One release, counted like `clipped_loglik_ratio_sum`; the sum and the
         count are the same numbers up to rounding (the ratios are formed from the two
-        evaluations instead of within one compiled function). In-memory records only.
+        evaluations instead of within one compiled function). Records that `can_keep`: on
+        a remote store ``l_old`` and ``l_new`` are `KeptOnWorkers` handles (the values stay
+        on the workers, the same numbers).
         """
+        if self.keeps_remotely:
+            total, count, l_new = self._kept_remotely(
+                self._kernel("llr_kept"), _add_kept, (0.0, 0, []), l_old, q_new,
+                args=(q_new, bound),
+            )  # fmt: skip
+            self.released["llr"] += 1
+            return float(total), int(count), l_new
         if not getattr(self._records, "local", False):
             raise TypeError("per-record log-likelihoods are kept for in-memory records only")
         total, count, l_new = self._records.map_reduce(
@@ -722,10 +779,11 @@ class RecordFunctions:
 
     @property
     def fusable(self) -> bool:
-        """Whether `clipped_grad_and_ratio_sum_kept` is available: in-memory records and a
-        gradient route with a fused pass (`pymc_dp.records.routes.compile_fused_pass`).
+        """Whether `clipped_grad_and_ratio_sum_kept` is available: records that `can_keep`
+        (in memory, or a remote store keeping the values on its workers) and a gradient
+        route with a fused pass (`pymc_dp.records.routes.compile_fused_pass`).
         Structural, data-free (compiles the gradient functions if needed)."""
-        if not getattr(self._records, "local", False):
+        if not self.can_keep:
             return False
         self._ensure_grad()
         fs = self._c.grad_clipped
@@ -741,10 +799,14 @@ class RecordFunctions:
         n = 10^5, the fused pass against the two passes: Poisson, StudentT and logistic
         0.50-0.91x on both PyTensor lines; the arithmetic-only likelihoods mixed (banana on
         the blocks route 0.74x on 3.3, 1.36x on 2.38) and the sorted route 1.07-2.13x
-        (docs/benchmarks.md, section 6). Structural, data-free."""
-        if not self.fusable or not self.loglik_worth_keeping:
+        (docs/benchmarks.md, section 6). On a remote store (`keeps_remotely`) the fused
+        pass also saves a round trip to the workers (a released sum each), and the pass it
+        replaces evaluates the log-likelihoods at both points unless they are kept: it pays
+        whatever the likelihood, off the sorted route (docs/benchmarks.md, section 7).
+        Structural, data-free."""
+        if not self.fusable or self._c.grad_clipped["route"].name == "sorted":
             return False
-        return self._c.grad_clipped["route"].name != "sorted"
+        return self.keeps_remotely or self.loglik_worth_keeping
 
     def clipped_grad_and_ratio_sum_kept(
         self, q_new: np.ndarray, grad_bound: float, l_old: list[np.ndarray], llr_bound: float
@@ -759,13 +821,15 @@ class RecordFunctions:
         issue 28): `pymc_dp.records.routes.compile_fused_pass`. Returns ``(grad sum,
         n_grad_clipped, ratio sum, n_llr_clipped, l_new)``, ``l_new`` per chunk (kept,
         never published). Two releases, counted as such (``released["grad"]`` and
-        ``released["llr"]``); the counts are non-private (0 unless `counts`). In-memory
-        records with a fusable route only (`fusable`).
+        ``released["llr"]``); the counts are non-private (0 unless `counts`). Records with
+        a fusable route only (`fusable`); on a remote store ``l_old`` and ``l_new`` are
+        `KeptOnWorkers` handles (the values stay on the workers: one message to each
+        worker for both releases).
         """
         if not self.fusable:
             raise TypeError(
-                "the fused gradient and ratio pass needs in-memory records and a route "
-                "with a fused pass"
+                "the fused gradient and ratio pass needs records that keep per-record "
+                "values (in memory, or DaskRecords) and a route with a fused pass"
             )
         route = self._c.grad_clipped["route"]
         kernel = self._kernel("fused")
@@ -774,9 +838,12 @@ class RecordFunctions:
             kw: dict[str, Any] = {"args": (q_new, grad_bound, llr_bound, [])}
         else:
             kw = {"args": (q_new, grad_bound, llr_bound), "prepare": self._kernel("prepare")}
-        g, k, s, kl, l_new = self._records.map_reduce(
-            kernel, _add_fused, init, per_chunk=l_old, **kw
-        )
+        if self.keeps_remotely:
+            g, k, s, kl, l_new = self._kept_remotely(kernel, _add_fused, init, l_old, q_new, **kw)
+        else:
+            g, k, s, kl, l_new = self._records.map_reduce(
+                kernel, _add_fused, init, per_chunk=l_old, **kw
+            )
         self.released["grad"] += 1
         self.released["llr"] += 1
         return g, int(k), float(s), int(kl), l_new
@@ -1030,6 +1097,25 @@ class RecordFunctions:
             )
 
 
+class KeptOnWorkers:
+    """Per-record log-likelihoods kept where the records live (a remote store), by name.
+
+    What `RecordFunctions.loglik_chunks` and the kept releases return for a remote store
+    (`RecordFunctions.keeps_remotely`) in place of the per-chunk arrays: a fresh ``key``
+    under which the workers keep the values, and the point ``q`` they are the
+    log-likelihoods at. A worker that does not keep the values under ``key`` (its first
+    release, or a new actor after a lost worker) computes them at ``q`` within the release
+    (`pymc_dp.records.dask_store.PartitionActor.kept`): the same numbers. No record value
+    is held on the driver.
+    """
+
+    __slots__ = ("key", "q")
+
+    def __init__(self, q: np.ndarray) -> None:
+        self.key = uuid.uuid4().hex
+        self.q = np.array(q, copy=True)
+
+
 class GradSumMemo:
     r"""The noise-free clipped gradient sums at the two ends of the last trajectory, for reuse.
 
@@ -1165,8 +1251,9 @@ class LoglikMemo:
     the store and its chunking. Otherwise the log-likelihoods at the old point are computed
     first (within the same release). Kept values are noise-free values of the data: they
     never leave this object except into a release that adds noise, and they are never
-    pickled. In-memory records only (a remote store keeps the per-record values where the
-    records live; the step then calls `RecordFunctions.clipped_loglik_ratio_sum`).
+    pickled. Records that `RecordFunctions.can_keep`: for a remote store
+    (`pymc_dp.distributed.DaskRecords`) the memo holds `KeptOnWorkers` handles and the
+    values stay on the workers (the actors keep those at the two points of the last release).
 
     Parameters
     ----------
@@ -1252,7 +1339,9 @@ class FusedLastPass:
     Parameters
     ----------
     fns : RecordFunctions
-        In-memory records with a fusable route (`RecordFunctions.fusable`).
+        Records with a fusable route (`RecordFunctions.fusable`): in memory, or on a Dask
+        cluster (the log-likelihoods kept on the workers; one message to each worker for
+        the two releases).
     ll_memo : LoglikMemo
         Keeps the log-likelihoods at the current point.
     grad_memo : GradSumMemo, optional

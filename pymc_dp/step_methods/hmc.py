@@ -86,10 +86,12 @@ class DPHMC(DPStep):
     ``L`` sums are computed), the ratio once (the per-record log-likelihoods at the
     current point, computed by the last ratio release, are kept, ``n`` floats,
     `pymc_dp.records.LoglikMemo`, so each release evaluates them at its proposal only;
-    in-memory records, where that evaluation is costly: `reuse_loglik`; where it pays, the
+    in memory or on the workers of a Dask cluster, where that evaluation is costly:
+    `reuse_loglik`; where it pays, the
     ratio sum is computed in the same pass over the records as the last gradient sum of the
     trajectory, whose end point is the ratio's proposal: `fuse_ratio_pass`,
-    `pymc_dp.records.FusedLastPass`, ``L`` record passes per iteration); each is a
+    `pymc_dp.records.FusedLastPass`, ``L`` record passes per iteration, and on a Dask
+    cluster ``L`` messages to each worker instead of ``L + 1``); each is a
     Gaussian mechanism under replace-one neighbours, so an iteration has privacy-loss
     parameter $\mu = 1/(2 z_l^2) + (L + 1)/(2 z_g^2)$ and ``k`` iterations over all
     chains (warmup included) compose to $k\mu$ by the tight Gaussian bound (Sommer et
@@ -194,7 +196,8 @@ class DPHMC(DPStep):
     reuse_gradient_sums = True
     #: Keep the per-record log-likelihoods at the current point (``n`` floats, computed by
     #: the last ratio release; `pymc_dp.records.LoglikMemo`): each ratio release evaluates
-    #: the log-likelihoods at its proposal only. In-memory records only. ``None``
+    #: the log-likelihoods at its proposal only. In memory, or on the workers of
+    #: `DaskRecords` (they never leave them); central scheme. ``None``
     #: (default): where it pays (`RecordFunctions.loglik_worth_keeping`: a transcendental
     #: function or a row reduction per record); True: always; False: never.
     reuse_loglik: bool | None = None
@@ -203,9 +206,10 @@ class DPHMC(DPStep):
     #: log-likelihoods at the end point in the same compiled call as the clipped gradient
     #: sum there, the ratios against those kept at the current point, ``n`` floats). The
     #: same releases, noise and accounting. ``None`` (default): where it pays
-    #: (`RecordFunctions.fused_pays`: a costly per-record log-likelihood, not on the sorted
-    #: route); True: wherever available (in-memory records, central scheme, a route with a
-    #: fused pass); False: never.
+    #: (`RecordFunctions.fused_pays`: not on the sorted route, and a costly per-record
+    #: log-likelihood in memory; on `DaskRecords` whatever the likelihood, as it also saves
+    #: one round trip to the workers an iteration); True: wherever available (in-memory
+    #: records or `DaskRecords`, central scheme, a route with a fused pass); False: never.
     fuse_ratio_pass: bool | None = None
     remote_records = True
     data_sharing = True
@@ -416,11 +420,12 @@ class DPHMC(DPStep):
     @property
     def fuses_ratio_pass(self) -> bool:
         """Whether the last gradient release and the ratio release share one pass over the
-        records (`fuse_ratio_pass`; in-memory records, central scheme, a route with a
-        fused pass: `pymc_dp.records.RecordFunctions.fusable`). Structural, data-free."""
+        records (`fuse_ratio_pass`; in-memory records or `DaskRecords`, central scheme, a
+        route with a fused pass: `pymc_dp.records.RecordFunctions.fusable`). Structural,
+        data-free."""
         if self.fuse_ratio_pass is False or self._owners:
             return False
-        if not getattr(self._fns.records, "local", False):
+        if not self._fns.can_keep:
             return False
         if self.fuse_ratio_pass is None:
             return self._fns.fused_pays
@@ -436,8 +441,9 @@ class DPHMC(DPStep):
     @property
     def keeps_loglik(self) -> bool:
         """Whether the ratio releases use the kept per-record log-likelihoods
-        (`reuse_loglik`; in-memory records, central scheme). Structural, data-free."""
-        if self._owners or not getattr(self._fns.records, "local", False):
+        (`reuse_loglik`; in-memory records or `DaskRecords`, whose workers keep them;
+        central scheme). Structural, data-free."""
+        if self._owners or not self._fns.can_keep:
             return False
         if self.reuse_loglik is None:
             return self._fns.loglik_worth_keeping

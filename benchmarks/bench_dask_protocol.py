@@ -1,0 +1,195 @@
+"""The Dask protocol's two changes of issue 28's second session, A/B in one cluster.
+
+Alternating rounds on the same ``LocalCluster`` (2 worker processes x 1 thread, workers
+without ``MALLOC_TRIM_THRESHOLD_``), so that both sides of each comparison see the same load:
+
+* ``R``: one released sum over 4 partitions of 1 record, the actor calls sent straight to
+  the workers from one coroutine (`pymc_dp.records.dask_store.DaskStore._send`, new) or
+  through the `Actor` handles, i.e. the scheduler's proxy for a client with Dask's default
+  ``direct_to_workers=None`` (old);
+* DPHMC (banana, ``L = 5``) at ``n``: new (direct, ratio release fused into the last
+  gradient pass with the log-likelihoods kept on the workers: ``L`` round trips), old
+  (through the scheduler, unfused, the ratio at both points: ``L + 1``) and the two mixed
+  settings; DPPenaltyMetropolis new / old; the one process (``chunk_size`` = partition
+  size) alongside.
+
+Wall medians, and CPU per call or iteration of the driver and of both workers (means over
+a round, medians over the rounds). Usage: ``python benchmarks/bench_dask_protocol.py
+[n]`` (``ROUNDS`` in the environment: rounds per setting, default 4).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+import warnings
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+import numpy as np  # noqa: E402
+from distributed import Client, LocalCluster  # noqa: E402
+
+import pymc_dp  # noqa: E402
+from pymc_dp.distributed import DaskRecords  # noqa: E402
+from pymc_dp.experiments.models import banana  # noqa: E402
+
+ROUNDS = int(os.environ.get("ROUNDS", 4))
+
+
+def _usage() -> float:
+    return time.process_time()
+
+
+def _measure(client, fn, n: int) -> tuple[float, float, float]:
+    """Median wall, mean driver CPU and mean CPU of all workers per call of ``fn``."""
+    w0, d0, ts = sum(client.run(_usage).values()), time.process_time(), []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    d1, w1 = time.process_time(), sum(client.run(_usage).values())
+    return statistics.median(ts), (d1 - d0) / n, (w1 - w0) / n
+
+
+def _local(fn, n: int) -> tuple[float, float, float]:
+    c0, ts = time.process_time(), []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts), (time.process_time() - c0) / n, 0.0
+
+
+def _stepper(step, point):
+    state = {"p": point}
+
+    def f():
+        state["p"], _ = step.step(state["p"])
+
+    return f
+
+
+def _show(label: str, res: list) -> tuple[float, float]:
+    w = statistics.median(r[0] for r in res)
+    d = statistics.median(r[1] for r in res)
+    k = statistics.median(r[2] for r in res)
+    print(
+        f"  {label:34s} wall {w * 1e3:9.3f} ms  CPU driver {d * 1e3:8.3f} ms  "
+        f"workers {k * 1e3:8.3f} ms  total {(d + k) * 1e3:8.3f} ms",
+        flush=True,
+    )
+    return w, d + k
+
+
+def _round_trip(client) -> None:
+    small = banana(n=10, seed=0)
+    recs = DaskRecords(client, {"x": da.from_array(np.zeros((4, 2)), chunks=(1, 2))})
+    with small.model, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = pymc_dp.DPPenaltyMetropolis(clip_bound=1.0, noise_multiplier=1.0, records=recs)
+    fns, store = st._fns, st._fns.records
+    q0, q1 = np.zeros(2), np.full(2, 0.01)
+    for _ in range(20):
+        fns.clipped_loglik_ratio_sum(q1, q0, 0.1)
+    res: dict[bool, list] = {True: [], False: []}
+    for _ in range(ROUNDS * 2):
+        for direct in (True, False):
+            store._direct = direct
+            res[direct].append(
+                _measure(client, lambda: fns.clipped_loglik_ratio_sum(q1, q0, 0.1), 100)
+            )
+    print(
+        f"R: one released sum, 4 partitions of 1 record, medians of {2 * ROUNDS} rounds x 100 "
+        f"calls, load {os.getloadavg()[0]:.1f}"
+    )
+    _show("straight to the workers (new)", res[True])
+    _show("Actor handles / scheduler (old)", res[False])
+
+
+def _steps(client, n: int) -> None:
+    full = banana(n=n, seed=0)
+    chunk = -(-n // 4)
+    x = np.asarray(full.data)
+    recs = DaskRecords(client, {"x": da.from_array(x, chunks=(chunk, 2))})
+    kw = dict(
+        llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0,
+        grad_noise_multiplier=1.0, n_leapfrog=5, step_size=1e-3, adapt_mass_matrix=False,
+    )  # fmt: skip
+    pen = dict(clip_bound=1.0, noise_multiplier=1.0, scaling=1e-3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with full.model:
+            hl = pymc_dp.DPHMC(chunk_size=chunk, rng=np.random.default_rng(1), **kw)
+            pl = pymc_dp.DPPenaltyMetropolis(chunk_size=chunk, rng=np.random.default_rng(2), **pen)
+        with banana(n=10, seed=0).model as m:
+            hr = pymc_dp.DPHMC(records=recs, rng=np.random.default_rng(1), **kw)
+            pr = pymc_dp.DPPenaltyMetropolis(records=recs, rng=np.random.default_rng(2), **pen)
+    store = hr._fns.records
+    fl, fr = _stepper(hl, full.model.initial_point()), _stepper(hr, m.initial_point())
+    gl, gr = _stepper(pl, full.model.initial_point()), _stepper(pr, m.initial_point())
+    for f in (fl, fr, gl, gr):
+        f()
+        f()
+    # (direct, fuse_ratio_pass, reuse_loglik)
+    variants = {
+        "1 process": None,
+        "Dask new (direct, fused)": (True, True, None),
+        "Dask old (scheduler, unfused)": (False, False, False),
+        "Dask direct, unfused": (True, False, False),
+        "Dask scheduler, fused": (False, True, None),
+    }
+    out: dict[str, list] = {k: [] for k in variants}
+    pout: dict[str, list] = {
+        k: [] for k in ("1 process", "Dask new (direct)", "Dask old (scheduler)")
+    }
+    for _ in range(ROUNDS):
+        for k, v in variants.items():
+            if v is None:
+                out[k].append(_local(fl, 5))
+            else:
+                store._direct, hr.fuse_ratio_pass, hr.reuse_loglik = v
+                out[k].append(_measure(client, fr, 5))
+        pout["1 process"].append(_local(gl, 10))
+        store._direct = True
+        pout["Dask new (direct)"].append(_measure(client, gr, 10))
+        store._direct = False
+        pout["Dask old (scheduler)"].append(_measure(client, gr, 10))
+    print(
+        f"DPHMC (L = 5), banana n = {n:,}, 4 partitions, medians of {ROUNDS} rounds x 5 "
+        f"iterations, per iteration, load {os.getloadavg()[0]:.1f}"
+    )
+    for table in (out, pout):
+        base = _show("1 process", table["1 process"])
+        for k in list(table)[1:]:
+            w, c = _show(k, table[k])
+            print(f"      Dask/1 proc: wall {w / base[0]:.2f}, CPU {c / base[1]:.2f}")
+        if table is out:
+            print(
+                f"DPPenaltyMetropolis, n = {n:,}, medians of {ROUNDS} rounds x 10 iterations, "
+                f"load {os.getloadavg()[0]:.1f}"
+            )
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    with (
+        dask.config.set({"distributed.nanny.pre-spawn-environ": environ}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        _round_trip(client)
+        _steps(client, n)
+
+
+if __name__ == "__main__":
+    main()
