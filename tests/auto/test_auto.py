@@ -221,7 +221,8 @@ def test_the_warm_starts_steps_are_bounded_by_the_prior_scaled_region():
     curvature is ~0 (every record's score the same), the first Newton step is capped only
     by its Mahalanobis region (200 sds of the prior-sized approximation), the iterate
     saturates and the uncentred steps after the rejected one leave: noise-free, the warm
-    start ends 7e4 away (the catholic regression's failure at epsilon 3, 1 680 NUTS sds).
+    start ends 7e4 away on PyMC 5, 1.1e3 on PyMC 6 (the catholic regression's failure at
+    epsilon 3, 1 680 NUTS sds).
     With ``max_move`` (3 prior sds, data-free) no step moves further and the warm start
     stays within the prior's region of the exact mode."""
     n, ones, prior_sd = 200, 195, 10.0
@@ -253,7 +254,7 @@ def test_the_warm_starts_steps_are_bounded_by_the_prior_scaled_region():
         mode += (ones - n * p - mode / prior_sd**2) / (n * p * (1 - p) + 1 / prior_sd**2)
     bound = 3.0 * prior_sd
     free = run(None)
-    assert abs(free.mean[0] - mode) > 100 * bound  # the failure the bound is for
+    assert abs(free.mean[0] - mode) > 10 * bound  # the failure the bound is for
     info = run(np.array([bound]))
     path = np.concatenate([[0.0], np.ravel(info.path)])
     assert np.all(np.abs(np.diff(path)) <= bound * (1 + 1e-9)), path
@@ -265,8 +266,9 @@ def test_the_warm_starts_steps_are_bounded_by_the_prior_scaled_region():
 def test_a_saturating_logistic_intercept_is_not_confidently_wrong(seed):
     """End to end, the same intercept on 2 000 records (1 950 ones), epsilon 1: before the
     warm start's steps were bounded by the prior (`private_laplace` ``max_move``) the
-    result was 11.9 and 7.9 of its own sds off the exact mode (DP seeds 0, 1), its sd the
-    posterior's, no warning; now within 2 of its own sds (flagged, prior-wide)."""
+    result was 11.9 and 7.9 of its own sds off the exact mode (DP seeds 0, 1; PyMC 5; on
+    PyMC 6 seed 0 failed likewise), its sd the posterior's, no warning; now within 2 of its
+    own sds (flagged, prior-wide)."""
     n, ones = 2000, 1950
     y = np.zeros(n)
     y[:ones] = 1.0
