@@ -886,6 +886,9 @@ def auto_configure(
         hist_threshold_sds=bonferroni_sds((grid.size + 1) * (newton_steps + 1)),
         anchor_extend_sds=ONESHOT_EXTEND_SDS if one_shot else None,
         prior_logp_and_grad=coords.prior_logp_and_grad,
+        # the one-shot steps' trust region (3 prior sds a coordinate, log(1e3) a log scale;
+        # data-free) bounds the warm start's steps too
+        max_move=coords.max_move(),
     )
     cov = info.cov
     chol = np.linalg.cholesky(cov)

@@ -219,6 +219,8 @@ class LaplaceInfo:
     #: (`secant_ratio`; 1: none), already applied to ``precision``, ``damping``,
     #: ``curvature_entry_std`` and ``cov``
     curvature_scale: float = 1.0
+    #: warm-start steps shortened by the public ``max_move`` bound (`private_laplace`)
+    move_cuts: int = 0
 
 
 #: Smallest eigenvalue `_pd_floor` keeps, relative to the largest: a condition number of at
@@ -276,6 +278,22 @@ def secant_ratio(
     act = float(s @ (np.asarray(grad_before) - np.asarray(grad_after)))
     var = sum(sd**2 * float(np.sum((b.T @ s) ** 2)) for sd, b in zip(noise_sds, bases, strict=True))
     return act / pred, float(np.sqrt(var)) / pred
+
+
+def move_bounded(step: np.ndarray, max_move: np.ndarray | None) -> tuple[np.ndarray, bool]:
+    """``step`` shortened as a whole so that no coordinate moves further than ``max_move``
+    (``inf``: no bound there), and whether it was. A non-finite step is returned as is (the
+    caller's checks stop on it). Public: ``max_move`` is data-free, ``step`` a DP output."""
+    step = np.asarray(step, dtype=float)
+    if max_move is None or not np.all(np.isfinite(step)):
+        return step, False
+    bound = np.broadcast_to(np.asarray(max_move, dtype=float), step.shape)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over = np.where(np.isfinite(bound) & (bound > 0), np.abs(step) / bound, 0.0)
+    r = float(np.max(over, initial=0.0))
+    if not r > 1.0:
+        return step, False
+    return step / r, True
 
 
 #: Trust region of the uncentred (damped) Fisher-scoring steps, in standard deviations of
@@ -531,6 +549,7 @@ def private_laplace(
     hist_threshold_sds: float = 3.0,
     anchor_extend_sds: float | None = None,
     prior_logp_and_grad: Callable[[np.ndarray], tuple[float, np.ndarray]] | None = None,
+    max_move: np.ndarray | None = None,
 ) -> LaplaceInfo:
     """A DP Laplace approximation ``N(mean, cov)`` of the posterior by private Fisher scoring.
 
@@ -641,6 +660,16 @@ def private_laplace(
         ``q -> (log prior, its gradient)`` (data-free). Given, after each step the
         coordinates the likelihood does not read (``likelihood_free``) are moved to their
         conditional mode given the others (`conditional_prior_mode`): post-processing.
+    max_move : array, optional
+        A public bound on each coordinate's move in one step (data-free: the prior's
+        spread, `pymc_dp.auto.configure._Coordinates.max_move`; ``inf`` where none): a step
+        beyond it is shortened as a whole, its direction kept (`move_bounded`), after the
+        Mahalanobis trust region above. That region is in sds of the released curvature,
+        which can be far off: measured on a logistic regression of 7 430 real records
+        (Catholic high school, epsilon 3), the uncentred step after a rejected Newton step
+        went 60 prior sds (1 750 posterior sds), to where every record's probability
+        saturates and the released curvature, noise only, grew 1e11-fold; the one-shot
+        steps from there were ~0 and its check passed (1 680 NUTS sds off, confidently).
 
     Returns
     -------
@@ -805,6 +834,8 @@ def private_laplace(
         cap = max_sd if newton else min(max_sd, UNCENTRED_MAX_STEP_SD)
         if maha > cap:
             step *= cap / maha
+        step, cut = move_bounded(step, max_move)
+        info.move_cuts += int(cut)
         # stay where the prior is finite (a data-free check): halve the step until it is
         for _ in range(30):
             if np.all(np.isfinite(prior_grad(q + step))) and np.all(np.isfinite(step)):

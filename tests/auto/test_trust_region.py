@@ -232,7 +232,7 @@ def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         idata = pymc_dp.sample(
-            step=None, epsilon=0.05, delta=1e-6, random_seed=3, chains=2, model=model,
+            step=None, epsilon=0.05, delta=1e-6, random_seed=5, chains=2, model=model,
             auto_kwargs={"method": "laplace"}, progressbar=False,
         )  # fmt: skip
     post = idata.posterior
@@ -245,7 +245,9 @@ def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     for draws, pm_, psd in ((mu, 0.0, 3.0), (np.log(sigma), log_mean, np.pi / np.sqrt(8.0))):
         spread = np.sqrt(psd**2 * (1 + 4 * np.sqrt(2 / 4000)) + (np.mean(draws) - pm_) ** 2)
         assert np.std(draws) <= spread * (1 + 4 / np.sqrt(2 * k)), (np.std(draws), spread)
-    # this seed's releases are noise: before the cap, mu's sd came out 8 900 (prior 3)
+    # the releases are noise: before the cap, mu's sd came out 8 900 (prior 3) at DP seed 3;
+    # with the warm start's steps bounded by the prior (`private_laplace` ``max_move``) that
+    # seed's sd is 3.28 and nothing is capped; at seed 5 mu and sigma still are
     wide = idata.attrs["dp_oneshot_prior_wide"]
     assert "mu" in wide.split(", ")
     text = [str(x.message) for x in w if "could not be told from the noise" in str(x.message)]
