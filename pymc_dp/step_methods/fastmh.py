@@ -47,7 +47,12 @@ from pymc_dp.step_methods.base import (
     n_records_of,
     scalar_stats,
 )
-from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.parts import (
+    LikelihoodSettings,
+    PrivacySettings,
+    require_clip_bound,
+    resolve_parts,
+)
 from pymc_dp.step_methods.proposals import RandomWalk, TunaMHTest
 
 __all__ = ["DPFastMH"]
@@ -291,7 +296,12 @@ class DPFastMH(ScaleAdaptation, DPStep):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
         m = pm.modelcontext(model)
         n = n_records_of(type(self), m, likelihood.records, privacy.nonprivate_diagnostics)
-        c = self._check_clip_bound(privacy.clip_bound, n)
+        c = self._check_clip_bound(
+            require_clip_bound(type(self), privacy.clip_bound)
+            if np.ndim(privacy.clip_bound) == 0
+            else privacy.clip_bound,
+            n,
+        )
         C = float(n * c) if np.ndim(c) == 0 else float(np.sum(c))
         c_max = float(np.max(c))
         if max_step is None:

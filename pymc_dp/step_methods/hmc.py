@@ -39,7 +39,12 @@ from pymc_dp.kernels.hmc import (
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
 from pymc_dp.records import FusedLastPass, GradSumMemo, LoglikMemo
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, noise_or_target, scalar_stats
-from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.parts import (
+    LikelihoodSettings,
+    PrivacySettings,
+    require_clip_bound,
+    resolve_parts,
+)
 
 __all__ = ["DPHMC", "calibrate_dphmc_noise"]
 
@@ -258,8 +263,8 @@ class DPHMC(DPStep):
         llr_noise_multiplier, grad_noise_multiplier = (
             privacy.of_kind("noise_multiplier", k, _KINDS) for k in _KINDS
         )
-        self.llr_clip_bound = check_positive(llr_clip_bound, "llr_clip_bound", coerce=True)
-        self.grad_clip_bound = check_positive(grad_clip_bound, "grad_clip_bound", coerce=True)
+        self.llr_clip_bound = require_clip_bound(type(self), llr_clip_bound, "llr_clip_bound")
+        self.grad_clip_bound = require_clip_bound(type(self), grad_clip_bound, "grad_clip_bound")
         self.n_leapfrog = check_positive(n_leapfrog, "n_leapfrog", integer=True, coerce=True)
         self.grad_budget_fraction = _check_fraction(
             privacy.of_kind("budget_split", "grad", _KINDS_GRAD) if privacy.budget_split else 0.5

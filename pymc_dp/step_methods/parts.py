@@ -27,6 +27,7 @@ __all__ = [
     "PrivacySettings",
     "accepted_keywords",
     "from_keywords",
+    "require_clip_bound",
     "resolve_parts",
     "to_keywords",
 ]
@@ -188,7 +189,9 @@ def resolve_parts(
     table = _keyword_map(step)
     unknown = sorted(k for k in keywords if k not in table and k not in extra)
     if unknown:
-        raise TypeError(f"{name}() got unexpected keyword arguments {unknown}")
+        raise TypeError(
+            f"{name}() got unexpected keyword arguments {unknown}{_hint(name, unknown)}"
+        )
     updates: dict[str, dict[str, Any]] = {"privacy": {}, "likelihood": {}}
     for key, value in keywords.items():
         if key in extra:
@@ -222,6 +225,62 @@ def resolve_parts(
     if updates["likelihood"]:
         likelihood = replace(likelihood, **updates["likelihood"])
     return privacy, likelihood, {k: v for k, v in keywords.items() if k in extra}
+
+
+#: Keywords of `pymc_dp.sample` (not of a step) that a step built by hand is often given
+_SAMPLE_KEYWORDS = ("data_bounds", "auto_kwargs", "step_kwargs", "random_seed", "cores")
+#: Where to read about configuring a step class privately
+_AUTO_DOCS = "docs/auto.md, 'A step class without its hyperparameters'"
+
+
+def _hint(name: str, unknown: list[str]) -> str:
+    """What to do instead, for keywords that belong to `pymc_dp.sample`, not to a step."""
+    misplaced = [k for k in unknown if k in _SAMPLE_KEYWORDS]
+    if not misplaced:
+        return ""
+    return (
+        f": {misplaced} {'is an argument' if len(misplaced) == 1 else 'are arguments'} of "
+        f"pymc_dp.sample, not of the step. Pass the class itself, "
+        f"pymc_dp.sample(step=pymc_dp.{name}, epsilon=..., delta=..., data_bounds={{...}}), "
+        f"and it configures the step privately from the declared bounds (or refuses it, naming "
+        f"the step that suits: {_AUTO_DOCS}); or give the step its clip bounds yourself, "
+        f"privacy=pymc_dp.PrivacySettings(clip_bound=..., ...), chosen from public knowledge"
+    )
+
+
+def require_clip_bound(step: type, value: Any, name: str = "clip_bound") -> float:
+    """The step's clip bound ``value``, checked positive; a clear error where none is given.
+
+    Parameters
+    ----------
+    step : type
+        The step class (named in the message).
+    value : float or None
+        The clip bound the settings give for this release kind.
+    name : str
+        The keyword of this clip bound (``llr_clip_bound`` for `DPHMC`'s ratio test).
+
+    Raises
+    ------
+    ValueError
+        No clip bound (before any data is read): the message says how to give one and how
+        to let `pymc_dp.sample` choose it privately instead.
+    """
+    from pymc_dp._validation import check_positive
+
+    if value is None:
+        cls = step.__name__
+        example = 'clip_bound={"llr": b_l, "grad": b_g}' if name != "clip_bound" else "clip_bound=b"
+        raise ValueError(
+            f"{cls}: no {name} given. A step built by hand needs its clip bound from public "
+            f"knowledge, never from the data: {cls}(privacy=pymc_dp.PrivacySettings({example}, "
+            f"epsilon=..., delta=..., draws=..., tune=..., chains=...)). Or pass the class "
+            f"itself, pymc_dp.sample(step=pymc_dp.{cls}, epsilon=..., delta=..., "
+            f"data_bounds={{...}}), which configures it privately from the declared bounds of "
+            f"the data (or refuses it, naming the step that suits: {_AUTO_DOCS}), or step=None "
+            f"for the automatic mode"
+        )
+    return check_positive(value, name, coerce=True)
 
 
 def _is_default(value: Any, default: Any) -> bool:

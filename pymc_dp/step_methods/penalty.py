@@ -31,7 +31,12 @@ from pymc_dp.step_methods.base import (
     noise_or_target,
     scalar_stats,
 )
-from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.parts import (
+    LikelihoodSettings,
+    PrivacySettings,
+    require_clip_bound,
+    resolve_parts,
+)
 from pymc_dp.step_methods.proposals import (
     WALKS,
     ControlVariate,
@@ -199,9 +204,7 @@ class DPPenaltyMetropolis(ScaleAdaptation, DPStep):
         # Validate everything before the data is touched.
         p = _proposal_settings(proposal, old)
         cv, basis, coordinates = _other_parts(control_variate, coordinates, old)
-        if privacy.clip_bound is None:
-            raise TypeError(f"{type(self).__name__} needs clip_bound (PrivacySettings)")
-        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
+        self.clip_bound = require_clip_bound(type(self), privacy.clip_bound)
         given = proposal is not None and not isinstance(proposal, str)
         #: the proposal object (built from the deprecated keywords when they were used)
         self.proposal = proposal if given else _proposal_object(p)

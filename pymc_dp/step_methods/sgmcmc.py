@@ -55,7 +55,12 @@ from pymc_dp.step_methods.base import (
     noise_or_target,
     scalar_stats,
 )
-from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.parts import (
+    LikelihoodSettings,
+    PrivacySettings,
+    require_clip_bound,
+    resolve_parts,
+)
 
 __all__ = ["DPSGLD", "DPSGNHT", "sgld_runner", "sgnht_runner"]
 
@@ -103,7 +108,7 @@ class _SGMCMCStep(DPStep):
         touched: shapes only), calibrate, then `DPStep._setup` (whose warnings point one
         frame further up, at the user's code) and the chain state."""
         privacy, likelihood, _ = resolve_parts(type(self), privacy, likelihood, deprecated)
-        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
+        self.clip_bound = require_clip_bound(type(self), privacy.clip_bound)
         self.step_size = check_positive(step_size, "step_size", coerce=True)
         model = pm.modelcontext(pymc_args["model"])
         n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)

@@ -43,7 +43,12 @@ from pymc_dp.step_methods.base import (
     noise_or_target,
     scalar_stats,
 )
-from pymc_dp.step_methods.parts import LikelihoodSettings, PrivacySettings, resolve_parts
+from pymc_dp.step_methods.parts import (
+    LikelihoodSettings,
+    PrivacySettings,
+    require_clip_bound,
+    resolve_parts,
+)
 from pymc_dp.step_methods.proposals import WALK_KEYWORDS, RandomWalk, walk_from_keywords, walk_parts
 
 __all__ = [
@@ -169,7 +174,7 @@ class DPSubsampledPenalty(ScaleAdaptation, DPStep):
         walk = walk_from_keywords(type(self).__name__, proposal, old)
         proposal_scale = self._set_walk(walk, 0.234)
         noise_multiplier = privacy.noise_multiplier
-        self.clip_bound = check_positive(privacy.clip_bound, "clip_bound", coerce=True)
+        self.clip_bound = require_clip_bound(type(self), privacy.clip_bound)
         self.batch_size = check_positive(batch_size, "batch_size", integer=True, coerce=True)
         check_positive(likelihood.tempering, "tempering", coerce=True)
         n = n_records_of(type(self), model, likelihood.records, privacy.nonprivate_diagnostics)

@@ -345,3 +345,30 @@ def test_a_random_walk_proposal_has_the_documented_covariance():
     se = np.sqrt((target**2 + np.outer(np.diag(target), np.diag(target))) / n)
     assert np.all(np.abs(np.cov(moves.T) - target) < 5 * se)
     assert np.all(np.abs(moves.mean(axis=0)) < 5 * np.sqrt(np.diag(target) / n))
+
+
+@pytest.mark.parametrize(
+    "cls, extra",
+    [
+        (pymc_dp.DPHMC, {}),
+        (pymc_dp.DPPenaltyMetropolis, {}),
+        (pymc_dp.DPFastMH, {}),
+        (pymc_dp.DPSubsampledPenalty, {"batch_size": 10}),
+        (pymc_dp.DPSGLD, {"step_size": 1e-3, "batch_size": 10}),
+    ],
+    ids=lambda c: getattr(c, "__name__", ""),
+)
+def test_a_step_built_by_hand_without_clip_bounds_says_how_to_give_or_configure_them(cls, extra):
+    """`pm.sample(step=pymc_dp.DPHMC(epsilon=3, delta=1e-6, ...))` with no clip bound, or
+    with `pymc_dp.sample`'s `data_bounds`: the message names the clip bound, how to give it
+    (PrivacySettings) and the class-level call that configures it privately (a new user
+    got "llr_clip_bound must be a number; got None" and "unexpected keyword arguments")."""
+    target = {"epsilon": 3.0, "delta": 1e-6, **PLAN}
+    name = cls.__name__
+    with _model():
+        with pytest.raises(ValueError, match=r"no (llr_)?clip_bound given") as err:
+            cls(privacy=pymc_dp.PrivacySettings(**target), **extra)
+        assert "PrivacySettings(clip_bound=" in str(err.value)
+        assert f"pymc_dp.sample(step=pymc_dp.{name}," in str(err.value)
+        with pytest.raises(TypeError, match=r"\['data_bounds'\] is an argument of pymc_dp.sample"):
+            cls(**target, data_bounds={"y": (-5.0, 5.0)}, **extra)
