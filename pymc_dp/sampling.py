@@ -491,6 +491,11 @@ def _run(run: _Request, step, presample=None):
             "NOT CONVERGED (the one-shot approximation's Newton steps were cut by their "
             "trust region, a few prior sds; its intervals were widened)"
             if attrs.get("dp_oneshot_trust_cut")
+            else "NOT CONVERGED (the one-shot approximation's first Newton step went on the "
+            "way the warm start was going, beyond its noise: "
+            f"{attrs['dp_oneshot_drift_z']:.3g} sds; the warm start was still crawling "
+            "towards the mode; its intervals were widened by the warm start's whole path)"
+            if attrs.get("dp_oneshot_crawling")
             else "NOT CONVERGED (the one-shot approximation's last two Newton steps disagree "
             f"beyond their noise: chi-square {attrs['dp_oneshot_step_chi2']:.4g}; its "
             "intervals were widened)"
@@ -610,6 +615,13 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 if check.cut
                 else ""
             )
+            if check.crawling:
+                cut += (
+                    "its first Newton step went on the way the warm start's last iterates "
+                    f"went, {check.drift:.3g} noise sds beyond their noise (the warm start was "
+                    "still crawling towards the mode, where the two steps cannot locate it; "
+                    "the intervals were widened by the warm start's whole path); "
+                )
             warnings.warn(
                 "the one-shot private Laplace approximation had not converged: "
                 f"{cut}its last two "

@@ -272,6 +272,9 @@ class AutoPlan:
             # DP outputs: which parameters the data could not tell from the noise
             out["dp_oneshot_prior_wide"] = ", ".join(self.prior_wide)
             out["dp_oneshot_trust_cut"] = int(self.oneshot.cut)
+            # DP output: the first step along the warm start's drift, in noise sds
+            out["dp_oneshot_drift_z"] = float(self.oneshot.drift)
+            out["dp_oneshot_crawling"] = int(self.oneshot.crawling)
             if self.oneshot_fallback:
                 out["dp_oneshot_fallback"] = self.oneshot_fallback
         if self.method in ("laplace", "stats"):
