@@ -1,17 +1,19 @@
-"""The Dask protocol's two changes of issue 28's second session, A/B in one cluster.
+"""The Dask protocol's changes of issue 28 (second and twelfth sessions), A/B in one cluster.
 
 Alternating rounds on the same ``LocalCluster`` (2 worker processes x 1 thread, workers
 without ``MALLOC_TRIM_THRESHOLD_``), so that both sides of each comparison see the same load:
 
 * ``R``: one released sum over 4 partitions of 1 record, the actor calls sent straight to
-  the workers from one coroutine (`pymc_dp.records.dask_store.DaskStore._send`, new) or
-  through the `Actor` handles, i.e. the scheduler's proxy for a client with Dask's default
-  ``direct_to_workers=None`` (old);
-* DPHMC (banana, ``L = 5``) at ``n``: new (direct, ratio release fused into the last
-  gradient pass with the log-likelihoods kept on the workers: ``L`` round trips), old
-  (through the scheduler, unfused, the ratio at both points: ``L + 1``) and the two mixed
-  settings; DPPenaltyMetropolis new / old; the one process (``chunk_size`` = partition
-  size) alongside.
+  the workers from one coroutine (`pymc_dp.records.dask_store.DaskStore._send`) and run in
+  the worker's event loop (``inline``, twelfth session) or handed to the worker's actor
+  thread (second session), or sent through the `Actor` handles, i.e. the scheduler's proxy
+  for a client with Dask's default ``direct_to_workers=None`` (old);
+* DPHMC (banana, ``L = 5``) at ``n``: direct, ratio release fused into the last gradient
+  pass with the log-likelihoods kept on the workers (``L`` round trips), in the workers'
+  event loops or their actor threads (the default depends on the records an actor holds,
+  `pymc_dp.records.dask_store._INLINE_RECORDS`; printed), old (through the scheduler, unfused, the ratio at both points:
+  ``L + 1``); DPPenaltyMetropolis the same three; the one process (``chunk_size`` =
+  partition size) alongside.
 
 Wall medians, and CPU per call or iteration of the driver and of both workers (means over
 a round, medians over the rounds). Usage: ``python benchmarks/bench_dask_protocol.py
@@ -37,6 +39,7 @@ from distributed import Client, LocalCluster  # noqa: E402
 import pymc_dp  # noqa: E402
 from pymc_dp.distributed import DaskRecords  # noqa: E402
 from pymc_dp.experiments.models import banana  # noqa: E402
+from pymc_dp.records import dask_store  # noqa: E402
 
 ROUNDS = int(os.environ.get("ROUNDS", 4))
 
@@ -86,6 +89,12 @@ def _show(label: str, res: list) -> tuple[float, float]:
     return w, d + k
 
 
+def _set_inline(store, inline: bool) -> None:
+    """Run the store's actor calls in the workers' event loops (True) or actor threads."""
+    for held in store._actor_pool():
+        held.inline = inline
+
+
 def _round_trip(client) -> None:
     small = banana(n=10, seed=0)
     recs = DaskRecords(client, {"x": da.from_array(np.zeros((4, 2)), chunks=(1, 2))})
@@ -96,19 +105,25 @@ def _round_trip(client) -> None:
     q0, q1 = np.zeros(2), np.full(2, 0.01)
     for _ in range(20):
         fns.clipped_loglik_ratio_sum(q1, q0, 0.1)
-    res: dict[bool, list] = {True: [], False: []}
+    # (direct, inline)
+    variants = {
+        "straight, event loop": (True, True),
+        "straight, actor thread": (True, False),
+        "Actor handles / scheduler (old)": (False, False),
+    }
+    res: dict[str, list] = {k: [] for k in variants}
     for _ in range(ROUNDS * 2):
-        for direct in (True, False):
+        for k, (direct, inline) in variants.items():
             store._direct = direct
-            res[direct].append(
-                _measure(client, lambda: fns.clipped_loglik_ratio_sum(q1, q0, 0.1), 100)
-            )
+            _set_inline(store, inline)
+            res[k].append(_measure(client, lambda: fns.clipped_loglik_ratio_sum(q1, q0, 0.1), 100))
     print(
         f"R: one released sum, 4 partitions of 1 record, medians of {2 * ROUNDS} rounds x 100 "
-        f"calls, load {os.getloadavg()[0]:.1f}"
+        f"calls, load {os.getloadavg()[0]:.1f} (default: event loop)"
     )
-    _show("straight to the workers (new)", res[True])
-    _show("Actor handles / scheduler (old)", res[False])
+    for k in variants:
+        _show(k, res[k])
+    _set_inline(store, True)
 
 
 def _steps(client, n: int) -> None:
@@ -129,39 +144,47 @@ def _steps(client, n: int) -> None:
         with banana(n=10, seed=0).model as m:
             hr = pymc_dp.DPHMC(records=recs, rng=np.random.default_rng(1), **kw)
             pr = pymc_dp.DPPenaltyMetropolis(records=recs, rng=np.random.default_rng(2), **pen)
-    store = hr._fns.records
+    store, pstore = hr._fns.records, pr._fns.records
     fl, fr = _stepper(hl, full.model.initial_point()), _stepper(hr, m.initial_point())
     gl, gr = _stepper(pl, full.model.initial_point()), _stepper(pr, m.initial_point())
     for f in (fl, fr, gl, gr):
         f()
         f()
-    # (direct, fuse_ratio_pass, reuse_loglik)
+    # (direct, inline, fuse_ratio_pass, reuse_loglik)
     variants = {
         "1 process": None,
-        "Dask new (direct, fused)": (True, True, None),
-        "Dask old (scheduler, unfused)": (False, False, False),
-        "Dask direct, unfused": (True, False, False),
-        "Dask scheduler, fused": (False, True, None),
+        "Dask direct, event loop, fused": (True, True, True, None),
+        "Dask direct, actor thread, fused": (True, False, True, None),
+        "Dask old (scheduler, unfused)": (False, False, False, False),
+    }
+    pvariants = {
+        "1 process": None,
+        "Dask direct, event loop": (True, True),
+        "Dask direct, actor thread": (True, False),
+        "Dask old (scheduler)": (False, False),
     }
     out: dict[str, list] = {k: [] for k in variants}
-    pout: dict[str, list] = {
-        k: [] for k in ("1 process", "Dask new (direct)", "Dask old (scheduler)")
-    }
+    pout: dict[str, list] = {k: [] for k in pvariants}
     for _ in range(ROUNDS):
         for k, v in variants.items():
             if v is None:
                 out[k].append(_local(fl, 5))
             else:
-                store._direct, hr.fuse_ratio_pass, hr.reuse_loglik = v
+                store._direct, inline, hr.fuse_ratio_pass, hr.reuse_loglik = v
+                _set_inline(store, inline)
                 out[k].append(_measure(client, fr, 5))
-        pout["1 process"].append(_local(gl, 10))
-        store._direct = True
-        pout["Dask new (direct)"].append(_measure(client, gr, 10))
-        store._direct = False
-        pout["Dask old (scheduler)"].append(_measure(client, gr, 10))
+        for k, v in pvariants.items():
+            if v is None:
+                pout[k].append(_local(gl, 10))
+            else:
+                pstore._direct, inline = v
+                _set_inline(pstore, inline)
+                pout[k].append(_measure(client, gr, 10))
+    default = "event loop" if 2 * chunk <= dask_store._INLINE_RECORDS else "actor thread"
     print(
         f"DPHMC (L = 5), banana n = {n:,}, 4 partitions, medians of {ROUNDS} rounds x 5 "
-        f"iterations, per iteration, load {os.getloadavg()[0]:.1f}"
+        f"iterations, per iteration, load {os.getloadavg()[0]:.1f} (default at this n: "
+        f"{default})"
     )
     for table in (out, pout):
         base = _show("1 process", table["1 process"])

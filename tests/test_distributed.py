@@ -385,9 +385,9 @@ def test_actor_calls_go_straight_to_the_workers_unless_the_client_says_otherwise
         used["direct"] += len(targets)
         return await real_direct(rpc, targets)
 
-    def proxied(self, method, calls):
+    def proxied(self, method, calls, *rest):
         used["proxied"] += len(calls)
-        return real_proxied(self, method, calls)
+        return real_proxied(self, method, calls, *rest)
 
     X, y = _data()
     q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
@@ -408,6 +408,26 @@ def test_actor_calls_go_straight_to_the_workers_unless_the_client_says_otherwise
             want = {"direct": 2, "proxied": 0} if c is client else {"direct": 0, "proxied": 2}
             assert used == want  # one call per actor
             step._fns.records.close()
+    assert sums[0] == sums[1] and sums[0] != 0.0
+
+
+def test_small_actors_run_in_the_workers_event_loop_with_the_same_sums(client, monkeypatch):
+    """An actor holding at most `_INLINE_RECORDS` records runs its calls in its worker's event
+    loop (Dask's ``separate_thread=False``), a larger one in the worker's actor thread: the
+    same sums either way."""
+    X, y = _data()
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
+    sums = []
+    for limit in (dask_store._INLINE_RECORDS, PART - 1):
+        monkeypatch.setattr(dask_store, "_INLINE_RECORDS", limit)
+        with _model(X[:10], y[:10]):
+            step = pymc_dp.DPPenaltyMetropolis(
+                clip_bound=5.0, noise_multiplier=1.0, records=_records(client, X, y)
+            )
+        sums.append(step._fns.clipped_loglik_ratio_sum(q1, q0, 0.5)[0])
+        actors = step._fns.records._actors
+        assert [h.inline for h in actors] == [limit >= 2 * PART] * 2
+        step._fns.records.close()
     assert sums[0] == sums[1] and sums[0] != 0.0
 
 

@@ -104,6 +104,9 @@ def build_record_functions(
         keys = records.check_names(_node_names(model, graphs.data_nodes, observed))
         shapes = [(node.dtype, node_shape(node)[1:]) for node in graphs.data_nodes]
         store = records.store_for(keys, shapes)
+        # the workers' copies of the free variables this step does not sample follow the
+        # driver's values (another step of a CompoundStep changes them): parameters only
+        store.follow(list(graphs.shared.values()))
     # The separability check runs on stand-in records with only the data's dtypes and
     # trailing shapes (public); no data value enters it.
     templates = [np.zeros((1, *shape[1:]), dtype=dt) for dt, shape in store.dtypes_and_shapes]

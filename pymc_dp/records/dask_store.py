@@ -21,6 +21,22 @@ the function's token and the parameter vectors; every actor evaluates the functi
 each of its partitions (in the worker's actor thread) and answers with the partition sums. The
 minibatch releases send each actor only the indices of the rows its partitions hold.
 
+*The other variables* (issue 28, twelfth session): in a ``CompoundStep`` a step reads the
+free variables it does not sample from PyTensor shared variables, which PyMC sets on the
+driver before every step. A function pickled to a worker carries its own copies of them,
+frozen at their values when it was pickled; so the store pickles every function together
+with the shared variables it follows (`DaskStore.follow`: the copies loaded on a worker are
+the very variables the loaded function reads) and every call carries their current values,
+which the actor sets before it evaluates (`PartitionActor.run`; the tasks of the
+data-sharing mode likewise, `_own_copy`). Before, the workers evaluated the likelihood at
+the values the other variables had when the function was shipped
+(``tests/test_compound_shared.py``).
+
+An actor that holds at most `_INLINE_RECORDS` records runs its calls in its worker's event
+loop (Dask's ``separate_thread=False``) rather than in the worker's actor thread: two
+thread switches less a released sum on each worker, each a wait for a core on a loaded host
+(docs/benchmarks.md, section 7).
+
 "Straight to the worker" is done here, not by Dask's `Actor` handle: an actor method
 called from a client with Dask's default ``direct_to_workers=None`` goes through the
 scheduler's ``proxy`` handler (two more messages a call; on a ``LocalCluster`` the
@@ -183,8 +199,20 @@ def _identity(x):
 _THREAD = threading.local()
 
 
-def _own_copy(shipped):
-    """This thread's copy of a shipped function ``(token, pickled bytes)``.
+def _set_shared(copies: tuple, values: tuple | None) -> None:
+    """Give a loaded function's copies of the unsampled variables (`DaskStore.follow`) the
+    driver's current values, shipped with the call: the copies are those the function
+    reads (unpickled with it), so it is evaluated where the chain is, not where it was when
+    the function was pickled. Parameters only, never data."""
+    if values is None:
+        return
+    for var, value in zip(copies, _aligned(list(values)), strict=True):
+        var.set_value(value)
+
+
+def _own_copy(shipped, values: tuple | None = None):
+    """This thread's copy of a shipped function ``(token, pickled bytes)``, its copies of
+    the unsampled variables set to ``values`` (`_set_shared`).
 
     A compiled PyTensor function keeps its inputs and outputs in storage of its own and must
     not be called by two threads at once (the threads of a worker, or in-process workers), so
@@ -195,7 +223,9 @@ def _own_copy(shipped):
     cache = _THREAD.__dict__.setdefault("fns", {})
     if token not in cache:
         cache[token] = pickle.loads(blob)
-    return cache[token]
+    fn, copies = cache[token]
+    _set_shared(copies, values)
+    return fn
 
 
 class RemoteTaskError(RuntimeError):
@@ -225,18 +255,18 @@ def _guarded(fn, *args):
     raise RemoteTaskError(f"a pymc_dp task failed on a worker ({kind})")
 
 
-def _call(fn, args, *chunk):
-    return _guarded(lambda: _own_copy(fn)(*_aligned(args), *_aligned(chunk)))
+def _call(fn, values, args, *chunk):
+    return _guarded(lambda: _own_copy(fn, values)(*_aligned(args), *_aligned(chunk)))
 
 
-def _call_prepared(fn, args, prep, *chunk):
+def _call_prepared(fn, values, args, prep, *chunk):
     # a list of arrays (a route's row norms) is aligned array by array, an array as one; an
     # object (the control variate's `_Coefficients`, numpy / scipy only) is used as it is
     if isinstance(prep, list | tuple):
         prep = _aligned(prep)
     elif isinstance(prep, np.ndarray):
         prep = _aligned([prep])[0]
-    return _guarded(lambda: _own_copy(fn)(*_aligned(args), prep, *_aligned(chunk)))
+    return _guarded(lambda: _own_copy(fn, values)(*_aligned(args), prep, *_aligned(chunk)))
 
 
 def _all_finite(flags, *chunk) -> bool:
@@ -294,11 +324,12 @@ class PartitionActor:
     """Worker-side state of the per-iteration protocol: a Dask actor holding partitions.
 
     Started by `DaskStore` (``client.submit(PartitionActor, ..., actor=True)``) on the
-    worker that holds its partitions; it lives as long as the store. Its methods run in the
-    worker's actor thread, one call at a time, so every compiled function it loads is
-    called by one thread only. Every method returns partition results only (what the
-    runtime's per-chunk functions return: sums, counts, one bit), never a per-record value;
-    a failure is re-raised as `RemoteTaskError` naming only its type.
+    worker that holds its partitions; it lives as long as the store. Its `run` calls run one
+    at a time, all in the worker's actor thread or, for an actor holding few records
+    (`DaskStore._inline_records`), all in the worker's event loop, so every compiled
+    function it loads is called by one thread only. Every method returns partition results
+    only (what the runtime's per-chunk functions return: sums, counts, one bit), never a
+    per-record value; a failure is re-raised as `RemoteTaskError` naming only its type.
 
     Parameters
     ----------
@@ -317,29 +348,48 @@ class PartitionActor:
             j: tuple(_aligned(list(flat[k * n_arrays : (k + 1) * n_arrays])))
             for k, j in enumerate(self._index)
         }
-        self._fns: dict[str, Any] = {}
+        #: ``{token: (function, its copies of the unsampled variables)}``
+        self._fns: dict[str, tuple[Any, tuple]] = {}
+        #: the values of the unsampled variables shipped with the current call, and the
+        #: tokens whose copies have them
+        self._values: tuple | None = None
+        self._synced: set[str] = set()
         self._prepared: dict[str, dict[int, Any]] = {}
         #: per-record values kept between calls (`kept`): ``{key: {partition: array}}``
         self._kept: dict[str, dict[int, np.ndarray]] = {}
         _settle_malloc()
 
-    def run(self, request: tuple[str, tuple]):
-        """``method(*args)`` of ``request = (method, args)``: every released sum is this one
-        call (`DaskStore._on_actors`), its arguments one object (serialised once)."""
-        method, args = request
+    def run(self, request: tuple):
+        """``method(*args)`` of ``request = (method, args, values)``: every released sum is
+        this one call (`DaskStore._on_actors`), its arguments one object (serialised once).
+
+        ``values`` are the driver's current values of the free variables the step does not
+        sample (`DaskStore.follow`; None: it samples them all): the functions read them from
+        their own copies of those variables, which are set before they are called
+        (`_load`).
+        """
+        method, args, values = request
         if method not in ("map", "rows", "kept"):
             raise ValueError(f"unknown method {method!r}")  # a protocol error: no data
+        if values is not None:
+            self._values, self._synced = tuple(values), set()
         return getattr(self, method)(*args)
 
     def _load(self, shipped):
         """The function of ``shipped = (token, pickled bytes or None)``; the bytes come with
-        the first call that uses the token (and are compiled then), later calls send None."""
+        the first call that uses the token (and are compiled then), later calls send None.
+        Its copies of the unsampled variables hold the values of the last call that sent
+        them (`run`)."""
         token, blob = shipped
         if token not in self._fns:
             if blob is None:
                 raise KeyError("function not loaded")  # a protocol error: no data involved
             self._fns[token] = pickle.loads(blob)
-        return self._fns[token]
+        fn, copies = self._fns[token]
+        if copies and token not in self._synced:
+            _set_shared(copies, self._values)
+            self._synced.add(token)
+        return fn
 
     def _prepare(self, shipped, j: int, chunk):
         token = shipped[0]
@@ -421,16 +471,27 @@ class PartitionActor:
 class _Held:
     """Driver-side handle of one `PartitionActor`: its partitions and the tokens it has."""
 
-    __slots__ = ("actor", "future", "index", "tokens")
+    __slots__ = ("actor", "future", "index", "inline", "tokens")
 
-    def __init__(self, future, index: list[int]) -> None:
+    def __init__(self, future, index: list[int], inline: bool = False) -> None:
         self.future = future
         self.actor = future.result()
         self.index = index
         self.tokens: set[str] = set()
+        #: run its calls in the worker's event loop (`DaskStore._inline_records`)
+        self.inline = bool(inline)
 
 
 _LOST = ("CancelledError", "FutureCancelledError", "FuturesCancelledError", "KilledWorker")
+
+#: Records an actor may hold and still run its calls in its worker's event loop
+#: (`DaskStore._inline_records`): small data, where a released sum costs about what its two
+#: thread switches cost and pauses the worker's event loop for about a millisecond or less.
+#: Measured (issue 28, twelfth session, 2 worker processes, load 10-14): the workers' CPU a
+#: released sum 1.05-1.38 ms in the event loop against 1.51-1.80 ms in the actor thread at 4
+#: records; at 10^6 records DPHMC's wall time was higher in the event loop in three of three
+#: A/B runs (workers' CPU lower), so larger actors keep the actor thread.
+_INLINE_RECORDS = 2**16
 
 #: Times a call is retried after its actor was lost with its worker (each time on a new actor).
 _MAX_RESTARTS = 3
@@ -453,17 +514,19 @@ def _task_error(kind: str) -> RuntimeError:
 
 
 async def _execute_direct(rpc, targets: list) -> list:
-    """Call ``PartitionActor.run(request)`` of every ``(address, key, request)`` target at
-    once, straight to the worker at ``address`` (its ``actor_execute`` handler, the
-    request pickled as one argument); every result or exception, in order."""
+    """Call ``PartitionActor.run(request)`` of every ``(address, key, request, inline)``
+    target at once, straight to the worker at ``address`` (its ``actor_execute`` handler,
+    the request pickled as one argument; ``inline``: in the worker's event loop, Dask's
+    ``separate_thread=False``); every result or exception, in order."""
     import asyncio
 
     from distributed.protocol import to_serialize
 
-    async def one(address, key, request):
+    async def one(address, key, request, inline=False):
+        kwargs = {"separate_thread": False} if inline else {}
         try:
             msg = await rpc(address).actor_execute(
-                function="run", actor=key, args=[to_serialize(request)], kwargs={}
+                function="run", actor=key, args=[to_serialize(request)], kwargs=kwargs
             )
         except Exception as err:  # noqa: BLE001 - classified by the caller
             return err
@@ -535,6 +598,14 @@ class DaskStore:
         self._prepared: dict[int, tuple[Any, list]] = {}
         self._owner_calls = 0
         self._blobs: dict[int, tuple[Any, str, bytes]] = {}
+        #: the shared variables of the unsampled free variables (`follow`)
+        self._shared: tuple = ()
+        #: An actor holding at most this many records runs its calls in its worker's event
+        #: loop (Dask's ``separate_thread=False``) instead of handing each to the worker's
+        #: actor thread and back (two thread switches a call, each a wait for a core on a
+        #: loaded host); the call then blocks that worker's event loop while it computes,
+        #: which at this size is about a millisecond or less (`_INLINE_RECORDS`).
+        self._inline_records = _INLINE_RECORDS
         self._actors: list[_Held] | None = None
         #: Call the actors straight on their workers (`_send`), unless the client was made
         #: with ``direct_to_workers=False`` or a direct call could not connect.
@@ -603,11 +674,40 @@ class DaskStore:
 
     # -- the actor protocol ------------------------------------------------------------------------
     def _pickled(self, fn) -> tuple[str, bytes]:
-        """``(token, pickled bytes)`` of ``fn``, made once per object (kept alive here)."""
+        """``(token, pickled bytes)`` of ``fn``, made once per object (kept alive here).
+
+        The bytes hold ``(fn, shared)``, ``shared`` the variables `follow` names, pickled
+        together so that the copies loaded on a worker are the very variables the loaded
+        ``fn`` reads (pickle keeps shared references within one pickle): setting them there
+        to the values shipped with each call (`_shared_values`) moves the worker's ``fn``
+        with the chain."""
         key = id(fn)
         if key not in self._blobs:
-            self._blobs[key] = (fn, uuid.uuid4().hex, pickle.dumps(fn))
+            self._blobs[key] = (fn, uuid.uuid4().hex, pickle.dumps((fn, self._shared)))
         return self._blobs[key][1:]
+
+    def follow(self, shared: Sequence[Any]) -> None:
+        """Keep the workers' copies of the shared variables ``shared`` at their driver values.
+
+        ``shared`` are the PyTensor shared variables that stand for the free variables a step
+        does not sample (`pymc.pytensorf.make_shared_replacements`): in a ``CompoundStep``
+        another step changes them between this step's releases (PyMC's
+        ``ArrayStepShared`` sets them on the driver). A function pickled to a worker carries
+        its own copies of them, frozen at their values when it was pickled; so every call
+        ships their current values (`_shared_values`, a few parameters: no extra message)
+        and the worker sets its copies before evaluating (`PartitionActor.run`,
+        `_own_copy`). Call before any function is shipped (`build_record_functions` does).
+        Parameters only: no data is read.
+        """
+        if self._blobs:
+            raise RuntimeError("follow() must be called before any function is shipped")
+        self._shared = tuple(shared)
+
+    def _shared_values(self) -> tuple | None:
+        """The driver's current values of the variables `follow` names (None: none)."""
+        if not self._shared:
+            return None
+        return tuple(np.asarray(v.get_value(borrow=True)) for v in self._shared)
 
     def _start_actor(self, index: list[int], worker: str | None) -> _Held:
         """A `PartitionActor` holding the partitions ``index`` (on ``worker`` if it lives)."""
@@ -623,7 +723,8 @@ class DaskStore:
                 pure=False,
                 **({} if worker is None else {"workers": [worker], "allow_other_workers": True}),
             )
-            return _Held(fut, index)
+            records = sum(self.partition_sizes[j] for j in index)
+            return _Held(fut, index, inline=records <= self._inline_records)
         except Exception as err:  # noqa: BLE001 - classified below, its text is not shown
             failure = err
         kind = type(failure).__name__
@@ -710,6 +811,7 @@ class DaskStore:
         """
         self._check_client()
         pool = self._actor_pool()
+        values = self._shared_values()
         results: dict[int, Any] = {}
         todo = list(range(len(pool)))
         for _attempt in range(_MAX_RESTARTS + 1):
@@ -726,7 +828,7 @@ class DaskStore:
                 if args is None:
                     continue
                 sent.append((i, held, new, args))
-            outs = self._send(method, [(held, args) for _, held, _, args in sent])
+            outs = self._send(method, [(held, args) for _, held, _, args in sent], values)
             failed = []
             for (i, held, new, _), out in zip(sent, outs, strict=True):
                 if isinstance(out, BaseException):
@@ -745,9 +847,9 @@ class DaskStore:
             todo = failed
         raise _lost_error("the worker holding an actor was lost repeatedly")
 
-    def _send(self, method: str, calls: list[tuple[_Held, tuple]]) -> list:
-        """``PartitionActor.run(method, args)`` on every ``(held, args)`` at once; each
-        call's result or its exception, in order.
+    def _send(self, method: str, calls: list[tuple[_Held, tuple]], values=None) -> list:
+        """``PartitionActor.run((method, args, values))`` on every ``(held, args)`` at once
+        (``values``: `_shared_values`); each call's result or its exception, in order.
 
         Direct (the default): one coroutine on the client's event loop sends every call
         straight to its actor's worker over the client's connection pool (Dask's
@@ -766,7 +868,10 @@ class DaskStore:
         if not calls:
             return []
         if self._direct:
-            targets = [(h.actor._address, h.actor.key, (method, args)) for h, args in calls]
+            targets = [
+                (h.actor._address, h.actor.key, (method, args, values), h.inline)
+                for h, args in calls
+            ]
             try:
                 outs = self._client.sync(_execute_direct, self._client.rpc, targets)
             except Exception as err:  # noqa: BLE001 - e.g. the client's loop is closing
@@ -774,20 +879,21 @@ class DaskStore:
             for k, out in enumerate(outs):
                 if isinstance(out, OSError) and _actor_alive(calls[k][0]):
                     # not reachable directly, reachable through the scheduler: use that
-                    retry = self._send_proxied(method, [calls[k]])[0]
+                    retry = self._send_proxied(method, [calls[k]], values)[0]
                     if not isinstance(retry, BaseException):  # answered: keep that route
                         self._direct = False
                     outs[k] = retry
             return outs
-        return self._send_proxied(method, calls)
+        return self._send_proxied(method, calls, values)
 
-    def _send_proxied(self, method: str, calls: list[tuple[_Held, tuple]]) -> list:
+    def _send_proxied(self, method: str, calls: list[tuple[_Held, tuple]], values=None) -> list:
         """`_send` through the `Actor` handles (the scheduler's proxy unless the client
         connects to workers directly)."""
         futs = []
         for held, args in calls:
             try:
-                futs.append(held.actor.run((method, args)))
+                kw = {"separate_thread": False} if held.inline else {}
+                futs.append(held.actor.run((method, args, values), **kw))
             except Exception as err:  # noqa: BLE001 - the actor's worker is gone
                 futs.append(err)
         outs = []
@@ -815,7 +921,8 @@ class DaskStore:
         if key not in self._prepared:
             f = self._ship(prepare)
             futs = [
-                self._client.submit(_call, f, (), *p, pure=False) for j, p in enumerate(self._parts)
+                self._client.submit(_call, f, self._shared_values(), (), *p, pure=False)
+                for p in self._parts
             ]
             self._prepared[key] = (prepare, futs)
         return self._prepared[key][1]
@@ -841,15 +948,15 @@ class DaskStore:
 
     def _partition_futures(self, fn, args, prepare) -> list:
         self._check_client()
-        f = self._ship(fn)
+        f, values = self._ship(fn), self._shared_values()
         if prepare is None:
             return [
-                self._client.submit(_call, f, tuple(args), *p, pure=False)
-                for j, p in enumerate(self._parts)
+                self._client.submit(_call, f, values, tuple(args), *p, pure=False)
+                for p in self._parts
             ]
         preps = self._prepare_futures(prepare)
         return [
-            self._client.submit(_call_prepared, f, tuple(args), preps[j], *p, pure=False)
+            self._client.submit(_call_prepared, f, values, tuple(args), preps[j], *p, pure=False)
             for j, p in enumerate(self._parts)
         ]
 
