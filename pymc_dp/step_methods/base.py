@@ -497,6 +497,14 @@ class ScaleAdaptation:
         self._tune_count = 0
 
     def reset_tuning(self) -> None:
+        """Restart the warmup adaptation; called by `pm.sample` at the start of every chain.
+
+        Also switches tuning back on, as PyMC's own HMC steps do (``BaseHMC.reset``): with
+        ``cores=1`` PyMC sets ``tune`` only on a ``CompoundStep`` itself, not on its methods,
+        so after the first chain's warmup ended (``stop_tuning``) the later chains of a
+        compound run would not adapt. PyMC calls ``stop_tuning`` at iteration ``tune``
+        (at once where ``tune=0``)."""
+        self.tune = True
         self._reset_scaling()
 
     def _adapt_scaling(self, accepted: bool) -> None:

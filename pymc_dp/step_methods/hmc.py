@@ -341,7 +341,9 @@ class DPHMC(DPStep):
         self.reset_tuning()
 
     def reset_tuning(self) -> None:
-        """Restart the warmup adaptation (called by pm.sample per chain with cores=1)."""
+        """Restart the warmup adaptation (called by pm.sample per chain with cores=1) and
+        switch tuning back on (`DPStep.reset_tuning`: a ``CompoundStep``'s later chains)."""
+        self.tune = True
         self._dual = DualAveraging(self._initial_step_size, self.target_accept)
         self._mass = DiagonalMassAdaptation(1.0 / self._initial_mass, self._chain_tune)
         self._inv_mass = self._mass.inv_mass.copy()

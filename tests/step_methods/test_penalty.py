@@ -250,3 +250,30 @@ def test_independence_proposal_passes_its_hastings_term_to_the_test(monkeypatch)
         assert lp_ratio == pytest.approx(
             np.sum(prior.logpdf(q1) - prior.logpdf(q0)), rel=1e-9, abs=1e-12
         )
+
+
+def test_every_chain_of_a_sequential_compound_run_adapts_during_warmup():
+    """With ``cores=1`` PyMC sets ``tune`` on a ``CompoundStep`` only, not on its methods: after
+    chain 0's warmup ended (``stop_tuning``) the DP steps of the later chains did not adapt
+    (the penalty step's scaling stayed at its start in chain 1's warmup). `reset_tuning`, which
+    PyMC calls per chain, switches tuning back on, as PyMC's HMC steps do."""
+    y = np.random.default_rng(0).normal(1.0, 2.0, size=200)
+    with pm.Model():
+        mu = pm.Normal("mu", 0.0, 5.0)
+        s = pm.HalfNormal("sigma", 5.0)
+        pm.Normal("y", mu, s, observed=y)
+        steps = [
+            pymc_dp.DPHMC(
+                [mu], llr_clip_bound=5.0, grad_clip_bound=5.0, n_leapfrog=3,
+                llr_noise_multiplier=0.01, grad_noise_multiplier=0.01,
+            ),
+            pymc_dp.DPPenaltyMetropolis([s], clip_bound=5.0, noise_multiplier=0.01),
+        ]  # fmt: skip
+        idata = pm.sample(
+            draws=5, tune=30, chains=2, cores=1, step=steps, random_seed=1, progressbar=False,
+            discard_tuned_samples=False, compute_convergence_checks=False,
+        )  # fmt: skip
+    warm, after = idata.warmup_sample_stats["scaling"].values, idata.sample_stats["scaling"].values
+    for chain in range(2):
+        assert len(np.unique(warm[chain])) > 10, (chain, warm[chain])
+        assert len(np.unique(after[chain])) == 1  # tuning stops at iteration `tune`
