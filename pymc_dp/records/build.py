@@ -122,6 +122,18 @@ def build_record_functions(
             "or infinite values; pymc_dp needs complete, finite data: drop or impute those "
             "records before sampling"
         )
+    # A numpy covariate is folded into the graph as a constant: an infinite entry there can
+    # be a bound (a per-record censoring point), but a NaN is a missing value, which PyMC
+    # imputes only in observed variables; left in, it makes that record's log-likelihood
+    # NaN, which the clipped releases would silently turn into a bounded value.
+    others = [not flag for flag in user_data]
+    if any(others) and store.any_nan(others):
+        raise ValueError(
+            "a covariate array with one row per record (a numpy array in the model) contains "
+            "NaN (missing values); pymc_dp needs complete data: drop or impute those records "
+            "before sampling (PyMC imputes missing values only in observed variables; a "
+            "pm.Data container refuses NaN itself)"
+        )
 
     fns = RecordFunctions(
         compiled=_Compiled(prior_and_grad=f_prior, ll_chunk=f_ll, llr_clipped=f_llr),

@@ -277,6 +277,14 @@ def _all_finite(flags, *chunk) -> bool:
     return True
 
 
+def _any_nan(flags, *chunk) -> bool:
+    for a, check in zip(chunk, flags, strict=True):
+        a = np.asarray(a)
+        if check and np.issubdtype(a.dtype, np.inexact) and np.isnan(a).any():
+            return True
+    return False
+
+
 def _owner_release(reduce, init, noise_std: float, seed, *parts):
     return _guarded(_owner_sum, reduce, init, noise_std, seed, *parts)
 
@@ -1083,3 +1091,7 @@ class DaskStore:
     def all_finite(self, which: list[bool]) -> bool:
         """Whether every float array flagged in ``which`` is finite (one bit per partition)."""
         return bool(self.map_reduce(_all_finite, lambda a, b: a and b, True, args=(list(which),)))
+
+    def any_nan(self, which: list[bool]) -> bool:
+        """Whether a float array flagged in ``which`` holds a NaN (one bit per partition)."""
+        return bool(self.map_reduce(_any_nan, lambda a, b: a or b, False, args=(list(which),)))

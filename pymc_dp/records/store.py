@@ -262,3 +262,15 @@ class InMemoryRecords:
             if check and np.issubdtype(a.dtype, np.inexact) and not np.all(np.isfinite(a)):
                 return False
         return True
+
+    def any_nan(self, which: list[bool]) -> bool:
+        """Whether a float array flagged in ``which`` holds a NaN (one bit about the data).
+
+        For the arrays `all_finite` leaves out (numpy covariates folded into the graph as
+        constants, where an infinite entry can be a legitimate bound such as a per-record
+        censoring point, but a NaN is always a missing value).
+        """
+        for a, check in zip(self._arrays, which, strict=True):
+            if check and np.issubdtype(a.dtype, np.inexact) and np.isnan(a).any():
+                return True
+        return False

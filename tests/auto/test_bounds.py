@@ -150,6 +150,28 @@ def test_undeclared_or_unnamed_data_fall_back_to_the_dp_histograms():
     assert not derived2.gradient_ok and "X" in derived2.reason
 
 
+def test_a_hessian_pytensor_cannot_form_falls_back_to_the_dp_histograms():
+    # A hurdle negative binomial's truncation goes through betainc, whose gradient is a
+    # ScalarLoop without a gradient: the per-record Hessian cannot be formed. The automatic
+    # mode with data_bounds crashed in clip_plan with PyTensor's MethodNotDefined (third
+    # sweep, smoke's cigarettes a day); NUTS samples the model.
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-1, 1, (40, 1))
+    y = rng.integers(0, 5, 40)
+    with pm.Model() as model:
+        a = pm.Normal("a", 1, 1)
+        b = pm.Normal("b", 0, 1, shape=1)
+        alpha = pm.Gamma("alpha", 2, 1)  # betainc's gradient in alpha: a ScalarLoop
+        pm.HurdleNegativeBinomial(
+            "y", psi=0.6, mu=pm.math.exp(a + pt.dot(X, b)), alpha=alpha, observed=y
+        )
+    ip = model.initial_point()
+    derived, sources = clip_plan(model, model.value_vars, ip, {"y": (0, 80)}, np.zeros(3))
+    assert not derived.hessian_ok and derived.reason
+    # the residual clip needs the Hessian: it comes from a DP histogram
+    assert sources["penalty-test clip"].startswith("DP histogram")
+
+
 # -- the budget ---------------------------------------------------------------------------------
 def _phase_names(cfg) -> list[str]:
     return [p.name for p in cfg.phases]

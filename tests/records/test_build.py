@@ -230,6 +230,25 @@ def test_refuses_non_finite_data():
         _fns(model)
 
 
+def test_refuses_nan_in_a_numpy_covariate_and_keeps_infinite_bounds():
+    # A numpy covariate is a graph constant, outside the observed/pm.Data check above; a NaN
+    # there (a missing value) made that record's log-likelihood NaN and the automatic mode
+    # returned a result (wage2's feduc, found on the third sweep).
+    x = np.array([0.5, np.nan, -0.2])
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 1)
+        pm.Normal("a", t * x, 1, observed=np.array([0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="covariate array .* contains NaN"):
+        _fns(model)
+    # an infinite per-record bound (an uncensored record's upper censoring point) is not
+    # a missing value: still accepted
+    upper = np.array([np.inf, 2.0, np.inf])
+    with pm.Model() as model2:
+        t = pm.Normal("t", 0, 1)
+        pm.Censored("a", pm.Normal.dist(t, 1), lower=None, upper=upper, observed=[0.5, 2.0, 1.0])
+    assert _fns(model2).n_records == 3
+
+
 def test_refuses_non_finite_loglik_at_start():
     with pm.Model() as model:
         lam = pm.Normal("lam", 0, 1)

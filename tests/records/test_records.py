@@ -35,6 +35,9 @@ def test_store_chunks_take_and_map_reduce():
     assert store.all_finite([True, True])
     assert not InMemoryRecords([np.array([1.0, np.nan])]).all_finite([True])
     assert InMemoryRecords([np.array([1.0, np.nan])]).all_finite([False])
+    assert InMemoryRecords([np.array([1.0, np.nan])]).any_nan([True])
+    assert not InMemoryRecords([np.array([1.0, np.nan])]).any_nan([False])
+    assert not InMemoryRecords([np.array([1.0, np.inf])]).any_nan([True])
 
 
 def test_one_chunk_clipped_grad_sum_is_the_store_path_bit_for_bit():
