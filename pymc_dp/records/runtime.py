@@ -971,7 +971,7 @@ class RecordFunctions:
                 np.array(llr_bound, dtype=_F64), q_old,
             )  # fmt: skip
             if all(map(math.isfinite, out[0].tolist())):
-                return self._fused_result(out)
+                return self._fused_result(out, fresh=True)
         if not getattr(self._records, "local", False):
             raise TypeError("the two-point fused pass needs in-memory records")
         self._ensure_grad()
@@ -1010,16 +1010,17 @@ class RecordFunctions:
         self.released["llr"] += 1
         return g, int(k), float(s), int(kl)
 
-    def _fused_result(self, out) -> tuple[np.ndarray, int, float, int]:
+    def _fused_result(self, out, fresh: bool = False) -> tuple[np.ndarray, int, float, int]:
         """``(g, k, s, kl)`` from the outputs of a whole-records two-point fused call
-        (``(g, k, s, kl)``, or ``(g, s)`` without counts); two releases counted."""
+        (``(g, k, s, kl)``, or ``(g, s)`` without counts); two releases counted. The sum
+        is copied unless ``fresh`` (a Numba function's own output)."""
         self.released["grad"] += 1
         self.released["llr"] += 1
+        g = out[0] if fresh else out[0] + 0.0
         if len(out) == 2:
-            return out[0] + 0.0, 0, float(out[1]), 0
-        g, k, s, kl = out
+            return g, 0, float(out[1]), 0
         c = self.counts
-        return g + 0.0, int(k) if c else 0, float(s), int(kl) if c else 0
+        return g, int(out[1]) if c else 0, float(out[2]), int(out[3]) if c else 0
 
     def shared_clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
@@ -1148,7 +1149,7 @@ class RecordFunctions:
             g, *k = _private_call(direct[0], q, self._bound_array(bound), *direct[1])
             if all(map(math.isfinite, g.tolist())):
                 self.released["grad"] += 1
-                return g + 0.0, int(k[0]) if self.counts else 0
+                return g, int(k[0]) if self.counts else 0  # a fresh array (Numba's output)
         self._ensure_grad()
         route = self._c.grad_clipped["route"]
         whole = getattr(self._records, "whole", None)  # a remote store has none
