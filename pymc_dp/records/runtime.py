@@ -72,6 +72,13 @@ class RecordSource(Protocol):
     @property
     def fused_pays(self) -> bool: ...
 
+    @property
+    def fused_two_point_pays(self) -> bool: ...
+
+    def clipped_grad_and_ratio_sum(
+        self, q_new: np.ndarray, grad_bound: float, q_old: np.ndarray, llr_bound: float
+    ) -> tuple[np.ndarray, int, float, int]: ...
+
     def clipped_grad_and_ratio_sum_kept(
         self,
         q_new: np.ndarray,

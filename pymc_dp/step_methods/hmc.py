@@ -208,8 +208,12 @@ class DPHMC(DPStep):
     #: same releases, noise and accounting. ``None`` (default): where it pays
     #: (`RecordFunctions.fused_pays`: not on the sorted route, and a costly per-record
     #: log-likelihood in memory; on `DaskRecords` whatever the likelihood, as it also saves
-    #: one round trip to the workers an iteration); True: wherever available (in-memory
-    #: records or `DaskRecords`, central scheme, a route with a fused pass); False: never.
+    #: one round trip to the workers an iteration), and for a log-likelihood too cheap to
+    #: keep on the blocks route (the banana) the log-likelihoods at both points in the
+    #: same pass (`pymc_dp.records.FusedTwoPointPass`,
+    #: `RecordFunctions.fused_two_point_pays`); True: the kept pass wherever available
+    #: (in-memory records or `DaskRecords`, central scheme, a route with a fused pass);
+    #: False: never.
     fuse_ratio_pass: bool | None = None
     remote_records = True
     data_sharing = True

@@ -94,7 +94,10 @@ def test_two_point_fused_pass_gives_the_sums_of_the_two_passes_and_of_a_numpy_lo
             # the two passes it replaces
             g2, k2 = fns.clipped_grad_sum(q_new, b_g)
             s2, kl2 = fns.clipped_loglik_ratio_sum(q_new, q_old, b_l)
-            np.testing.assert_allclose(g, g2, rtol=1e-12, atol=1e-14 * np.sum(lengths))
+            # two compiled loops: the float32 clip weight of a clipped record may round
+            # differently in each (by float32 ulps, both within the margin, clipping.py)
+            f32 = 8 * 2.0**-24 * np.sum(np.minimum(lengths, b_g))
+            np.testing.assert_allclose(g, g2, rtol=1e-12, atol=1e-14 * np.sum(lengths) + f32)
             assert abs(s - s2) <= 1e-12 * N * np.nanmax(np.abs(ll_new)[np.isfinite(ll_new)])
             assert (k, kl) == ((k2, kl2) if counts else (0, 0))
             # a per-record numpy loop: exact weights; the float32 weight shortens a
