@@ -25,7 +25,9 @@ For each model, side by side in one process (interleaved blocks, medians, one BL
    the ratio release in one pass over the records (``fuse_ratio_pass``; the row's note
    says whether it does), and with ``--unfused`` a row for the same step with two passes
    (``fuse_ratio_pass = False``, the log-likelihoods kept where ``reuse_loglik`` says) is
-   timed in the same blocks;
+   timed in the same blocks; with ``--layered`` a row for the same step as before issue
+   28's twelfth session (every compiled function called through PyTensor's layers, the
+   clipped counts computed, no two-point fused pass) is timed in the same blocks;
 2. ``DPPenaltyMetropolis`` / ``pm.Metropolis`` per proposal (``pm.Metropolis`` updates a vector
    variable one coordinate at a time: one of its iterations is ``d`` proposals);
 3. each package per-record function (the clipped gradient sum of DP-HMC, the clipped
@@ -45,6 +47,7 @@ scaling in ``n`` and memory bounded by ``chunk_size``. Usage::
     python benchmarks/bench_models.py --models hier50 logistic --steps DPHMC --l-plus-1
     python benchmarks/bench_models.py --models hier50 --steps DPHMC --two-point-ratio
     python benchmarks/bench_models.py --models hier50 banana --steps DPHMC --unfused
+    python benchmarks/bench_models.py --models banana --steps DPHMC --layered
     python benchmarks/bench_models.py --scaling --models hier50 slopes banana
     python benchmarks/bench_models.py --floor       # against PyMC's gradient and Numba loops
 
@@ -336,6 +339,7 @@ def run_model(
     l_plus_1: bool = False,
     two_point: bool = False,
     unfused: bool = False,
+    layered: bool = False,
 ) -> list[str]:
     rng = np.random.default_rng(0)
     model, data = MODELS[name](n, rng)
@@ -427,6 +431,14 @@ def run_model(
             dp_unf = make_dp(kind, model, compile_kwargs)
             dp_unf.fuse_ratio_pass = False
             runners["dp_unf"] = Runner(dp_unf, model)
+        if kind == "DPHMC" and layered:
+            # as before the twelfth session: PyTensor's call layers around every compiled
+            # call, the clipped counts computed, no two-point fused pass
+            dp_lay = make_dp(kind, model, compile_kwargs)
+            dp_lay._fns._direct_off = True
+            if dp_lay._fused_kind() == "two-point":
+                dp_lay.fuse_ratio_pass = False
+            runners["dp_lay"] = Runner(dp_lay, model)
         tt = time_interleaved(runners, block_s, blocks)
         props = pymc_proposals_per_iteration(pymc_step)
         ratio = tt["dp"] / (tt["pymc"] / props)
@@ -453,6 +465,14 @@ def run_model(
                 "last gradient and ratio in two passes"
                 + ("; log-likelihoods kept" if dp_unf.keeps_loglik else "")
             )
+        if "dp_lay" in tt:
+            rows.append(
+                f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {'DPHMC layered/pm.HMC':<28} "
+                f"{tt['dp_lay'] * 1e3:>9.4f} {tt['pymc'] * 1e3:>9.4f} "
+                f"{tt['dp_lay'] / tt['pymc']:>7.2f} | route {dp._fns.gradient_route}; as "
+                "before: PyTensor's call layers, counts, "
+                + ("ratio fused" if dp_lay.fuses_ratio_pass else "ratio apart")
+            )
         rows.append(
             f"{kind:<20} {name:<9} {n:>8,d} {d:>4} | {what:<28} {tt['dp'] * 1e3:>9.4f} "
             f"{tt['pymc'] / props * 1e3:>9.4f} {ratio:>7.2f} | "
@@ -460,7 +480,13 @@ def run_model(
                 f"route {dp._fns.gradient_route}"
                 + ("; sum at the current point kept" if dp.reuse_gradient_sums else "")
                 + ("; ratio fused" if dp.fuses_ratio_pass else "")
-                + ("; log-likelihoods kept" if dp.keeps_loglik or dp.fuses_ratio_pass else "")
+                + ("; two-point" if dp._fused_kind() == "two-point" else "")
+                + (
+                    "; log-likelihoods kept"
+                    if dp.keeps_loglik or dp._fused_kind() == "kept"
+                    else ""
+                )
+                + ("; direct calls" if dp._fns._direct is not None else "")
                 if kind == "DPHMC"
                 else f"PyMC prop/it {props}"
             )
@@ -815,6 +841,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also time DPHMC with its last gradient pass and its ratio pass apart "
         "(fuse_ratio_pass = False), interleaved with the others",
     )
+    ap.add_argument(
+        "--layered",
+        action="store_true",
+        help="also time DPHMC as before issue 28's twelfth session (compiled functions "
+        "called through PyTensor's layers, counting, no two-point fused pass), interleaved",
+    )
     ap.add_argument("--scaling", action="store_true", help="functions vs n, with chunking")
     ap.add_argument(
         "--floor",
@@ -871,6 +903,7 @@ def main(argv: list[str] | None = None) -> None:
             args.l_plus_1,
             args.two_point_ratio,
             args.unfused,
+            args.layered,
         ):
             print(row, flush=True)
 

@@ -59,6 +59,12 @@ __all__ = [
 
 
 # -- Hamiltonian pieces -------------------------------------------------------------------------
+def _norm(v: np.ndarray) -> float:
+    """``||v||_2`` of a 1-D float array: `numpy.linalg.norm`'s own computation for one
+    (``sqrt(v . v)``, the same bits) without its generic layers (issue 28)."""
+    return math.sqrt(float(v.dot(v)))
+
+
 def kinetic_energy(p: np.ndarray, inv_mass: np.ndarray) -> float:
     """Kinetic energy ``K(p) = p^T M^{-1} p / 2`` for a diagonal mass matrix.
 
@@ -370,7 +376,7 @@ def dphmc_transition(
             lp, g_prior = prior_logp_and_grad(x)  # data-free: first (the support decides)
             if last and fused is not None and np.isfinite(lp) and np.all(np.isfinite(x)):
                 # the ratio release's bound is known now: one pass for both releases
-                b_l = llr_clip_bound * float(np.linalg.norm(x - q))
+                b_l = llr_clip_bound * _norm(x - q)
                 g, k, llr_fused, k_llr = fused(x, grad_clip_bound, q, b_l)
                 fused_llr = (llr_fused, k_llr)
             else:
@@ -383,7 +389,7 @@ def dphmc_transition(
     leapfrog_noise = 0.0 if shared else grad_noise_std
     traj = noisy_leapfrog(q, p, step_size, n_leapfrog, grad_fn, inv_mass, leapfrog_noise, rng)
     q1, p1 = traj.q, traj.p
-    norm = float(np.linalg.norm(q1 - q))
+    norm = _norm(q1 - q)
     # The first gradient is evaluated at q, the last at q1 (data-free prior terms).
     lp0 = prior_lp[0]
     lp1 = prior_lp[-1] if np.all(np.isfinite(q1)) else -np.inf

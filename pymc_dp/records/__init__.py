@@ -63,6 +63,7 @@ from pymc_dp.records.graphs import RecordGraphs, per_record_graphs
 from pymc_dp.records.guards import check_model_supported
 from pymc_dp.records.runtime import (
     FusedLastPass,
+    FusedTwoPointPass,
     GradSumMemo,
     LoglikMemo,
     RecordFunctions,
@@ -72,6 +73,7 @@ from pymc_dp.records.store import InMemoryRecords
 
 __all__ = [
     "FusedLastPass",
+    "FusedTwoPointPass",
     "GradSumMemo",
     "InMemoryRecords",
     "LoglikMemo",

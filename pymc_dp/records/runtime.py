@@ -19,8 +19,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pymc_dp.records.backend import direct_jit
+from pymc_dp.records.clipping import LazyFunction
 from pymc_dp.records.graphs import RecordGraphs
-from pymc_dp.records.routes import compile_fused_pass, compile_gradients, compile_kept_ratio
+from pymc_dp.records.routes import (
+    compile_fused_pass,
+    compile_fused_two_point,
+    compile_gradients,
+    compile_kept_ratio,
+)
 from pymc_dp.records.store import InMemoryRecords, _private_call
 
 __all__ = [
@@ -64,6 +71,13 @@ class RecordSource(Protocol):
 
     @property
     def fused_pays(self) -> bool: ...
+
+    @property
+    def fused_two_point_pays(self) -> bool: ...
+
+    def clipped_grad_and_ratio_sum(
+        self, q_new: np.ndarray, grad_bound: float, q_old: np.ndarray, llr_bound: float
+    ) -> tuple[np.ndarray, int, float, int]: ...
 
     def clipped_grad_and_ratio_sum_kept(
         self,
@@ -229,6 +243,15 @@ class _Compiled:
     llr_kept: Any | None = None
 
 
+_F64 = np.dtype(np.float64)
+
+
+def _is_vector(q, shape: tuple) -> bool:
+    """Whether ``q`` is a C-contiguous float64 array of ``shape`` (what a compiled
+    function called directly takes, `pymc_dp.records.backend.direct_jit`)."""
+    return type(q) is np.ndarray and q.dtype == _F64 and q.shape == shape and q.flags.c_contiguous
+
+
 # -- what runs on one chunk of records, where the chunk lives ------------------------------------
 # Each returns a sum over the chunk and a count; the count of clipped records is computed from
 # the data without noise and is kept only when ``counts`` is set (non-private diagnostics).
@@ -321,6 +344,37 @@ class _FusedChunk:
             np.asarray(g, dtype=float), int(k) if c else 0,
             float(s), int(kl) if c else 0, np.asarray(l_new),
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _FusedTwoPointChunk:
+    """The last gradient pass of a DP-HMC trajectory and a two-point ratio release on one
+    chunk: ``(grad sum, n_clipped, ratio sum, n_llr_clipped)`` from one compiled call
+    (`pymc_dp.records.routes.compile_fused_two_point`); a non-finite gradient sum is
+    computed again by the route's masked function, as in `_GradSumChunk`."""
+
+    route: Any
+    generic: Any
+    fused: Any
+    fused_generic: Any
+    counts: bool
+
+    def __call__(self, q, bound, llr_bound, q_old, prep, *chunk) -> tuple:
+        rows = list(chunk)
+        route, f = (self.generic, self.fused_generic) if prep is None else (self.route, self.fused)
+        prep = [] if prep is None else prep
+        with np.errstate(invalid="ignore", over="ignore"):  # 0 * inf: handled below
+            g, k, s, kl = f(q, bound, *prep, *rows, llr_bound, q_old)
+        g = np.asarray(g)
+        if not np.all(np.isfinite(g)):
+            g, k = route.masked(q, bound, *prep, *rows)
+        c = self.counts
+        return np.asarray(g, dtype=float), int(k) if c else 0, float(s), int(kl) if c else 0
+
+
+def _add_fused4(acc: tuple, part: tuple) -> tuple:
+    """Add the sums and counts of `_FusedTwoPointChunk` results."""
+    return acc[0] + part[0], acc[1] + part[1], acc[2] + part[2], acc[3] + part[3]
 
 
 def _add_fused(acc: tuple, part: tuple) -> tuple:
@@ -543,6 +597,20 @@ class RecordFunctions:
         self.released: dict[str, int] = {"llr": 0, "grad": 0}
         self._kernels: dict[str, Any] = {}
         self._loglik_costly: bool | None = None
+        #: ``(jit, whole, shape of q)``: the gradient route's Numba function, called
+        #: directly by `clipped_grad_sum` (`_direct_grad`); ``None`` until set or unusable.
+        self._direct: tuple | None = None
+        #: Do not call the route's Numba function directly (benchmarks: the layered call).
+        self._direct_off = False
+        #: ``(route, function)``: the route's function without the count (`_fast_fn`).
+        self._nocount: tuple | None = None
+        self._last_bound: tuple | None = None
+        #: ``(jit, shape of q)`` of the prior's function (as `_direct`); False: unusable.
+        self._direct_prior: tuple | bool | None = None
+        #: ``(jit, whole, shape of q, counts)`` of the two-point fused pass (as `_direct`).
+        self._direct_fused: tuple | bool | None = None
+        #: ``(route, counts, function)``: the two-point fused pass on the whole records.
+        self._fused2: tuple | None = None
 
     # -- chunking -------------------------------------------------------------------------
     def _chunks(self):
@@ -586,6 +654,16 @@ class RecordFunctions:
                     compile_fused_pass(fs["generic"], self._graphs),
                     self.counts,
                 )
+            elif name == "fused2":
+                self._ensure_grad()
+                fs = self._c.grad_clipped
+                self._kernels[key] = _FusedTwoPointChunk(
+                    fs["route"],
+                    fs["generic"],
+                    compile_fused_two_point(fs["route"], self._graphs),
+                    compile_fused_two_point(fs["generic"], self._graphs),
+                    self.counts,
+                )
             elif name == "prepare":
                 self._kernels[key] = _Prepare(self._c.grad_clipped["route"])
             else:  # "start"
@@ -595,7 +673,17 @@ class RecordFunctions:
     # -- data-free parts --------------------------------------------------------------------
     def prior_logp_and_grad(self, q: np.ndarray) -> tuple[float, np.ndarray]:
         """Log prior plus log-Jacobian at ``q`` and its gradient; never reads the data."""
+        direct = self._direct_prior
+        if direct and _is_vector(
+            q, direct[1]
+        ):  # its Numba function called directly: the same numbers (see `_direct_grad`)
+            lp, g = direct[0](q)
+            return float(lp), g
         lp, g = self._c.prior_and_grad(q)
+        if direct is None and not self._direct_off:
+            a = np.asarray(q)
+            jit = direct_jit(self._c.prior_and_grad, [a]) if a.ndim == 1 else None
+            self._direct_prior = (jit, a.shape) if jit is not None else False
         return float(lp), np.asarray(g)
 
     def prior_logp(self, q: np.ndarray) -> float:
@@ -848,6 +936,99 @@ class RecordFunctions:
         self.released["llr"] += 1
         return g, int(k), float(s), int(kl), l_new
 
+    @property
+    def fused_two_point_pays(self) -> bool:
+        """Whether DP-HMC's last gradient pass should compute its two-point ratio release
+        too (`clipped_grad_and_ratio_sum`): in-memory records, the *blocks* route (the
+        banana: its log-likelihood a few arithmetic operations, the route's loop one
+        vectorised pass) and a log-likelihood not worth keeping (`loglik_worth_keeping`,
+        else `fused_pays` decides). Measured on the banana (n = 10^5): docs/benchmarks.md,
+        "Issue 28, the banana, twelfth session". Structural, data-free."""
+        if not getattr(self._records, "local", False) or self.loglik_worth_keeping:
+            return False
+        self._ensure_grad()
+        fs = self._c.grad_clipped
+        return fs["route"].name == "blocks" and fs["route"].graph is not None
+
+    def clipped_grad_and_ratio_sum(
+        self, q_new: np.ndarray, grad_bound: float, q_old: np.ndarray, llr_bound: float
+    ) -> tuple[np.ndarray, int, float, int]:
+        """`clipped_grad_sum` at ``q_new`` and `clipped_loglik_ratio_sum` from ``q_old`` to
+        ``q_new`` in one pass over the records (one compiled call per chunk,
+        `pymc_dp.records.routes.compile_fused_two_point`), for in-memory records.
+
+        DP-HMC's last gradient release (at the trajectory's end ``q_new``) and its ratio
+        release, whose bound is known by then (DP-HMC paper, Algorithm 1 [DPHMC]; issue
+        28), without kept log-likelihoods (compare `clipped_grad_and_ratio_sum_kept`).
+        Returns ``(grad sum, n_grad_clipped, ratio sum, n_llr_clipped)``: the same
+        functions of the records as the two separate calls, two releases counted as such;
+        the counts are non-private (0 unless `counts`).
+        """
+        c = self.counts
+        direct = self._direct_fused
+        if (
+            direct  # the fused function's Numba function called directly (`_direct_grad`)
+            and direct[3] == c
+            and _is_vector(q_new, direct[2])
+            and _is_vector(q_old, direct[2])
+            and self._records.whole() is direct[1]
+        ):
+            out = _private_call(
+                direct[0], q_new, self._bound_array(grad_bound), *direct[1],
+                np.array(llr_bound, dtype=_F64), q_old,
+            )  # fmt: skip
+            if all(map(math.isfinite, out[0].tolist())):
+                return self._fused_result(out, fresh=True)
+        if not getattr(self._records, "local", False):
+            raise TypeError("the two-point fused pass needs in-memory records")
+        self._ensure_grad()
+        route = self._c.grad_clipped["route"]
+        whole = self._records.whole() if route.prepare is None else None
+        if whole is not None and route.graph is not None and not self._direct_off:
+            # one chunk, no data-only arrays: the fused function called without the
+            # layers of `map_reduce` (as in `clipped_grad_sum`); a non-finite gradient
+            # sum (the route's masked function needed) takes the path below
+            kept = self._fused2
+            if kept is None or kept[0] is not route or kept[1] != c:
+                f = compile_fused_two_point(route, self._graphs, counts=c)
+                kept = self._fused2 = (route, c, f)
+            f = kept[2]
+            with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+                out = _private_call(f, q_new, grad_bound, *whole, llr_bound, q_old)
+            out = (np.asarray(out[0], dtype=float), *out[1:])
+            a = np.asarray(q_new)
+            if a.dtype == _F64 and a.ndim == 1 and (direct is None or (direct and direct[3] != c)):
+                args = [a, np.array(grad_bound, dtype=_F64), *whole, np.array(0.0), a]
+                jit = direct_jit(f._f, args)
+                self._direct_fused = (jit, whole, a.shape, c) if jit is not None else False
+            if all(map(math.isfinite, out[0].ravel().tolist())):
+                return self._fused_result(out)
+        kernel = self._kernel("fused2")
+        init = (np.zeros(self.ndim), 0, 0.0, 0)
+        if route.prepare is None:  # no data-only arrays: the chunk function gets ``[]``
+            kw: dict[str, Any] = {"args": (q_new, grad_bound, llr_bound, q_old, [])}
+        else:
+            kw = {
+                "args": (q_new, grad_bound, llr_bound, q_old),
+                "prepare": self._kernel("prepare"),
+            }
+        g, k, s, kl = self._records.map_reduce(kernel, _add_fused4, init, **kw)
+        self.released["grad"] += 1
+        self.released["llr"] += 1
+        return g, int(k), float(s), int(kl)
+
+    def _fused_result(self, out, fresh: bool = False) -> tuple[np.ndarray, int, float, int]:
+        """``(g, k, s, kl)`` from the outputs of a whole-records two-point fused call
+        (``(g, k, s, kl)``, or ``(g, s)`` without counts); two releases counted. The sum
+        is copied unless ``fresh`` (a Numba function's own output)."""
+        self.released["grad"] += 1
+        self.released["llr"] += 1
+        g = out[0] if fresh else out[0] + 0.0
+        if len(out) == 2:
+            return g, 0, float(out[1]), 0
+        c = self.counts
+        return g, int(out[1]) if c else 0, float(out[2]), int(out[3]) if c else 0
+
     def shared_clipped_loglik_ratio_sum(
         self, q_new: np.ndarray, q_old: np.ndarray, bound: float, noise_std: float
     ) -> float:
@@ -896,6 +1077,57 @@ class RecordFunctions:
                 self._graphs, self._compile_kwargs
             )
 
+    def _bound_array(self, bound: float) -> np.ndarray:
+        """``bound`` as the 0-d float64 array a compiled function takes (the last one kept)."""
+        last = self._last_bound
+        if last is None or last[0] != bound:
+            last = self._last_bound = (bound, np.array(bound, dtype=_F64))
+        return last[1]
+
+    def _fast_fn(self, route):
+        """``route.fast``, or with `counts` off the same function without the count of
+        clipped records (compiled once, on first use, from `ClipRoute.graph`: its sum
+        output alone, so the compiled loop does not count; returns ``[sum]``). The count
+        is a non-private diagnostic, 0 whenever `counts` is off (issue 28: a few
+        instructions a record in the banana's loop)."""
+        if self.counts or route.graph is None or self._direct_off:
+            return route.fast
+        kept = self._nocount
+        if kept is None or kept[0] is not route:
+            ins, outs, ck, kw = route.graph
+            kept = self._nocount = (route, LazyFunction(ins, [outs[0]], ck, **kw))
+        return kept[1]
+
+    def _direct_grad(self, fast, q, bound, whole) -> None:
+        """Set `_direct` after a call of ``fast`` (`_fast_fn`) on the whole records: its
+        Numba function (`pymc_dp.records.backend.direct_jit`) with the records' arrays,
+        for the next calls of `clipped_grad_sum` with a parameter vector of the same type
+        and the same setting of `counts`. The Numba function (PyTensor's Numba linker)
+        takes the same arguments and returns the same arrays as the compiled function; it
+        raises no NumPy floating-point warning."""
+        if (self._direct is not None and self._direct[3] == self.counts) or self._direct_off:
+            return
+        args = [np.asarray(q), np.array(bound, dtype=_F64), *whole]
+        if not (isinstance(args[0], np.ndarray) and args[0].dtype == _F64 and args[0].ndim == 1):
+            return
+        f = fast._f if isinstance(fast, LazyFunction) else fast
+        jit = direct_jit(f, args) if f is not None else None
+        self._direct = (jit, whole, args[0].shape, self.counts) if jit is not None else None
+
+    def __getstate__(self) -> dict:
+        # a compiled function's Numba dispatcher is not shipped: set again on first use
+        state = dict(self.__dict__)
+        for k in (
+            "_direct",
+            "_last_bound",
+            "_direct_prior",
+            "_direct_fused",
+            "_nocount",
+            "_fused2",
+        ):
+            state[k] = None
+        return state
+
     def per_record_grad(self, q: np.ndarray) -> np.ndarray:
         """Per-record gradients ``T * grad l_i(q)``, shape ``(n, d)``."""
         self._ensure_grad()
@@ -912,6 +1144,19 @@ class RecordFunctions:
         data-free stand-in records; the data-only per-chunk arrays a route needs (the GLM
         route's row norms of the design matrix) are computed on first use and cached.
         """
+        direct = self._direct
+        if (
+            direct is not None
+            and direct[3] == self.counts
+            and _is_vector(q, direct[2])
+            and self._records.whole() is direct[1]  # the records still in one chunk
+        ):
+            # the route's Numba function called directly (`_direct_grad`): the same call,
+            # arguments and bits as below, without PyTensor's call layers (issue 28)
+            g, *k = _private_call(direct[0], q, self._bound_array(bound), *direct[1])
+            if all(map(math.isfinite, g.tolist())):
+                self.released["grad"] += 1
+                return g, int(k[0]) if self.counts else 0  # a fresh array (Numba's output)
         self._ensure_grad()
         route = self._c.grad_clipped["route"]
         whole = getattr(self._records, "whole", None)  # a remote store has none
@@ -922,9 +1167,12 @@ class RecordFunctions:
             # `_GradSumChunk` and `ClipRoute` (together ~1/4 of a DP-HMC iteration on
             # small data; issue 28). The same numbers as below; a non-finite sum (the
             # route's masked function needed) takes the path below.
+            fast = self._fast_fn(route)
             with np.errstate(all="ignore"):  # no data-dependent floating-point warning
-                g, k = _private_call(route.fast, q, bound, *whole)
+                g, *k = _private_call(fast, q, bound, *whole)
+            k = k[0] if k else 0
             g = np.asarray(g, dtype=float)
+            self._direct_grad(fast, q, bound, whole)
             if all(map(math.isfinite, g.ravel().tolist())):
                 self.released["grad"] += 1
                 return g + 0.0, int(k) if self.counts else 0  # a fresh array (as below)
@@ -1369,6 +1617,39 @@ class FusedLastPass:
             self._grad.record(q_new, grad_bound, g, k)
         self.calls += 1
         return np.array(g, dtype=float, copy=True), k, s, kl
+
+
+class FusedTwoPointPass:
+    r"""The last gradient release of a DP-HMC trajectory and its ratio release, one pass,
+    the log-likelihoods evaluated at both points (none kept).
+
+    ``fused(q_new, b_g, q_old, b_l) -> (g, k, llr, k_llr)``, the
+    ``clipped_grad_and_ratio_sum`` callable of `pymc_dp.kernels.hmc.dphmc_transition`,
+    from `RecordFunctions.clipped_grad_and_ratio_sum` (in-memory records): `FusedLastPass`
+    for a log-likelihood too cheap to keep (`RecordFunctions.fused_two_point_pays`). The
+    same releases, noise, draws and accounting as the two passes it replaces; the gradient
+    sum is noted in ``grad_memo`` (when given) as the trajectory's last sum.
+
+    Parameters
+    ----------
+    fns : RecordFunctions
+    grad_memo : GradSumMemo, optional
+    """
+
+    def __init__(self, fns: RecordFunctions, grad_memo: GradSumMemo | None = None) -> None:
+        self._fns = fns
+        self._grad = grad_memo
+        #: Fused passes run (for tests and benchmarks; data-free).
+        self.calls = 0
+
+    def __call__(
+        self, q_new: np.ndarray, grad_bound: float, q_old: np.ndarray, llr_bound: float
+    ) -> tuple[np.ndarray, int, float, int]:
+        g, k, s, kl = self._fns.clipped_grad_and_ratio_sum(q_new, grad_bound, q_old, llr_bound)
+        if self._grad is not None:
+            self._grad.record(q_new, grad_bound, g, k)
+        self.calls += 1
+        return g, k, s, kl
 
 
 def _bits(a) -> tuple:

@@ -37,7 +37,7 @@ from pymc_dp.kernels.hmc import (
     gradient_noise_std,
 )
 from pymc_dp.kernels.hmc import dphmc_mu_per_iteration as _mu_per_iteration
-from pymc_dp.records import FusedLastPass, GradSumMemo, LoglikMemo
+from pymc_dp.records import FusedLastPass, FusedTwoPointPass, GradSumMemo, LoglikMemo
 from pymc_dp.step_methods.base import NONPRIVATE_SUFFIX, DPStep, noise_or_target, scalar_stats
 from pymc_dp.step_methods.parts import (
     LikelihoodSettings,
@@ -213,8 +213,12 @@ class DPHMC(DPStep):
     #: same releases, noise and accounting. ``None`` (default): where it pays
     #: (`RecordFunctions.fused_pays`: not on the sorted route, and a costly per-record
     #: log-likelihood in memory; on `DaskRecords` whatever the likelihood, as it also saves
-    #: one round trip to the workers an iteration); True: wherever available (in-memory
-    #: records or `DaskRecords`, central scheme, a route with a fused pass); False: never.
+    #: one round trip to the workers an iteration), and for a log-likelihood too cheap to
+    #: keep on the blocks route (the banana) the log-likelihoods at both points in the
+    #: same pass (`pymc_dp.records.FusedTwoPointPass`,
+    #: `RecordFunctions.fused_two_point_pays`); True: the kept pass wherever available
+    #: (in-memory records or `DaskRecords`, central scheme, a route with a fused pass);
+    #: False: never.
     fuse_ratio_pass: bool | None = None
     remote_records = True
     data_sharing = True
@@ -363,6 +367,11 @@ class DPHMC(DPStep):
 
     def _iteration_body(self, q0):
         fns = self._fns
+        # The clipped counts feed only the *_NONPRIVATE stats, NaN unless the user asked
+        # for them: without that, the compiled passes do not count (a few instructions a
+        # record in the banana's loop; remote records: set by the base for the workers).
+        if getattr(fns.records, "local", False) and fns.counts != self.nonprivate_diagnostics:
+            fns.counts = self.nonprivate_diagnostics
         q = q0.data
         tune = bool(self.tune)
         eta = self._dual.current(tune) if self.adapt_step_size else self._initial_step_size
@@ -377,8 +386,8 @@ class DPHMC(DPStep):
         # The per-record log-likelihoods at q were computed by the last ratio release: kept
         # (`LoglikMemo`, in-memory records, central scheme), the release computes those at
         # the proposal only; the same release, the same noise.
-        fused = self._fused_pass() if self.fuses_ratio_pass else None
-        ll_memo = self._ll_memo if fused is not None or self.keeps_loglik else None
+        fused, kept = self._fused_pass()
+        ll_memo = self._ll_memo if kept or self.keeps_loglik else None
         # -- L + 1 gradient releases and one log-likelihood-ratio release (the kernel) ---------
         q_next, info = dphmc_transition(
             self.rng,
@@ -430,20 +439,39 @@ class DPHMC(DPStep):
         records (`fuse_ratio_pass`; in-memory records or `DaskRecords`, central scheme, a
         route with a fused pass: `pymc_dp.records.RecordFunctions.fusable`). Structural,
         data-free."""
-        if self.fuse_ratio_pass is False or self._owners:
-            return False
-        if not self._fns.can_keep:
-            return False
-        if self.fuse_ratio_pass is None:
-            return self._fns.fused_pays
-        return self._fns.fusable
+        return self._fused_kind() is not None
 
-    def _fused_pass(self) -> FusedLastPass:
+    def _fused_kind(self) -> str | None:
+        """``"kept"`` (`pymc_dp.records.FusedLastPass`, the log-likelihoods at the current
+        point kept), ``"two-point"`` (`pymc_dp.records.FusedTwoPointPass`, evaluated at both
+        points in the pass; by default where `RecordFunctions.fused_two_point_pays`) or
+        None (two passes). Structural, data-free."""
+        if self.fuse_ratio_pass is False or self._owners or not self._fns.can_keep:
+            return None
+        if self.fuse_ratio_pass is None:
+            if self._fns.fused_pays:
+                return "kept"
+            if self.reuse_loglik is not True and self._fns.fused_two_point_pays:
+                return "two-point"
+            return None
+        return "kept" if self._fns.fusable else None
+
+    def _fused_pass(self) -> tuple[FusedLastPass | FusedTwoPointPass | None, bool]:
+        """The fused last pass of this iteration (None: two passes) and whether it keeps
+        the log-likelihoods (`_fused_kind`; decided once per setting of the attributes it
+        depends on, the decision is structural)."""
         memo = self._grad_memo if self.reuse_gradient_sums else None
-        key = id(memo)
+        key = (id(memo), self.fuse_ratio_pass, self.reuse_loglik, self._owners)
         if getattr(self, "_fused", None) is None or self._fused[0] != key:
-            self._fused = (key, FusedLastPass(self._fns, self._ll_memo, memo))
-        return self._fused[1]
+            kind = self._fused_kind()
+            if kind == "kept":
+                fused = FusedLastPass(self._fns, self._ll_memo, memo)
+            elif kind == "two-point":
+                fused = FusedTwoPointPass(self._fns, memo)
+            else:
+                fused = None
+            self._fused = (key, fused, kind == "kept")
+        return self._fused[1], self._fused[2]
 
     @property
     def keeps_loglik(self) -> bool:
