@@ -115,7 +115,7 @@ from typing import Any
 
 import numpy as np
 
-from pymc_dp.records.store import split_rows, unique_rows
+from pymc_dp.records.store import parameter_values, split_rows, unique_rows
 
 __all__ = ["DaskStore", "RecordsLostError", "RemoteRecordsError", "WorkerMallocWarning"]
 
@@ -715,7 +715,7 @@ class DaskStore:
         """The driver's current values of the variables `follow` names (None: none)."""
         if not self._shared:
             return None
-        return tuple(np.asarray(v.get_value(borrow=True)) for v in self._shared)
+        return parameter_values(self._shared)
 
     def _start_actor(self, index: list[int], worker: str | None) -> _Held:
         """A `PartitionActor` holding the partitions ``index`` (on ``worker`` if it lives)."""

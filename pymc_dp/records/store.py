@@ -59,6 +59,15 @@ def node_value(node) -> np.ndarray:
     return np.asarray(node.data)
 
 
+def parameter_values(shared) -> tuple:
+    """The current values of the shared variables that stand for the free variables a step
+    does not sample (`pymc.pytensorf.make_shared_replacements`, set by PyMC before each
+    step): parameters, not data. Kept here, beside the data's readers, so that every read of
+    a shared variable's value in ``records/`` is in this module
+    (`tests/records/test_records.py::test_raw_data_enters_only_in_the_store`)."""
+    return tuple(np.asarray(v.get_value(borrow=True)) for v in shared)
+
+
 def split_rows(
     idx, row_args: tuple, starts: np.ndarray, n_records: int
 ) -> list[tuple[int, np.ndarray, tuple]]:
