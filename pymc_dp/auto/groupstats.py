@@ -142,11 +142,11 @@ def _data_leaves(graph, n: int, blockers=None) -> list:
     from pytensor.compile.sharedvalue import SharedVariable
     from pytensor.graph.basic import Constant
     from pytensor.graph.traversal import ancestors
-    from pytensor.tensor.random.var import RandomGeneratorSharedVariable
+    from pytensor.tensor.type import TensorType
 
     out = []
     for v in ancestors([graph], blockers=blockers):
-        if isinstance(v, RandomGeneratorSharedVariable):
+        if not isinstance(v.type, TensorType):  # random generators
             continue
         if isinstance(v, (Constant, SharedVariable)):
             shape = np.shape(_value(v))
@@ -166,7 +166,16 @@ def find_group_structure(model: pm.Model) -> GroupStructure | str:
     from pytensor.graph.replace import clone_replace
     from pytensor.graph.traversal import ancestors
     from pytensor.tensor.random.basic import NormalRV
-    from pytensor.tensor.subtensor import AdvancedSubtensor, AdvancedSubtensor1
+    from pytensor.tensor import subtensor as _st
+
+    indexing = tuple(
+        op
+        for op in (
+            getattr(_st, "AdvancedSubtensor", None),
+            getattr(_st, "AdvancedSubtensor1", None),
+        )
+        if op is not None
+    )
 
     if len(model.observed_RVs) != 1:
         return f"{len(model.observed_RVs)} observed variables (one normal likelihood needed)"
@@ -185,7 +194,7 @@ def find_group_structure(model: pm.Model) -> GroupStructure | str:
     # every v[g] in the mean
     index, swaps = None, {}
     for node in {a.owner for a in ancestors([mean]) if a.owner is not None}:
-        if not isinstance(node.op, (AdvancedSubtensor1, AdvancedSubtensor)):
+        if not isinstance(node.op, indexing):
             continue
         if len(node.inputs) != 2:
             return "the mean indexes a vector with more than one index"

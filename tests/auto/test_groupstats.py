@@ -181,7 +181,8 @@ def test_noise_aware_posterior_matches_the_conjugate_closed_form(monkeypatch):
 def test_groupstats_spends_exactly_the_budget_and_counts_every_release(monkeypatch):
     from pymc_dp.auto.configure import PresampleSpend
 
-    monkeypatch.setattr(gs_mod, "GROUPSTATS_NUTS_DRAWS", 200)
+    monkeypatch.setattr(gs_mod, "GROUPSTATS_NUTS_DRAWS", 100)
+    monkeypatch.setattr(gs_mod, "GROUPSTATS_NUTS_CHAINS", 2)
     spend = PresampleSpend()
     cfg = auto_configure(
         _hier(), epsilon=3.0, delta=1e-5, chains=2, draws=None, tune=None,
@@ -212,6 +213,7 @@ def test_groupstats_is_refused_where_it_does_not_apply():
 
 def test_sample_groupstats_result_and_report(monkeypatch):
     monkeypatch.setattr(gs_mod, "GROUPSTATS_NUTS_DRAWS", 300)
+    monkeypatch.setattr(gs_mod, "GROUPSTATS_NUTS_CHAINS", 2)
     model = _hier(n=3000, seed=4)
     with model, warnings.catch_warnings():
         warnings.simplefilter("ignore")
