@@ -165,8 +165,8 @@ def find_group_structure(model: pm.Model) -> GroupStructure | str:
     """
     from pytensor.graph.replace import clone_replace
     from pytensor.graph.traversal import ancestors
-    from pytensor.tensor.random.basic import NormalRV
     from pytensor.tensor import subtensor as _st
+    from pytensor.tensor.random.basic import NormalRV
 
     indexing = tuple(
         op
