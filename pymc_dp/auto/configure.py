@@ -1639,12 +1639,12 @@ def _groupstats_plan(
     y, g = st.y(), st.g()  # read by the releases only
     c = release_centre(y, box, centre_p.noise_multiplier, rng)
     spend.release(GROUPSTATS_CENTRE_PHASE)
-    b = release_clip_bound(
+    b, tail = release_clip_bound(
         y, c, box, clip_p.noise_multiplier, tail_p.noise_multiplier, last.noise_multiplier, rng,
         on_clip=lambda: spend.release(GROUPSTATS_CLIP_PHASE),
         on_tail=lambda: spend.release(GROUPSTATS_TAIL_PHASE),
     )  # fmt: skip
-    stats = release_group_stats(y, g, st.groups, c, b, last.noise_multiplier, rng)
+    stats = release_group_stats(y, g, st.groups, c, b, last.noise_multiplier, rng, tail)
     spend.release(GROUPSTATS_PHASE)
     del y, g
     # -- post-processing only from here
