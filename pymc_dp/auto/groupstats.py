@@ -324,13 +324,14 @@ def tail_bias_bounds(bound, top, levels, excess, tail_noise_multiplier) -> tuple
     a normal would (post-processing of the released excess).
 
     A record beyond ``L`` adds ``x_i = min((|u_i| - L) / L, 1)`` to the released excess ``X``
-    (`pymc_dp.kernels.expfam.tail_excess`, by a midpoint rule within 1/64 of it); clipping it takes ``|u_i| - L <= x_i max(L, top -
-    L)`` off its sum and ``u_i^2 - L^2 <= x_i max(L (top + L), top^2 - L^2)`` off the square
-    (``top`` the largest deviation in the box). With ``U`` the released ``X`` at ``L`` plus
-    `GROUPSTATS_TAIL_SDS` of its noise sds (at least 0), the clipped records' bias is at most
-    ``U max(L, top - L)`` on a sum and ``U max(L (top + L), top^2 - L^2)`` on the square; zero
-    where ``bound >= top`` (nothing inside the box is clipped). A tail heavier than the
-    model's normal (wagepan's log wage: 4 records at 0.999 of 4360 moved its ``sigma`` 0.66
+    (`pymc_dp.kernels.expfam.tail_excess`, by a midpoint rule within 1/64 of it); clipping it
+    takes ``|u_i| - L <= x_i max(L, top - L)`` off its sum and ``u_i^2 - L^2 <= x_i max(L (top +
+    L), top^2 - L^2)`` off the square (``top`` the largest deviation in the box). With ``U`` the
+    released ``X`` at ``L`` plus `GROUPSTATS_TAIL_SDS` of its noise sds (at least 0), the
+    clipped records' bias is at most ``U max(L, top - L)`` on a sum and ``U max(L (top + L),
+    top^2 - L^2)`` on the square; zero where ``bound >= top`` (nothing inside the box is
+    clipped). A tail heavier than the model's normal (wagepan's log wage: 4 records at 0.999 of
+    4360 moved its ``sigma`` 0.66
     posterior sds without noise) is then doubt, not a bias: `noise_aware_group_loglik` adds
     the half-bounds to the sds.
     """
