@@ -205,6 +205,8 @@ class PrivacyReport:
 _METHODS = {
     "laplace": "one-shot noise-aware private Laplace approximation (method='laplace')",
     "stats": "noise-aware posterior of released sufficient statistics (method='stats')",
+    "groupstats": "noise-aware posterior of released per-group statistics, sampled with "
+    "NUTS (method='groupstats')",
     "chain": "penalty chain (method='chain')",
 }
 

@@ -29,7 +29,7 @@ from pymc_dp.records import (
 )
 from pymc_dp.report import RAW_DATA_GROUPS, privacy_report
 from pymc_dp.step_methods.base import DPStep, _check_records, check_positive, check_target
-from pymc_dp.step_methods.laplace import DPLaplaceDraws
+from pymc_dp.step_methods.laplace import DPLaplaceDraws, DPPosteriorDraws
 from pymc_dp.step_methods.parts import accepted_keywords, to_keywords
 from pymc_dp.step_methods.penalty import DPPenaltyMetropolis
 
@@ -500,6 +500,14 @@ def _run(run: _Request, step, presample=None):
             f"beyond their noise: chi-square {attrs['dp_oneshot_step_chi2']:.4g}; its "
             "intervals were widened)"
         )
+    if attrs.get("dp_groupstats_converged") == 0:
+        # the resampled draws always mix; the noise-aware posterior's own NUTS run did not
+        attrs["dp_converged"] = 0
+        attrs["dp_convergence"] = (
+            "NOT CONVERGED (the noise-aware posterior's NUTS run: R-hat "
+            f"{attrs['dp_groupstats_rhat']:.4g}, {attrs['dp_groupstats_divergences']} "
+            "divergences)"
+        )
     if attrs.get("dp_oneshot_fallback"):
         attrs["dp_converged"] = 0
         attrs["dp_convergence"] = f"NOT USABLE ({attrs['dp_oneshot_fallback']})"
@@ -552,7 +560,37 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
             spend=spend,
             **auto_kwargs,
         )
-    if plan.method in ("laplace", "stats"):
+    if plan.method == "groupstats":
+        # every release was made before sampling: the chains resample the noise-aware
+        # posterior's NUTS draws and read no data (one process is enough)
+        step = DPPosteriorDraws(
+            plan.posterior_draws,
+            model=model,
+            draws=plan.draws,
+            tune=plan.tune,
+            chains=chains,
+            delta=delta,
+        )
+        sample_kwargs = {"cores": 1, **sample_kwargs}
+        if plan.predicted_error > 1.0:
+            warnings.warn(
+                f"the release noise may dominate this posterior: the plan expects the "
+                f"posterior means about {plan.predicted_error:.2g} posterior sds off (the "
+                "intervals include the noise: wide, not off); a larger epsilon or more "
+                "records would help",
+                NoiseDominatedWarning,
+                stacklevel=3,
+            )
+        if not plan.to_attrs()["dp_groupstats_converged"]:
+            warnings.warn(
+                "the NUTS run of the noise-aware posterior of the released per-group "
+                f"statistics has not converged (R-hat {plan.posterior_rhat:.3g}, "
+                f"{plan.posterior_divergences} divergences): the resampled draws mix by "
+                "construction but may not represent it",
+                ConvergenceWarning,
+                stacklevel=3,
+            )
+    elif plan.method in ("laplace", "stats"):
         # the one-shot strategy released everything before sampling: independent draws from
         # its noise-aware Gaussian read no data (one process is enough)
         step = DPLaplaceDraws(

@@ -74,6 +74,7 @@ __all__ = [
     "auto_configure",
     "choose_anchor_share",
     "presample_phases",
+    "groupstats_phases",
     "stats_phases",
     "tilt_sd",
 ]
@@ -243,6 +244,12 @@ class AutoPlan:
     prior_wide: list[str] = field(default_factory=list)
     #: the one-shot result was not finite and the draws are the prior's (in words)
     oneshot_fallback: str = ""
+    #: draws of the noise-aware posterior in the model's flat value space (DP outputs: the
+    #: per-group statistics strategy's NUTS run, `pymc_dp.auto.groupstats`) and its R-hat and
+    #: divergences
+    posterior_draws: np.ndarray | None = None
+    posterior_rhat: float = float("nan")
+    posterior_divergences: int = 0
 
     def spent_before_sampling(self) -> PresampleSpend:
         """Every pre-sampling release, made in full (the plan is complete)."""
@@ -277,8 +284,17 @@ class AutoPlan:
             out["dp_oneshot_crawling"] = int(self.oneshot.crawling)
             if self.oneshot_fallback:
                 out["dp_oneshot_fallback"] = self.oneshot_fallback
-        if self.method in ("laplace", "stats"):
+        if self.method in ("laplace", "stats", "groupstats"):
             out["dp_predicted_error"] = float(self.predicted_error)
+        if self.posterior_draws is not None:
+            # DP outputs: the convergence of the noise-aware posterior's NUTS run
+            from pymc_dp.auto.groupstats import GROUPSTATS_RHAT_WARN
+
+            out["dp_groupstats_rhat"] = float(self.posterior_rhat)
+            out["dp_groupstats_divergences"] = int(self.posterior_divergences)
+            out["dp_groupstats_converged"] = int(
+                self.posterior_rhat <= GROUPSTATS_RHAT_WARN and self.posterior_divergences == 0
+            )
         if self.recentred:
             # structure only (variable names): which blocks were sampled in centred coordinates
             out["dp_auto_recentred"] = "; ".join(self.recentred)
@@ -796,6 +812,11 @@ def auto_configure(
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
     blocks = find_recentring(model, vars) if recentre else []
     requested = method
+    if method == "groupstats":
+        return _groupstats_plan(
+            model, epsilon, delta, chains, draws, tune, rng, spend, max_iterations, records,
+            data_bounds, warm_start_only,
+        )  # fmt: skip
     stats_fm, stats_why = None, "not considered"
     if (method == "stats" or (method == "auto" and not blocks)) and not warm_start_only:
         if records is not None:
@@ -1529,6 +1550,118 @@ def _stats_plan(
     plan.run_length_note = (
         f"{plan.draws} independent draws per chain from the noise-aware posterior of the "
         "released statistics; no warmup (nothing to adapt)"
+        + ("" if not tune else f", tune={tune} not run and not charged")
+    )
+    return plan
+
+
+#: Phases of the per-group statistics strategy (`pymc_dp.auto.groupstats`).
+GROUPSTATS_CENTRE_PHASE = "per-group statistics: noisy mean of the response (box clip)"
+GROUPSTATS_CLIP_PHASE = "per-group statistics: noisy histogram of |y - centre| (clip bound)"
+GROUPSTATS_TAIL_PHASE = "per-group statistics: noisy excess of |y - centre| beyond the clip"
+GROUPSTATS_PHASE = "per-group statistics: noisy counts, sums and sum of squares"
+
+
+def groupstats_phases(mu_total: float, epsilon: float, delta: float) -> list[Phase]:
+    """The per-group statistics strategy's phases (`pymc_dp.auto.groupstats`): fixed shares
+    for the centre, the clip bound and the tail's excess, the rest for the statistics, its
+    multiplier nudged up until the composition fits the target (data-free)."""
+    from pymc_dp.auto.groupstats import (
+        GROUPSTATS_CENTRE_SHARE,
+        GROUPSTATS_CLIP_SHARE,
+        GROUPSTATS_TAIL_SHARE,
+    )
+
+    phases = [
+        Phase(GROUPSTATS_CENTRE_PHASE, _share_z(mu_total, GROUPSTATS_CENTRE_SHARE), 1),
+        Phase(GROUPSTATS_CLIP_PHASE, _share_z(mu_total, GROUPSTATS_CLIP_SHARE), 1),
+        Phase(GROUPSTATS_TAIL_PHASE, _share_z(mu_total, GROUPSTATS_TAIL_SHARE), 1),
+    ]
+    probe = AutoPlan(epsilon, delta, 0, 0, 1, mu_total, phases=list(phases))
+    z = _last_noise_multiplier(probe, mu_total - sum(p.mu for p in phases), 1)
+    return [*phases, Phase(GROUPSTATS_PHASE, z, 1)]
+
+
+def groupstats_structure(model: pm.Model, data_bounds: dict | None):
+    """``(structure, box)`` of the per-group statistics strategy, or ``(None, why)``
+    (data-free: the graph and the declared bounds)."""
+    from pymc_dp.auto.groupstats import data_box, find_group_structure
+
+    st = find_group_structure(model)
+    if isinstance(st, str):
+        return None, st
+    box = data_box(st, data_bounds)
+    if box is None:
+        return None, "data_bounds does not give the response's range ('y': (lo, hi))"
+    return st, box
+
+
+def _groupstats_plan(
+    model, epsilon, delta, chains, draws, tune, rng, spend, max_iterations, records,
+    data_bounds, warm_start_only,
+) -> AutoPlan:  # fmt: skip
+    """The per-group statistics strategy (`pymc_dp.auto.groupstats`): its releases and the
+    noise-aware posterior's NUTS draws, resampled by the chains."""
+    from pymc_dp.auto.groupstats import (
+        GROUPSTATS_QUANTILE,
+        fit_group_posterior,
+        group_stats_predicted_error,
+        release_centre,
+        release_clip_bound,
+        release_group_stats,
+    )
+
+    why = ""
+    if warm_start_only:
+        why = "a step class's configuration needs the chain's warm start"
+    elif records is not None:
+        why = "the records are on a cluster (DaskRecords)"
+    else:
+        st, box = groupstats_structure(model, data_bounds)
+        if st is None:
+            why = box
+    if why:
+        raise ValueError(
+            "auto_kwargs={'method': 'groupstats'} needs one likelihood y ~ Normal(m[g], sigma): "
+            "a vector of group means indexed by an integer data array, a scalar sigma, no "
+            "covariates, and the response's range declared (data_bounds={'y': (lo, hi)}); "
+            f"here: {why}"
+        )
+    ip = model.initial_point()
+    n, d = st.n, int(sum(np.size(ip[v.name]) for v in model.value_vars))
+    mu_total = gaussian_mu_for_epsilon(epsilon, delta)
+    plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method="groupstats")
+    spend = PresampleSpend() if spend is None else spend
+    spend.phases = plan.phases
+    plan.phases += groupstats_phases(mu_total, epsilon, delta)
+    centre_p, clip_p, tail_p, last = plan.phases
+    plan.clip_sources = {
+        "response's centre clip": "data_bounds",
+        "|y - centre| clip": f"DP histogram (quantile {GROUPSTATS_QUANTILE:g}) and tail excess",
+    }
+    y, g = st.y(), st.g()  # read by the releases only
+    c = release_centre(y, box, centre_p.noise_multiplier, rng)
+    spend.release(GROUPSTATS_CENTRE_PHASE)
+    b, tail = release_clip_bound(
+        y, c, box, clip_p.noise_multiplier, tail_p.noise_multiplier, last.noise_multiplier, rng,
+        on_clip=lambda: spend.release(GROUPSTATS_CLIP_PHASE),
+        on_tail=lambda: spend.release(GROUPSTATS_TAIL_PHASE),
+    )  # fmt: skip
+    stats = release_group_stats(y, g, st.groups, c, b, last.noise_multiplier, rng, tail)
+    spend.release(GROUPSTATS_PHASE)
+    del y, g
+    # -- post-processing only from here
+    post = fit_group_posterior(model, st, stats, rng)
+    plan.predicted_error = group_stats_predicted_error(n, last.noise_multiplier)
+    plan.posterior_draws = post.draws
+    plan.posterior_rhat, plan.posterior_divergences = post.rhat, post.divergences
+    plan.draws_requested, plan.tune_requested = draws, tune
+    default = max(1, min(ONESHOT_DRAWS, max_iterations // chains))
+    plan.draws = default if draws is None else int(draws)
+    plan.tune = 0
+    plan.run_length_note = (
+        f"{plan.draws} draws per chain resampled from {post.draws.shape[0]} NUTS draws of the "
+        "noise-aware posterior of the released per-group statistics; no warmup"
         + ("" if not tune else f", tune={tune} not run and not charged")
     )
     return plan

@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 #: The strategies of the automatic mode (``auto_kwargs={"method": ...}``).
-METHODS = ("auto", "laplace", "stats", "chain")
+METHODS = ("auto", "laplace", "stats", "groupstats", "chain")
 
 #: Private Newton steps of the one-shot strategy's warm start (public).
 ONESHOT_NEWTON_STEPS = 10
@@ -130,8 +130,9 @@ def choose_method(
             f"auto_kwargs['method'] must be one of {METHODS}; got {method!r}. 'laplace' is the "
             "one-shot noise-aware private Laplace approximation, 'stats' the noise-aware "
             "posterior of released sufficient statistics (a linear regression with "
-            "data_bounds), 'chain' the private penalty chain, 'auto' chooses by the model's "
-            "structure"
+            "data_bounds), 'groupstats' that of released per-group statistics (a "
+            "hierarchical normal model with data_bounds), 'chain' the private penalty chain, "
+            "'auto' chooses by the model's structure"
         )
     if method == "stats" and not linear_stats:
         raise ValueError(

@@ -583,6 +583,7 @@ def plan(
         if not hierarchical
         else "a hierarchical or shifted block: the posterior is far from Gaussian",
         "stats": stats_err if fm is not None else why,
+        "groupstats": _groupstats_candidate(model, bounds, mu, epsilon, delta),
         "chain": chain_err,
     }
     if method == "stats":
@@ -637,3 +638,16 @@ def plan(
     if verbose:
         print(out)
     return out
+
+
+def _groupstats_candidate(model, bounds, mu: float, epsilon: float, delta: float):
+    """The per-group statistics strategy's predicted error, or why it does not apply
+    (data-free; listed, chosen only when asked for: ``auto_kwargs={"method": "groupstats"}``)."""
+    from pymc_dp.auto.configure import groupstats_phases, groupstats_structure
+    from pymc_dp.auto.groupstats import group_stats_predicted_error
+
+    st, box = groupstats_structure(model, bounds)
+    if st is None:
+        return box
+    z = groupstats_phases(mu, epsilon, delta)[-1].noise_multiplier
+    return group_stats_predicted_error(st.n, z)

@@ -25,7 +25,7 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc_dp.kernels.warmstart import conditional_prior_draw
 from pymc_dp.step_methods.base import DPStep, RunPlan
 
-__all__ = ["DPLaplaceDraws", "FreeBlock"]
+__all__ = ["DPLaplaceDraws", "DPPosteriorDraws", "FreeBlock"]
 
 #: Metropolis steps per draw of `FreeBlock`, from a draw of the Gaussian's own conditional
 #: (its proposal at Roberts et al.'s scale). Measured on a 6-group hierarchy's loc and log
@@ -191,3 +191,39 @@ class DPLaplaceDraws(DPStep):
 
     def released_mu(self) -> float:
         return 0.0
+
+
+class DPPosteriorDraws(DPLaplaceDraws):
+    """Draws resampled from released posterior draws (no data access).
+
+    ``pool`` holds draws of a noise-aware posterior in the model's flat value space, each a
+    DP output (post-processing of releases made before sampling: the per-group statistics
+    strategy's NUTS run, `pymc_dp.auto.groupstats`). Every iteration returns one of them
+    chosen uniformly at random (with replacement), so the chains are independent draws from
+    the pool's empirical distribution. The privacy notes of `DPLaplaceDraws` apply.
+    """
+
+    name = "dp_posterior_draws"
+
+    def __init__(
+        self,
+        pool: np.ndarray,
+        *,
+        model: pm.Model | None = None,
+        draws: int,
+        tune: int,
+        chains: int,
+        delta: float | None = None,
+    ) -> None:
+        pool = np.atleast_2d(np.asarray(pool, dtype=float))
+        cov = np.cov(pool.T).reshape(pool.shape[1], pool.shape[1])
+        cov = cov + 1e-12 * np.eye(pool.shape[1]) * max(1.0, float(np.max(np.diag(cov))))
+        super().__init__(
+            pool.mean(axis=0), cov, model=model, draws=draws, tune=tune, chains=chains,
+            delta=delta,
+        )  # fmt: skip
+        self.pool = pool
+
+    def _dp_astep(self, q0):
+        q = self.pool[int(self.rng.integers(self.pool.shape[0]))]
+        return RaveledVars(np.asarray(q, dtype=q0.data.dtype), q0.point_map_info), {"accepted": 1.0}

@@ -516,7 +516,9 @@ def test_plan_predicts_the_benchmarks_statistic_and_lists_the_candidates():
     model, _ = _normal_model(n=200)
     with model:
         p = plan(epsilon=3.0, delta=1e-5, verbose=False)
-    assert p.method == "laplace" and set(p.candidates) == {"laplace", "stats", "chain"}
+    assert p.method == "laplace"
+    assert set(p.candidates) == {"laplace", "stats", "groupstats", "chain"}
+    assert isinstance(p.candidates["groupstats"], str)  # not a hierarchy: not a candidate
     assert "data_bounds" in p.candidates["stats"]  # not a candidate without declared bounds
     assert p.candidates["laplace"] == p.predicted_error < p.candidates["chain"]
     assert "laplace: " in str(p) and "<- chosen" in str(p)
