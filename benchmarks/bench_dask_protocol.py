@@ -11,9 +11,9 @@ without ``MALLOC_TRIM_THRESHOLD_``), so that both sides of each comparison see t
 * DPHMC (banana, ``L = 5``) at ``n``: direct, ratio release fused into the last gradient
   pass with the log-likelihoods kept on the workers (``L`` round trips), in the workers'
   event loops or their actor threads (the default depends on the records an actor holds,
-  `pymc_dp.records.dask_store._INLINE_RECORDS`; printed), old (through the scheduler, unfused, the ratio at both points:
-  ``L + 1``); DPPenaltyMetropolis the same three; the one process (``chunk_size`` =
-  partition size) alongside.
+  `pymc_dp.records.dask_store._INLINE_RECORDS`; printed), old (through the scheduler,
+  unfused, the ratio at both points: ``L + 1``); DPPenaltyMetropolis the same three; the
+  one process (``chunk_size`` = partition size) alongside.
 
 Wall medians, and CPU per call or iteration of the driver and of both workers (means over
 a round, medians over the rounds). Usage: ``python benchmarks/bench_dask_protocol.py
