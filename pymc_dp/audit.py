@@ -39,6 +39,7 @@ __all__ = [
     "audit_mechanism",
     "stats_runner",
     "stats_scenarios",
+    "groupstats_scenarios",
 ]
 
 
@@ -448,6 +449,7 @@ def standard_scenarios() -> list[Scenario]:
         *expfam_scenarios(),
         *auto_scenarios(),
         *stats_scenarios(),
+        *groupstats_scenarios(),
     ]  # fmt: skip
 
 
@@ -868,5 +870,84 @@ def stats_scenarios() -> list[Scenario]:
         Scenario("auto: tail excess", "as shipped", one, delta, True, tail(), 400_000),
         Scenario(
             "auto: tail excess", "noise scale halved", one, delta, False, tail(0.5), 400_000,
+        ),
+    ]  # fmt: skip
+
+
+# -- the per-group statistics strategy (pymc_dp.auto.groupstats) --------------------------------
+
+
+def _worst_group_pair(groups: int, b: float) -> tuple[tuple[float, int], tuple[float, int]]:
+    """Record 0's ``(y, group)`` in D and in D' whose released statistics differ most (a grid
+    over the clip range and the stationary points of `group_stats_sensitivity`, both groups):
+    the audit's neighbours are the worst case the sensitivity claims."""
+    from pymc_dp.auto.groupstats import group_stats_of_records
+
+    ys = np.unique(np.concatenate([np.linspace(-b, b, 41), [-b / 3, b / 3, -2 * b / 3, 2 * b / 3]]))
+    cands = [(float(y), g) for y in ys for g in (0, 1)]
+    stats = {
+        c: group_stats_of_records(np.array([c[0]]), np.array([c[1]]), groups, 0.0, b) for c in cands
+    }
+    pairs = ((c, d) for c in cands for d in cands)
+    return max(pairs, key=lambda cd: float(np.sum((stats[cd[0]] - stats[cd[1]]) ** 2)))
+
+
+def groupstats_runner(
+    noise_multiplier: float,
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """One release of the per-group statistics (`pymc_dp.auto.groupstats.release_group_stats`,
+    through the library's own call: a change of its noise or of `group_stats_sensitivity`
+    shows here) on 10 records in 3 groups, centre 0, clip bound 1, record 0 the worst pair of
+    `_worst_group_pair` in D and D'. Published: every released statistic, and the
+    likelihood-ratio statistic of the difference."""
+    from pymc_dp.auto.groupstats import (
+        _weights,
+        group_stats_of_records,
+        group_stats_sensitivity,
+        release_group_stats,
+    )
+
+    groups, b = 3, 1.0
+    y = np.linspace(-0.8, 0.8, 10)
+    g = np.arange(10) % groups
+    (y0, g0), (y1, g1) = _worst_group_pair(groups, b)
+    data = {}
+    for on_d2, (yy, gg) in ((False, (y0, g0)), (True, (y1, g1))):
+        yd, gd = y.copy(), g.copy()
+        yd[0], gd[0] = yy, gg
+        data[on_d2] = (yd, gd)
+    w = _weights(b)
+    exact = {k: group_stats_of_records(*v, groups, 0.0, b) for k, v in data.items()}
+    std = group_stats_sensitivity(b)
+    diff = (exact[True] - exact[False]) / std**2
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        yd, gd = data[on_d2]
+        out = np.empty((trials, 2 * groups + 1))
+        for t in range(trials):
+            r = release_group_stats(yd, gd, groups, 0.0, b, noise_multiplier, rng)
+            out[t] = np.concatenate([r.counts * w[0], r.sums * w[1], [r.squares * w[2]]])
+        res = {f"statistic {j}": out[:, j] for j in range(out.shape[1])}
+        res["LR statistic"] = out @ diff
+        return res
+
+    return run
+
+
+def groupstats_scenarios() -> list[Scenario]:
+    """The per-group statistics' one release as shipped, and with less noise than claimed
+    (caught)."""
+    from pymc_dp.accounting import gaussian_epsilon
+
+    delta = 1e-5
+    one = gaussian_epsilon(1 / (2 * 1.0**2), delta)
+    return [
+        Scenario(
+            "auto: per-group statistics", "as shipped", one, delta, True,
+            lambda: groupstats_runner(1.0), 200_000,
+        ),
+        Scenario(
+            "auto: per-group statistics", "noise scale halved", one, delta, False,
+            lambda: groupstats_runner(0.5), 200_000,
         ),
     ]  # fmt: skip
