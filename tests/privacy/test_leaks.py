@@ -33,8 +33,11 @@ def _step_classes(cls=pymc_dp.DPStep) -> dict[str, type]:
     """Every concrete DPStep subclass, found recursively (private bases skipped)."""
     out = {}
     for sub in cls.__subclasses__():
-        # (DPLaplaceDraws is built by the automatic mode only: leak-tested with it below)
-        if not sub.__name__.startswith("_") and sub.__name__ != "DPLaplaceDraws":
+        # (DPLaplaceDraws and its DPPosteriorDraws are built by the automatic mode only:
+        # leak-tested with it below)
+        if sub.__name__ in ("DPLaplaceDraws", "DPPosteriorDraws"):
+            continue
+        if not sub.__name__.startswith("_"):
             out[sub.__name__] = sub
         out.update(_step_classes(sub))
     return out
@@ -189,6 +192,12 @@ def test_no_sentinel_published_by_the_automatic_mode(method, caplog):
         report = pymc_dp.privacy_report(idata)
     assert idata.attrs["dp_method"] == method
     assert "warm start" in idata.attrs["dp_phases"]
+    _assert_no_sentinel(idata, report, caught, caplog)
+
+
+def _assert_no_sentinel(idata, report, caught, caplog) -> None:
+    """Nothing the automatic mode published carries the sentinel record: attrs, arrays,
+    report, warnings, log records; no raw-data group."""
     published = _strings(idata) + [str(report)]
     published += [str(w.message) for w in caught] + [r.getMessage() for r in caplog.records]
     text = "\n".join(published)
@@ -199,3 +208,25 @@ def test_no_sentinel_published_by_the_automatic_mode(method, caplog):
             assert not np.any(np.isclose(a, SENTINEL, rtol=0, atol=1e-9))
     for group in ("observed_data", "constant_data", "log_likelihood"):
         assert group not in {g.strip("/") for g in _group_names(idata)}
+
+
+def test_no_sentinel_published_by_the_group_statistics_strategy(caplog):
+    """``auto_kwargs={"method": "groupstats"}`` (its releases, the noise-aware NUTS run and the
+    resampled draws of `DPPosteriorDraws`): the sentinel record, inside the declared box,
+    appears nowhere in the result."""
+    x = np.linspace(-1, 1, 40)
+    x[17] = SENTINEL
+    g = np.arange(40) % 4
+    caplog.set_level(logging.DEBUG)
+    with pm.Model(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        z = pm.Normal("z", 0, 1, shape=4)
+        loc = pm.Normal("mu", 0, 3) + pm.HalfNormal("tau", 1) * z[g]
+        pm.Normal("x", loc, pm.HalfNormal("sigma", 2), observed=x)
+        idata = pymc_dp.sample(
+            epsilon=2.0, delta=1e-5, chains=2, cores=1, random_seed=5,
+            data_bounds={"x": (-10.0, 10.0)}, auto_kwargs={"method": "groupstats"}, **SAMPLE,
+        )  # fmt: skip
+        report = pymc_dp.privacy_report(idata)
+    assert idata.attrs["dp_method"] == "groupstats"
+    _assert_no_sentinel(idata, report, caught, caplog)
