@@ -296,12 +296,7 @@ class DPFastMH(ScaleAdaptation, DPStep):
             raise ValueError("proposal_scale must be finite and > 0 in every coordinate")
         m = pm.modelcontext(model)
         n = n_records_of(type(self), m, likelihood.records, privacy.nonprivate_diagnostics)
-        c = self._check_clip_bound(
-            require_clip_bound(type(self), privacy.clip_bound)
-            if np.ndim(privacy.clip_bound) == 0
-            else privacy.clip_bound,
-            n,
-        )
+        c = self._check_clip_bound(privacy.clip_bound, n)
         C = float(n * c) if np.ndim(c) == 0 else float(np.sum(c))
         c_max = float(np.max(c))
         if max_step is None:
@@ -455,10 +450,10 @@ class DPFastMH(ScaleAdaptation, DPStep):
         rest = {k: v for k, v in keywords.items() if k not in old}
         return {**rest, "proposal": proposal, "test": test}
 
-    @staticmethod
-    def _check_clip_bound(clip_bound, n: int) -> float | np.ndarray:
+    @classmethod
+    def _check_clip_bound(cls, clip_bound, n: int) -> float | np.ndarray:
         if np.ndim(clip_bound) == 0:
-            return check_positive(clip_bound, "clip_bound", coerce=True)
+            return require_clip_bound(cls, clip_bound)
         try:
             c = np.asarray(clip_bound, dtype=float)
         except (TypeError, ValueError):
