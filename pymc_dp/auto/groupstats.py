@@ -51,6 +51,7 @@ import pymc as pm
 import pytensor.tensor as pt
 
 from pymc_dp.diagnostics import MAX_RHAT
+from pymc_dp.records.store import node_shape, node_value
 
 __all__ = [
     "GROUPSTATS_CENTRE_SHARE",
@@ -127,15 +128,11 @@ class GroupStructure:
 
     def y(self) -> np.ndarray:
         """The response (exact: only the releases call this)."""
-        return np.asarray(_value(self.y_data), dtype=float).ravel()
+        return np.asarray(node_value(self.y_data), dtype=float).ravel()
 
     def g(self) -> np.ndarray:
         """The group index (exact: only the releases call this)."""
-        return np.asarray(_value(self.index)).astype(np.int64).ravel()
-
-
-def _value(var):
-    return var.get_value() if hasattr(var, "get_value") else var.data
+        return node_value(self.index).astype(np.int64).ravel()
 
 
 def _data_leaves(graph, n: int, blockers=None) -> list:
@@ -150,7 +147,7 @@ def _data_leaves(graph, n: int, blockers=None) -> list:
         if not isinstance(v.type, TensorType):  # random generators
             continue
         if isinstance(v, (Constant, SharedVariable)):
-            shape = np.shape(_value(v))
+            shape = node_shape(v)
             if any(int(s) == n for s in shape):
                 out.append(v)
     return out
@@ -189,8 +186,8 @@ def find_group_structure(model: pm.Model) -> GroupStructure | str:
     y_data = model.rvs_to_values[obs]
     if not (hasattr(y_data, "data") or hasattr(y_data, "get_value")):
         return "the response is not a data array"
-    n = int(np.size(_value(y_data)))  # public: the number of records
-    if n < 2 or len(np.shape(_value(y_data))) != 1:
+    n = int(np.prod(node_shape(y_data)))  # public: the number of records
+    if n < 2 or len(node_shape(y_data)) != 1:
         return "the response is not a vector of records"
     # every v[g] in the mean
     index, swaps = None, {}
@@ -207,7 +204,7 @@ def find_group_structure(model: pm.Model) -> GroupStructure | str:
         if index is None:
             index = idx
         elif idx is not index and not (
-            type(idx) is type(index) and np.array_equal(_value(idx), _value(index))
+            type(idx) is type(index) and np.array_equal(node_value(idx), node_value(index))
         ):
             return "the mean indexes vectors with two different index arrays"
         if v.type.ndim != 1:
