@@ -1,6 +1,7 @@
 """pymc_dp: differentially private MCMC step methods for PyMC.
 
-Public API: the step methods, `sample`, `privacy_report` and `check_convergence`.
+Public API: the step methods, `sample`, `privacy_report` (also callable as
+``pymc_dp.report(idata)``) and `check_convergence`.
 Docstrings cite papers by key (``[DPHMC]``, ``[Raisa2021]``, ...): the keyed list with DOIs and
 arXiv ids is docs/references.md.
 """
@@ -9,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from pymc_dp import step_methods
 from pymc_dp.auto import plan
-from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
+from pymc_dp.diagnostics import ConvergenceWarning, PriorDominatedWarning, check_convergence
 from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
 from pymc_dp.sampling import NoiseDominatedWarning, OneShotWarning, sample
@@ -27,6 +28,7 @@ __all__ = [
     "ModelNotSupportedError",
     "NoiseDominatedWarning",
     "OneShotWarning",
+    "PriorDominatedWarning",
     "PrivacyReport",
     "__version__",
     "check_convergence",

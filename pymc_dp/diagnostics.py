@@ -19,9 +19,12 @@ __all__ = [
     "MAX_RHAT",
     "MIN_ACCEPT",
     "MIN_ESS",
+    "PRIOR_CLOSE",
     "Convergence",
     "ConvergenceWarning",
+    "PriorDominatedWarning",
     "check_convergence",
+    "close_to_prior",
 ]
 
 #: Largest rank-normalised split R-hat of a converged run (Vehtari et al. 2021 advise 1.01
@@ -36,6 +39,19 @@ MIN_ACCEPT = 0.01
 
 class ConvergenceWarning(UserWarning):
     """The chains of a pymc_dp run did not converge (R-hat, ESS or acceptance)."""
+
+
+class PriorDominatedWarning(UserWarning):
+    """Parameters of a pymc_dp result are about as spread as their prior: the data, seen
+    through the privacy noise, told little about them."""
+
+
+#: A parameter whose posterior spread (half the 16-84 % inter-quantile range of its draws) is
+#: at least this share of its prior's is called close to its prior (`close_to_prior`).
+PRIOR_CLOSE = 0.8
+#: Prior draws of `close_to_prior` (a fixed public seed: data-free, reproducible).
+PRIOR_CLOSE_DRAWS = 4000
+PRIOR_CLOSE_SEED = 20261128
 
 
 @dataclass
@@ -224,3 +240,59 @@ def check_convergence(
             stacklevel=stacklevel,
         )
     return conv
+
+
+def close_to_prior(idata, model, *, ratio: float = PRIOR_CLOSE) -> list[str]:
+    """The scalars of the posterior about as spread as their prior (post-processing).
+
+    For each free variable of ``model`` in the result's posterior, the spread of its draws
+    (half the 16-84 % inter-quantile range: robust to heavy tails) is compared with its
+    prior's, from `PRIOR_CLOSE_DRAWS` forward draws of the prior (``pm.draw``, a fixed public
+    seed). Entries whose spread is at least ``ratio`` times the prior's are returned (e.g.
+    ``["mu", "b[1]"]``): the result learnt little about them beyond the prior. With one
+    record, or where the privacy noise swamps the data, a result can be the prior itself
+    and still look converged (found: an observed array of length 1, ``mu ~ N(0, 5)``, the
+    result mean 0.36, sd 4.93, no warning). The draws are DP outputs and the prior is
+    data-free, so the comparison may be published; where a prior reads the data (a
+    ``pm.Data`` array or the records in its graph) nothing is drawn and nothing is returned.
+    """
+    import pymc as pm
+
+    from pymc_dp.records.graph_facts import count_records, reads_data
+
+    posterior = _group(idata, "posterior")
+    if posterior is None:
+        return []
+    rvs = [rv for rv in model.free_RVs if rv.name in posterior.data_vars]
+    if not rvs:
+        return []
+    try:
+        n = count_records(model)
+    except Exception:  # noqa: BLE001 (no record axis: no data-free check possible)
+        return []
+    if any(reads_data(rv, model, n) for rv in rvs):
+        return []
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            prior = pm.draw(rvs, draws=PRIOR_CLOSE_DRAWS, random_seed=PRIOR_CLOSE_SEED)
+    except Exception:  # noqa: BLE001 (a prior that cannot be drawn, e.g. Flat: no check)
+        return []
+    prior = prior if isinstance(prior, list | tuple) else [prior]
+    close = []
+    for rv, draws in zip(rvs, prior, strict=True):
+        pr = np.reshape(np.asarray(draws, dtype=float), (PRIOR_CLOSE_DRAWS, -1))
+        post = np.asarray(posterior[rv.name].values, dtype=float)
+        post = post.reshape(post.shape[0] * post.shape[1], -1)
+        if post.shape[1] != pr.shape[1] or not np.all(np.isfinite(pr)):
+            continue
+        lo, hi = np.quantile(pr, [0.16, 0.84], axis=0)
+        plo, phi = np.quantile(post, [0.16, 0.84], axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = (phi - plo) / (hi - lo)
+        hit = np.flatnonzero(np.isfinite(share) & (hi > lo) & (share >= ratio))
+        shape = np.shape(np.asarray(posterior[rv.name].values))[2:]
+        for j in hit:
+            idx = np.unravel_index(int(j), shape) if shape else ()
+            close.append(rv.name + (f"[{','.join(str(i) for i in idx)}]" if idx else ""))
+    return close

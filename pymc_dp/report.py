@@ -12,6 +12,8 @@ result (strings and numbers only, so they survive a netCDF round trip).
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -768,3 +770,15 @@ def privacy_report(
         idata.attrs.update(attrs)
         idata["posterior"].attrs.update(attrs)
     return report
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``pymc_dp.report(idata, ...)`` is `privacy_report` (found on
+    the issue-26 sweep: a user reading "the privacy report" wrote ``pymc_dp.report(idata)``
+    and got ``TypeError: 'module' object is not callable``)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> PrivacyReport:
+        return privacy_report(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -21,7 +21,13 @@ import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
 from pymc_dp.auto.oneshot import CURVATURE_WIDENING_WARN, TRUST_PRIOR_SDS
-from pymc_dp.diagnostics import ConvergenceWarning, check_convergence
+from pymc_dp.diagnostics import (
+    PRIOR_CLOSE,
+    ConvergenceWarning,
+    PriorDominatedWarning,
+    check_convergence,
+    close_to_prior,
+)
 from pymc_dp.records import (
     ModelNotSupportedError,
     check_model_supported,
@@ -511,10 +517,40 @@ def _run(run: _Request, step, presample=None):
     if attrs.get("dp_oneshot_fallback"):
         attrs["dp_converged"] = 0
         attrs["dp_convergence"] = f"NOT USABLE ({attrs['dp_oneshot_fallback']})"
+    attrs["dp_prior_close"] = _prior_close(idata, model, stacklevel=4 if presample else 3)
     idata.attrs.update(attrs)
     idata["posterior"].attrs.update(attrs)
     privacy_report(idata, delta, model=model)
     return idata
+
+
+def _prior_close(idata, model, *, stacklevel: int) -> str:
+    """The parameters whose result is about as spread as their prior, in words (the
+    ``dp_prior_close`` attribute; post-processing of the DP draws and of data-free prior
+    draws, `pymc_dp.diagnostics.close_to_prior`), with a `PriorDominatedWarning` when any."""
+    close = close_to_prior(idata, model)
+    if not close:
+        return ""
+    counts: dict[str, int] = {}
+    for name in close:
+        counts[name.split("[")[0]] = counts.get(name.split("[")[0], 0) + 1
+    posterior = idata["posterior"]
+    named = ", ".join(
+        base
+        if posterior[base].ndim == 2
+        else f"{base} ({k} of its {int(np.prod(posterior[base].shape[2:]))} entries)"
+        for base, k in counts.items()
+    )
+    warnings.warn(
+        f"the result is about as spread as the prior for {named} (at least {PRIOR_CLOSE:g} of "
+        "the prior's 16-84 % range): the data, seen through the privacy noise, told little "
+        "about them, and their draws are mostly the prior (attribute dp_prior_close). A larger "
+        "epsilon or more records would help; where the prior alone should decide them, this "
+        "is expected",
+        PriorDominatedWarning,
+        stacklevel=stacklevel + 1,
+    )
+    return named
 
 
 def _convergence_attrs(idata, *, auto: bool) -> dict:

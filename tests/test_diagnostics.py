@@ -98,3 +98,82 @@ def test_a_well_mixing_run_is_quiet():
 def test_check_convergence_is_public():
     assert pymc_dp.check_convergence is check_convergence
     assert issubclass(pymc_dp.ConvergenceWarning, UserWarning)
+
+
+def _posterior_tree(**posterior) -> xr.DataTree:
+    post = xr.Dataset(
+        {
+            k: (("chain", "draw", *[f"{k}_{i}" for i in range(v.ndim - 2)]), v)
+            for k, v in posterior.items()
+        }
+    )
+    return xr.DataTree.from_dict({"posterior": post})
+
+
+def _prior_model(n: int = 10):
+    import pymc as pm
+
+    with pm.Model() as m:
+        mu = pm.Normal("mu", 0.0, 5.0)
+        b = pm.Normal("b", 0.0, 1.0, shape=3)
+        pm.Normal("y", mu + b.sum(), 1.0, observed=np.linspace(-1.0, 1.0, n))
+    return m
+
+
+def test_close_to_prior_names_the_entries_drawn_about_as_wide_as_their_prior():
+    from pymc_dp.diagnostics import close_to_prior
+
+    rng = np.random.default_rng(1)
+    b = rng.normal(0.0, 0.1, size=(4, 500, 3))
+    b[..., 1] = rng.normal(0.0, 1.0, size=(4, 500))  # its prior's spread
+    # mu drawn from its prior about another mean: the spread, not the location, counts
+    tree = _posterior_tree(mu=rng.normal(3.0, 5.0, size=(4, 500)), b=b)
+    assert close_to_prior(tree, _prior_model()) == ["mu", "b[1]"]
+    # spreads at 0.6 of the prior's: not close (the threshold is 0.8)
+    narrow = _posterior_tree(mu=rng.normal(0.0, 3.0, size=(4, 500)), b=0.6 * b)
+    assert close_to_prior(narrow, _prior_model()) == []
+
+
+def test_close_to_prior_draws_no_prior_that_reads_the_data():
+    import pymc as pm
+
+    from pymc_dp.diagnostics import close_to_prior
+
+    with pm.Model() as m:
+        x = pm.Data("x", np.linspace(0.0, 1.0, 10))
+        mu = pm.Normal("mu", 0.0, 5.0 * x.std())  # a prior scaled by the data
+        pm.Normal("y", mu * x, 1.0, observed=np.linspace(-1.0, 1.0, 10))
+    tree = _posterior_tree(mu=np.random.default_rng(2).normal(0.0, 100.0, size=(4, 500)))
+    assert close_to_prior(tree, m) == []
+
+
+def test_a_one_record_result_is_the_prior_and_says_so():
+    """Found by the issue-26 review: an observed array of length 1 gave a result that was its
+    prior (mean 0.36, sd 4.93 for mu ~ N(0, 5)) with no warning; it now warns and says so in
+    ``dp_prior_close``. With 2 000 records the same model learns mu: no such warning."""
+    import pymc as pm
+
+    for n, expect in ((1, "mu"), (2000, "")):
+        with pm.Model() as m:
+            mu = pm.Normal("mu", 0.0, 5.0)
+            pm.Normal("y", mu, 1.0, observed=np.random.default_rng(3).normal(1.0, 1.0, n))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pymc_dp.sample(
+                model=m,
+                epsilon=3.0,
+                delta=1e-6,
+                data_bounds={"y": (-5.0, 5.0)},
+                random_seed=4,
+                **SAMPLE,
+            )
+        warned = [w for w in caught if issubclass(w.category, pymc_dp.PriorDominatedWarning)]
+        assert idata.attrs["dp_prior_close"] == expect
+        assert bool(warned) == bool(expect)
+        if expect:
+            assert "mu" in str(warned[0].message) and warned[0].filename == __file__
+    # the module pymc_dp.report is the report function too
+    rep = pymc_dp.report(idata, 1e-6, attach=False, model=m)
+    same = pymc_dp.privacy_report(idata, 1e-6, attach=False, model=m)
+    assert rep.to_attrs().keys() == same.to_attrs().keys()
+    assert str(rep) == str(same) and rep.epsilon == same.epsilon > 0
