@@ -228,3 +228,22 @@ def test_a_step_classs_potential_refusal_says_where_the_declaration_goes(monkeyp
             **SAMPLE,
         )
     assert "step_kwargs={'data_free_potentials': True}" in str(err.value)
+
+
+def test_one_record_with_a_covariate_container_says_why_it_is_refused():
+    """Found on the issue-26 review: with one record and a ``pm.Data`` covariate the message
+    said only that the likelihood "does not separate"; it now says why (PyTensor broadcasts
+    length-1 arrays) and what helps, before any data is read."""
+    with pm.Model() as model:
+        x = pm.Data("x", np.array([0.3]))
+        b = pm.Normal("b", 0, 5, shape=2)
+        pm.Normal("y", b[0] + b[1] * x, 1.0, observed=np.array([1.2]))
+    with pytest.raises(pymc_dp.ModelNotSupportedError, match=r"one record \(n = 1\)"):
+        pymc_dp.sample(
+            model=model,
+            epsilon=1.0,
+            delta=1e-6,
+            data_bounds={"x": (-1, 1), "y": (-10, 10)},
+            random_seed=0,
+            **SAMPLE,
+        )

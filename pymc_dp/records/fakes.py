@@ -74,10 +74,17 @@ def _check_separable(f_ll, q0: np.ndarray, data: list[np.ndarray], n: int) -> No
             for q in points
         ]
     except Exception as err:  # noqa: BLE001 - report as unsupported model structure
+        one = (
+            " With one record (n = 1) PyTensor treats the length-1 data arrays as broadcastable "
+            "scalars, so the record axis cannot be told apart; a DP posterior of one record "
+            "is its prior in all but name: use more records"
+            if n == 1
+            else ""
+        )
         raise ModelNotSupportedError(
             "the likelihood does not separate into one term per record (its graph failed on a "
             f"subset of records: {type(err).__name__}); pymc_dp needs i.i.d.-style models whose "
-            "data arrays all have the record axis first"
+            f"data arrays all have the record axis first.{one}"
         ) from None
     ok = all(
         t.shape == (m,) and a.shape == (m,) and r.shape == (m,)
