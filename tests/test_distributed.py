@@ -549,6 +549,25 @@ def test_a_broken_channel_falls_back_to_dask_with_the_same_sum(client):
     fns.records.close()
 
 
+def _apply_arg(g, *chunk):
+    """A per-chunk function with a callable argument (what a closure could be)."""
+    return float(g(np.asarray(chunk[1], dtype=float).sum())), 0
+
+
+def test_a_request_pickle_cannot_serialise_goes_by_dask_with_the_channels_kept(client):
+    X, y = _data()
+    recs = _records(client, X, y)
+    store = recs.store_for(["X", "y"], [(np.dtype("float64"), (2,)), (np.dtype("int64"), ())])
+    total = store.map_reduce(_apply_arg, lambda a, b: (a[0] + b[0], 0), (0.0, 0), args=(abs,))
+    assert all(h.channel is not None for h in store._actors)
+    double = store.map_reduce(
+        _apply_arg, lambda a, b: (a[0] + b[0], 0), (0.0, 0), args=(lambda v: 2 * v,)
+    )
+    assert double[0] == 2 * total[0] == 2 * float(y.sum())
+    assert all(h.channel is not None for h in store._actors)
+    store.close()
+
+
 def test_no_channel_for_tls_workers():
     """A TLS cluster keeps Dask's comm (encrypted): no channel is asked of its actors."""
     import types

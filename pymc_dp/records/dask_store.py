@@ -49,6 +49,26 @@ one cluster: the driver's CPU a released sum 1.5-3.8 ms against 2.5-5.9 ms;
 docs/benchmarks.md, section 7). A client made with ``direct_to_workers=False`` (workers it
 cannot reach) keeps the scheduler's route.
 
+*The channel* (issue 28, thirteenth session): even straight to the workers, a released sum
+through Dask's comm cost about 1.2-1.4 ms of the driver's CPU and as much of the workers'
+(cProfile of the driver's event-loop thread: msgpack and pickle framing, checks for frame
+compression, ``sizeof``, metrics, asyncio callbacks; and the hand-over to and from the
+client's event-loop thread), which is the whole clipped-ratio sum of a 10^6-record banana
+on the PyMC 6 line (0.7 ms of CPU a 250 000-record partition, in a worker as in the
+driver). So when the actors start, each opens a listening socket on its worker's host
+(`PartitionActor.open_channel`), the driver connects and sends a random secret it gave the
+actor through Dask (anything else is closed unanswered), and from then on a released sum is
+a pickled request written to every actor's socket and the pickled answers read back, in the
+driver's own thread (`DaskStore._send_channel`); on the worker a thread of the actor reads
+it and calls `PartitionActor.run` (one call at a time with Dask's route: a lock). No event
+loop, no Dask framing on either side. The same requests and the same answers (partition
+results only; a failure is sent as the name of its type), so the same sums. TLS clusters
+keep Dask's comm (the channel is not encrypted, and carries noise-free partition sums, as
+Dask's plain TCP comm does); a channel that breaks is closed and its call sent again by
+Dask's route (a sum is deterministic), and anything that interrupts an exchange (e.g.
+``KeyboardInterrupt``) closes the channels it used, so that no answer left on a socket is
+read as a later call's.
+
 Per-record values kept between releases (DP-HMC's log-likelihoods at the current point,
 `pymc_dp.records.LoglikMemo`) stay on the actors (`PartitionActor.kept`): the driver holds
 only a name for them (`pymc_dp.records.runtime.KeptOnWorkers`), and an actor that does not
@@ -339,8 +359,11 @@ _CHANNEL = True
 #: in-process workers (a loopback socket). A TLS cluster keeps Dask's route, which keeps
 #: the noise-free partition sums encrypted on the wire.
 _CHANNEL_SCHEMES = ("tcp", "inproc")
-#: Seconds to connect a channel (and for an actor to wait for the driver's connection).
+#: Seconds an actor waits for the driver's connection (and for its secret).
 _CHANNEL_TIMEOUT = 30.0
+#: Seconds the driver waits to connect a channel and for the actor's answer (a worker
+#: behind a firewall that drops the connection costs this once, then Dask's route is used).
+_CONNECT_TIMEOUT = 5.0
 #: A channel message: one kind byte (``C`` call, ``R`` result, ``E`` error type, ``K``
 #: ready), the payload's length, the payload.
 _HEADER = struct.Struct("!cQ")
@@ -864,11 +887,13 @@ class DaskStore:
         from then on its calls are pickled requests on that socket, written and read in
         this thread (`_send_channel`), without Dask's event loops, message framing,
         serialisation layers and thread hand-offs on either side. Measured (issue 28,
-        thirteenth session, 2 worker processes, PyMC 6 line): per released sum ... (see
-        docs/benchmarks.md, section 7). Only for workers on plain TCP or in this process
-        (`_CHANNEL_SCHEMES`); the secret that authenticates the connection travels
-        through Dask's connection. A channel that cannot be opened leaves the actor on
-        Dask's route (same sums)."""
+        thirteenth session, 2 worker processes, PyMC 6 line, 4 partitions of 1 record, A/B
+        on one cluster): 0.29 ms of wall and 0.13 ms of driver CPU a released sum against
+        1.8-3.9 ms and 1.2-1.4 ms by Dask's comm (docs/benchmarks.md, section 7). Only for
+        workers on plain TCP or in this process (`_CHANNEL_SCHEMES`); the secret that
+        authenticates the connection travels through Dask's connection. A channel that
+        cannot be opened leaves the actor on Dask's route (same sums), and so does a
+        request that the standard pickle cannot serialise."""
         from distributed.comm.addressing import parse_address, parse_host_port
 
         sock = None
@@ -881,7 +906,7 @@ class DaskStore:
             where = held.actor.open_channel(secret, host).result()
             if where is None:
                 return
-            sock = socket.create_connection(tuple(where), timeout=_CHANNEL_TIMEOUT)
+            sock = socket.create_connection(tuple(where), timeout=_CONNECT_TIMEOUT)
             sock.sendall(secret)
             if _recv_msg(sock)[0] != b"K":
                 raise ConnectionError("the actor refused the channel")
@@ -1056,13 +1081,16 @@ class DaskStore:
         worker: `_on_actors` restarts the actor). Anything else that interrupts the exchange
         (e.g. ``KeyboardInterrupt``) closes the channels it used, so that no answer can be
         read as that of a later call."""
+        try:
+            requests = [pickle.dumps((method, args, values), protocol=5) for _, args in calls]
+        except Exception:  # noqa: BLE001 - not picklable here: Dask's serialisation
+            return self._send_dask(method, calls, values)
         outs: list = [None] * len(calls)
         with self._channel_lock:
             try:
-                for k, (held, args) in enumerate(calls):
+                for k, (held, _) in enumerate(calls):
                     try:
-                        request = pickle.dumps((method, args, values), protocol=5)
-                        _send_msg(held.channel, b"C", request)
+                        _send_msg(held.channel, b"C", requests[k])
                     except OSError as err:
                         outs[k] = err
                 for k, (held, _) in enumerate(calls):
