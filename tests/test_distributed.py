@@ -377,7 +377,8 @@ def test_actor_calls_go_straight_to_the_workers_unless_the_client_says_otherwise
     (`dask_store._execute_direct`), not through the actors' `Actor` handles (which go
     through the scheduler's proxy when the client has Dask's default
     ``direct_to_workers=None``); a client made with ``direct_to_workers=False`` keeps the
-    handles' route, with the same sums."""
+    handles' route, with the same sums (Dask's comm: channels off)."""
+    monkeypatch.setattr(dask_store, "_CHANNEL", False)
     used = {"direct": 0, "proxied": 0}
     real_direct, real_proxied = dask_store._execute_direct, dask_store.DaskStore._send_proxied
 
@@ -414,7 +415,8 @@ def test_actor_calls_go_straight_to_the_workers_unless_the_client_says_otherwise
 def test_small_actors_run_in_the_workers_event_loop_with_the_same_sums(client, monkeypatch):
     """An actor holding at most `_INLINE_RECORDS` records runs its calls in its worker's event
     loop (Dask's ``separate_thread=False``), a larger one in the worker's actor thread: the
-    same sums either way."""
+    same sums either way (Dask's comm: channels off)."""
+    monkeypatch.setattr(dask_store, "_CHANNEL", False)
     X, y = _data()
     q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
     sums = []
@@ -429,6 +431,156 @@ def test_small_actors_run_in_the_workers_event_loop_with_the_same_sums(client, m
         assert [h.inline for h in actors] == [limit >= 2 * PART] * 2
         step._fns.records.close()
     assert sums[0] == sums[1] and sums[0] != 0.0
+
+
+# -- the store's own channel to each actor (issue 28, thirteenth session) -------------------------
+
+
+def _penalty_on(client, X, y):
+    with _model(X[:10], y[:10]):
+        step = pymc_dp.DPPenaltyMetropolis(
+            clip_bound=5.0, noise_multiplier=1.0, records=_records(client, X, y)
+        )
+    return step._fns
+
+
+def test_channels_give_the_in_memory_and_the_dask_routes_sums_of_every_release(
+    process_client, monkeypatch
+):
+    """On worker processes (TCP) every actor gets a channel, and every kind of release goes
+    over it (Dask's comm carries none of them) with the in-memory store's numbers with the
+    same chunks, exactly; the channels closed, Dask's comm gives the same numbers."""
+    client = process_client
+    X, y = _data()
+    idx = np.random.default_rng(5).integers(0, N, size=450)
+    kw = dict(llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0)
+    kw["grad_noise_multiplier"] = 1.0
+    with _model(X, y):
+        local = pymc_dp.DPHMC(chunk_size=PART, **kw)
+    with _model(X[:10], y[:10]):
+        remote = pymc_dp.DPHMC(records=_records(client, X, y), **kw)
+    want = _every_release(local._fns, idx)
+    store = remote._fns.records
+    by_dask = []
+    real = dask_store.DaskStore._send_dask
+
+    def counted(self, method, calls, *rest):
+        by_dask.extend(calls)
+        return real(self, method, calls, *rest)
+
+    monkeypatch.setattr(dask_store.DaskStore, "_send_dask", counted)
+    got = [_every_release(remote._fns, idx)]
+    assert len(store._actors) == 2
+    assert all(h.channel is not None for h in store._actors) and by_dask == []
+    for h in store._actors:
+        h.drop_channel()
+    got.append(_every_release(remote._fns, idx))
+    assert len(by_dask) >= 2 * 8  # every release, to both actors
+    for out in got:
+        for key in want:
+            if key in ("moments", "norm_counts"):
+                w, g = _flatten(want[key]), _flatten(out[key])
+            else:
+                w, g = _flatten(want[key][0]), _flatten(out[key][0])
+            assert len(w) == len(g)
+            for a, b in zip(w, g, strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=key)
+    store.close()
+
+
+def test_a_channel_serves_nobody_without_the_secret(client):
+    """An actor's channel answers only a connection that first sends the secret the driver
+    gave it through Dask; any other is closed unanswered, and the listener then takes no
+    other connection."""
+    import socket
+
+    X, y = _data()
+    fns = _penalty_on(client, X, y)
+    fns.clipped_loglik_ratio_sum(np.array([0.9, -0.8]), np.array([0.1, 0.2]), 0.5)
+    held = fns.records._actors[0]
+    host, port = held.actor.open_channel(b"s" * 32, "127.0.0.1").result()
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"x" * 32)
+        assert sock.recv(64) == b""  # closed: no "ready", no answer
+    time.sleep(0.2)
+    with pytest.raises(OSError), socket.create_connection((host, port), timeout=2):
+        pass
+    fns.records.close()
+
+
+def test_an_interrupted_exchange_closes_the_channels_and_later_sums_are_right(client, monkeypatch):
+    """An exception in the middle of a released sum (e.g. ``KeyboardInterrupt`` while the
+    answers are read) closes the channels it used, so that no answer left on a socket is
+    read as that of a later call; later sums go by Dask's comm, the same numbers."""
+    import threading
+
+    X, y = _data()
+    fns = _penalty_on(client, X, y)
+    q0, q1, q2 = np.array([0.1, 0.2]), np.array([0.9, -0.8]), np.array([-0.3, 0.4])
+    first = fns.clipped_loglik_ratio_sum(q1, q0, 0.5)
+    other = fns.clipped_loglik_ratio_sum(q2, q0, 0.5)
+    assert all(h.channel is not None for h in fns.records._actors)
+    real, hit = dask_store._recv_msg, []
+
+    def interrupted(sock):
+        if threading.current_thread() is threading.main_thread() and not hit:
+            hit.append(1)
+            raise KeyboardInterrupt
+        return real(sock)
+
+    monkeypatch.setattr(dask_store, "_recv_msg", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fns.clipped_loglik_ratio_sum(q2, q0, 0.5)
+    assert all(h.channel is None for h in fns.records._actors)
+    assert fns.clipped_loglik_ratio_sum(q1, q0, 0.5) == first
+    assert fns.clipped_loglik_ratio_sum(q2, q0, 0.5) == other and first != other
+    fns.records.close()
+
+
+def test_a_broken_channel_falls_back_to_dask_with_the_same_sum(client):
+    X, y = _data()
+    fns = _penalty_on(client, X, y)
+    q0, q1 = np.array([0.1, 0.2]), np.array([0.9, -0.8])
+    first = fns.clipped_loglik_ratio_sum(q1, q0, 0.5)
+    held = fns.records._actors[0]
+    held.channel.close()  # the socket fails under the store
+    assert fns.clipped_loglik_ratio_sum(q1, q0, 0.5) == first
+    assert held.channel is None and fns.records._actors[1].channel is not None
+    fns.records.close()
+
+
+def _apply_arg(g, *chunk):
+    """A per-chunk function with a callable argument (what a closure could be)."""
+    return float(g(np.asarray(chunk[1], dtype=float).sum())), 0
+
+
+def test_a_request_pickle_cannot_serialise_goes_by_dask_with_the_channels_kept(client):
+    X, y = _data()
+    recs = _records(client, X, y)
+    store = recs.store_for(["X", "y"], [(np.dtype("float64"), (2,)), (np.dtype("int64"), ())])
+    total = store.map_reduce(_apply_arg, lambda a, b: (a[0] + b[0], 0), (0.0, 0), args=(abs,))
+    assert all(h.channel is not None for h in store._actors)
+    double = store.map_reduce(
+        _apply_arg, lambda a, b: (a[0] + b[0], 0), (0.0, 0), args=(lambda v: 2 * v,)
+    )
+    assert double[0] == 2 * total[0] == 2 * float(y.sum())
+    assert all(h.channel is not None for h in store._actors)
+    store.close()
+
+
+def test_no_channel_for_tls_workers():
+    """A TLS cluster keeps Dask's comm (encrypted): no channel is asked of its actors."""
+    import types
+
+    def refuse(*a):
+        raise AssertionError("a channel was asked of a TLS worker")
+
+    held = types.SimpleNamespace(
+        actor=types.SimpleNamespace(_address="tls://127.0.0.1:8786", open_channel=refuse),
+        channel=None,
+    )
+    dask_store.DaskStore._open_channel(None, held)
+    assert held.channel is None
 
 
 def test_closing_the_store_releases_its_actors(client):
