@@ -458,35 +458,31 @@ def test_a_noisy_curvature_far_from_the_mode_is_covered_where_the_check_passes()
     assert bare_beyond / pairs > 0.07, bare_beyond / pairs
 
 
-def test_the_ends_are_combined_by_their_whole_error_curvature_included():
+def test_the_check_counts_the_curvature_error_of_each_end():
     """Two ends of the mode with independent errors ``N(0, n_j + c_j)`` (release noise and
-    curvature error, `newton_step`'s ``noise_cov`` and ``curvature_cov``), the first end's
-    curvature error nine times its noise (a first step from far off), the second's none:
-    the result is their inverse-variance combination, whose error covariance is
-    ``(V1^-1 + V2^-1)^-1`` in closed form (chi-square of 4000 runs against ``noise_cov``;
-    ``noise_cov`` equal to the closed form). Weighted by the release noise alone (the ends'
-    mean), the error variance would be 2.75 against 0.909 here: the chi-square then fails."""
+    the released curvature's error over each step, `newton_step`'s ``noise_cov`` and
+    ``curvature_cov``), the first end's curvature error nine times its noise (a first step
+    from far off), the anchor beyond its noise (the check decides): the steps' check passes
+    in 99 % of 4000 runs (3 binomial sds), as where the ends differ by their release noise
+    alone. With the release noise alone in the check (the earlier version) the pass rate
+    here is 44 % (a chi-square of 3 below 2.06): ends a noisy curvature set apart were read
+    as a warm start that had not converged, and widened."""
     rng = np.random.default_rng(11)
     d = 3
     eye = np.eye(d)
     n1 = n2 = eye
     c1, c2 = 9.0 * eye, np.zeros((d, d))
     mode = np.array([0.5, -1.0, 2.0])
-    closed = np.linalg.inv(np.linalg.inv(n1 + c1) + np.linalg.inv(n2 + c2))
-    total, combined = 0.0, 0
-    for _ in range(4000):
+    runs, passed = 4000, 0
+    for _ in range(runs):
         m1 = mode + rng.multivariate_normal(np.zeros(d), n1 + c1)
         m2 = mode + rng.multivariate_normal(np.zeros(d), n2 + c2)
-        # the anchor at the mode within its noise (a tiny first step): the combination
-        first = NewtonStep(m1, np.full(d, 1e-6), n1, eye, eye, c1)
+        first = NewtonStep(m1, np.full(d, 10.0), n1, eye, eye, c1)
         second = NewtonStep(m2, m2 - m1, n2, eye, eye, c2)
         res = noise_aware_laplace(first, second, np.ones(d, dtype=bool))
-        np.testing.assert_allclose(res.noise_cov, closed, rtol=1e-9, atol=1e-12)
-        e = res.mean - mode
-        total += float(e @ np.linalg.solve(res.noise_cov, e))
-        combined += 1
-    dof = d * combined
-    assert stats.chi2.sf(total, dof) > 1e-3 and stats.chi2.cdf(total, dof) > 1e-3, total / dof
+        passed += res.converged
+    sd = np.sqrt(0.99 * 0.01 / runs)
+    assert abs(passed / runs - 0.99) < 3 * sd, passed / runs
 
 
 def test_ends_disagreeing_at_the_mode_are_widened_by_their_difference_not_the_path():
