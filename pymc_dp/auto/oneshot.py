@@ -135,9 +135,12 @@ def choose_method(
     do for a linear regression: the likelihood reads the data only through them, so their
     noise-aware posterior is the whole answer (no warm start whose failure sends the chain
     to the one-shot fallback), and its planned error bounded its measured maximum within a
-    factor 2 on bench_auto's hierarchy at epsilon 1, 3 and 10, where the chain's planned
-    error did not bound the run that replaced it (the one-shot fallback: maxima 3.6 and 163
-    times the chain's plan at epsilon 3 and 1; docs/auto.md).
+    factor 2 on bench_auto's hierarchy (maxima 1.93 / 0.6267 / 0.2782 NUTS sds against
+    1.376 / 0.503 / 0.176 planned at epsilon 1 / 3 / 10), where the chain's planned error did
+    not bound the run that replaced it (the one-shot fallback: maxima 165.7 and 1.332, 163
+    and 3.6 times the plan, at epsilon 1 and 3). At epsilon 10, where the chain runs, it was
+    a little better (max 0.247); on a response with a tail heavier than the normal the plan
+    is optimistic and the result wide (wagepan by industry; docs/auto.md).
     """
     if method not in METHODS:
         raise ValueError(

@@ -620,8 +620,8 @@ def plan(
             "groupstats is chosen wherever it applies: the likelihood reads the data only "
             "through the released statistics; on bench_auto's hierarchy its prediction was "
             "within 2 times of the measured maximum error at epsilon 1, 3 and 10, where the "
-            "chain's was not (the one-shot fallback that replaced the chain: maxima 3.6 and "
-            "163 times the chain's prediction at epsilon 3 and 1; docs/auto.md)"
+            "chain's was not (the one-shot fallback that replaced the chain: maxima 163 and "
+            "3.6 times the chain's prediction at epsilon 1 and 3; docs/auto.md)"
         )
         out.clip_sources = {
             "response's centre clip": "data_bounds",
