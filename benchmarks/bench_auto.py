@@ -391,7 +391,7 @@ def _habits(model, name: str, n: int, args, r_mean, r_sd, names) -> None:
                     idata = pymc_dp.sample(
                         epsilon=eps, delta=args.delta, chains=args.chains,
                         random_seed=args.seed + 1 + k, progressbar=False,
-                        data_bounds=BOUNDS.get(name), **kw,
+                        data_bounds=_bounds(name), **kw,
                     )  # fmt: skip
                 m, sd = _moments(idata, names)
                 err = np.abs(m - r_mean) / r_sd
@@ -432,15 +432,16 @@ def _peer_row(n: int, eps: float, args, r_mean, r_sd, t_ref: float) -> None:
     )
 
 
-#: The response's declared range of the synthetic hierarchy (its generator clips to it),
-#: given to the per-group statistics strategy only (the other strategies' rows unchanged).
+#: The response's declared range of the normal hierarchies (the synthetic one's generator
+#: clips to it; wagepan's log wage as its model clips it), given to every strategy: with
+#: ``method="auto"`` they make the per-group statistics a candidate, which is then chosen
+#: (`pymc_dp.auto.oneshot.choose_method`); the chain and the one-shot strategy do not read
+#: them (``derive_clips`` off), so their rows are unchanged.
 GROUP_BOUNDS = {"hierarchical": {"y": (-6.0, 8.0)}, "wagepan_ind": {"y": (-3.0, 5.0)}}
 
 
-def _bounds(name: str, method: str) -> dict | None:
-    if method == "groupstats" and name in GROUP_BOUNDS:
-        return GROUP_BOUNDS[name]
-    return BOUNDS.get(name)
+def _bounds(name: str) -> dict | None:
+    return GROUP_BOUNDS.get(name, BOUNDS.get(name))
 
 
 def main() -> None:
@@ -517,7 +518,7 @@ def main() -> None:
                                 epsilon=eps, delta=args.delta, chains=args.chains,
                                 random_seed=args.seed + 1 + k, progressbar=False,
                                 compute_convergence_checks=False,
-                                data_bounds=_bounds(name, args.method),
+                                data_bounds=_bounds(name),
                                 auto_kwargs={
                                     "method": args.method,
                                     **({"max_iterations": 2000} if args.quick else {}),

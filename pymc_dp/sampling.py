@@ -214,7 +214,9 @@ def sample(
         on DP histograms (`pymc_dp.auto.bounds.clip_plan`; off by default, see
         docs/auto.md for the measurement). In automatic mode, bounds on the response and on
         every covariate of a linear regression choose the sufficient-statistics strategy
-        (``dp_method`` ``"stats"``, `pymc_dp.auto.suffstats`).
+        (``dp_method`` ``"stats"``, `pymc_dp.auto.suffstats`); a bound on the response of a
+        normal model of group means (``y ~ Normal(m[g], sigma)``, e.g. a normal hierarchy)
+        chooses the per-group statistics (``"groupstats"``, `pymc_dp.auto.groupstats`).
     random_seed : int, optional
         Seed of the whole run (the automatic phases and `pymc.sample`).
     step_kwargs : dict, optional
@@ -222,7 +224,8 @@ def sample(
         ``llr_clip_bound`` and ``grad_clip_bound`` of DPHMC).
     auto_kwargs : dict, optional
         Options of `pymc_dp.auto.auto_configure` (``split``, ``clip_quantile``, ...);
-        ``{"method": "stats" | "laplace" | "chain"}`` forces a strategy (docs/auto.md).
+        ``{"method": "stats" | "groupstats" | "laplace" | "chain"}`` forces a strategy
+        (docs/auto.md).
     keep_data : bool
         Keep the raw-data groups (``observed_data``, ``constant_data``) in the result. They
         are NOT private; off by default.

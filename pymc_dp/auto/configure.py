@@ -812,11 +812,18 @@ def auto_configure(
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
     blocks = find_recentring(model, vars) if recentre else []
     requested = method
+    if method == "auto" and not warm_start_only and records is None:
+        # public: the graph and the declared range of the response (before any data read)
+        if groupstats_structure(model, data_bounds)[0] is not None:
+            method = choose_method("auto", bool(blocks), group_stats=True)
     if method == "groupstats":
-        return _groupstats_plan(
+        plan = _groupstats_plan(
             model, epsilon, delta, chains, draws, tune, rng, spend, max_iterations, records,
             data_bounds, warm_start_only,
         )  # fmt: skip
+        if requested == "auto":
+            plan.strategy_note = GROUPSTATS_AUTO_NOTE
+        return plan
     stats_fm, stats_why = None, "not considered"
     if (method == "stats" or (method == "auto" and not blocks)) and not warm_start_only:
         if records is not None:
@@ -1566,6 +1573,14 @@ GROUPSTATS_TAIL_PHASE = "per-group statistics: noisy excess of |y - centre| beyo
 GROUPSTATS_PHASE = "per-group statistics: noisy counts, sums and sum of squares"
 
 
+#: Why the automatic mode chose the per-group statistics (`pymc_dp.auto.oneshot.choose_method`).
+GROUPSTATS_AUTO_NOTE = (
+    "per-group statistics: the model's likelihood reads the data only through per-group "
+    "counts and sums and the total square, so the noise-aware posterior of their release is "
+    "used wherever it applies (auto_kwargs={'method': 'chain'} forces the chain)"
+)
+
+
 def groupstats_phases(mu_total: float, epsilon: float, delta: float) -> list[Phase]:
     """The per-group statistics strategy's phases (`pymc_dp.auto.groupstats`): fixed shares
     for the centre, the clip bound and the tail's excess, the rest for the statistics, its
@@ -1659,6 +1674,7 @@ def _groupstats_plan(
     plan.predicted_error = group_stats_predicted_error(n, last.noise_multiplier)
     plan.posterior_draws = post.draws
     plan.posterior_rhat, plan.posterior_divergences = post.rhat, post.divergences
+    plan.recentred = [f"{b} (the noise-aware posterior's NUTS run)" for b in post.recentred]
     return _no_warmup_run(
         plan, draws, tune, max_iterations // chains,
         f"{{}} draws per chain resampled from {post.draws.shape[0]} NUTS draws of the "

@@ -59,6 +59,7 @@ __all__ = [
     "GROUPSTATS_TAIL_SHARE",
     "GROUPSTATS_WEIGHTS",
     "GroupStats",
+    "CentredSampling",
     "GroupStructure",
     "find_group_structure",
     "fit_group_posterior",
@@ -66,6 +67,7 @@ __all__ = [
     "group_stats_predicted_error",
     "group_stats_sensitivity",
     "groupstats_last_share",
+    "centred_sampling_model",
     "clipped_normal_moments",
     "noise_aware_group_loglik",
     "noise_aware_group_model",
@@ -528,6 +530,104 @@ class GroupPosterior:
     draws: np.ndarray
     rhat: float
     divergences: int
+    #: the blocks NUTS sampled in centred coordinates (`centred_sampling_model`), e.g.
+    #: ``["z -> mu + tau * z"]``; empty: the model's own coordinates
+    recentred: tuple[str, ...] = ()
+
+
+class CentredSampling:
+    """The noise-aware model's log density in centred coordinates, as a model NUTS samples.
+
+    With the blocks of `pymc_dp.auto.recentre.find_recentring` (``a = loc + scale * z`` in
+    place of a non-centred ``z``; ``u = v - loc(w)`` for a shifted block), ``y = T(q)`` of
+    the flat value vector ``q`` and the density ``p_y(y) = p_q(T^{-1}(y)) / |det dT/dq|``,
+    ``log |det dT/dq| = sum_k J_k log scale_k``: the same posterior, which NUTS explores in
+    ``y`` without the non-centred ridge (Betancourt & Girolami 2015; with many records per
+    group a non-centred ``z_j = (a_j - loc) / scale`` moves with ``scale`` while ``a_j`` is
+    pinned by the statistics). Data-free: the map is the model graph's.
+
+    Attributes
+    ----------
+    model : pm.Model
+        One flat variable ``dp_centred`` (length ``d``) and a ``pm.Potential`` of
+        ``log p_y``.
+    describe : tuple of str
+        The blocks, as `pymc_dp.auto.recentre.RecentredBlock.describe`.
+
+    ``order`` (value variables' names) is the order of the flat vectors ``q`` (default: the
+    noise-aware model's).
+    """
+
+    def __init__(self, noise_aware: pm.Model, blocks, order=None) -> None:
+        import pytensor
+        from pymc.pytensorf import join_nonshared_inputs
+        from pytensor.graph.replace import clone_replace, graph_replace
+
+        blocks = [b for b in blocks if not b.centred]
+        ip = noise_aware.initial_point()
+        by_value = {v.name: v for v in noise_aware.value_vars}
+        vars = [by_value[k] for k in order] if order is not None else noise_aware.value_vars
+        names = [v.name for v in vars]
+        sizes = [int(np.prod(np.shape(ip[k]), dtype=int)) for k in names]
+        starts = dict(zip(names, np.cumsum([0, *sizes[:-1]]).tolist(), strict=True))
+        by_name = {rv.name: rv for rv in noise_aware.free_RVs}
+        exprs = []
+        for b in blocks:
+            if b.shift:  # the prior's location, a graph of other free variables
+                rv = by_name[b.name]
+                exprs += [pt.constant(1.0), rv.owner.op.dist_params(rv.owner)[0]]
+            else:
+                exprs += [by_name[b.scale], by_name[b.loc] if b.loc else pt.constant(0.0)]
+        exprs = noise_aware.replace_rvs_by_values(exprs)
+        outs, x = join_nonshared_inputs(dict(ip), [noise_aware.logp(), *exprs], list(vars))
+        logp_q, scale_loc_q = outs[0], outs[1:]
+        self.d = int(sum(sizes))
+        # y from q (the chains' start) and q from y (the draws), as in `Recentring`; a block's
+        # scale and loc read only coordinates the map leaves as they are
+        yv = x.type()
+        scale_loc = clone_replace(scale_loc_q, replace={x: yv})
+        y_of_x, x_of_y = x.copy(), yv.copy()
+        logdet = pt.constant(0.0)
+        for k, b in enumerate(blocks):
+            vn = noise_aware.rvs_to_values[by_name[b.name]].name
+            sl = slice(starts[vn], starts[vn] + sizes[names.index(vn)])
+            scale, loc = scale_loc[2 * k], scale_loc[2 * k + 1]
+            if b.shift:
+                y_of_x = pt.set_subtensor(y_of_x[sl], x[sl] - scale_loc_q[2 * k + 1])
+                x_of_y = pt.set_subtensor(x_of_y[sl], yv[sl] + loc)
+                continue
+            y_of_x = pt.set_subtensor(
+                y_of_x[sl], scale_loc_q[2 * k + 1] + scale_loc_q[2 * k] * x[sl]
+            )
+            x_of_y = pt.set_subtensor(x_of_y[sl], (yv[sl] - loc) / scale)
+            logdet = logdet + (sl.stop - sl.start) * pt.log(scale)
+        logp_y = clone_replace(logp_q, replace={x: x_of_y}) - logdet
+        self._to_q = pytensor.function([yv], x_of_y, on_unused_input="ignore")
+        to_y = pytensor.function([x], y_of_x, on_unused_input="ignore")
+        q0 = np.concatenate([np.ravel(ip[k]) for k in names]).astype(float)
+        self.describe = tuple(b.describe() for b in blocks)
+        with pm.Model(model=None) as self.model:  # not a child of a model in context
+            flat = pm.Flat("dp_centred", shape=self.d, initval=np.asarray(to_y(q0), float))
+            pm.Potential("dp_centred_logp", graph_replace(logp_y, {yv: flat}, strict=False))
+
+    def to_q(self, y: np.ndarray) -> np.ndarray:
+        """Draws ``(..., d)`` in ``y`` to the model's flat value space ``q``."""
+        y = np.asarray(y, dtype=float)
+        flat = y.reshape(-1, self.d)
+        out = np.stack([np.asarray(self._to_q(row), dtype=float) for row in flat])
+        return out.reshape(y.shape)
+
+
+def centred_sampling_model(model: pm.Model, noise_aware: pm.Model) -> CentredSampling | None:
+    """`CentredSampling` of ``noise_aware`` for the non-centred (and shifted) blocks that
+    `pymc_dp.auto.recentre.find_recentring` finds in ``model`` (its graph with the
+    likelihood: structure only), or ``None`` where there is none (data-free)."""
+    from pymc_dp.auto.recentre import find_recentring
+
+    blocks = [b for b in find_recentring(model, model.value_vars) if not b.centred]
+    if not blocks:
+        return None
+    return CentredSampling(noise_aware, blocks, [v.name for v in model.value_vars])
 
 
 def fit_group_posterior(
@@ -537,33 +637,64 @@ def fit_group_posterior(
     rng: np.random.Generator,
     draws: int | None = None,
     chains: int | None = None,
+    recentre: bool = True,
 ) -> GroupPosterior:
-    """NUTS on `noise_aware_group_model` (post-processing of the release)."""
-    import warnings
+    """NUTS on `noise_aware_group_model` (post-processing of the release), in centred
+    coordinates where the model has a non-centred block (`centred_sampling_model`;
+    ``recentre=False``: the model's own coordinates).
 
+    Where the centred run has not converged (a divergence or R-hat above
+    `GROUPSTATS_RHAT_WARN`: the centred funnel, where some group's statistics say little,
+    e.g. the 66-record industries of wagepan under the clipped tail's doubt), the model's
+    own coordinates are run too and the better converged run is kept (post-processing: both
+    read only the release).
+    """
     new = noise_aware_group_model(model, structure, stats)
+    centred = centred_sampling_model(model, new) if recentre else None
     draws = GROUPSTATS_NUTS_DRAWS if draws is None else int(draws)
     chains = GROUPSTATS_NUTS_CHAINS if chains is None else int(chains)
-    with new, warnings.catch_warnings():
+    post = _nuts(model, new, centred, draws, chains, rng)
+    if centred is not None and not _converged(post):
+        other = _nuts(model, new, None, draws, chains, rng)
+        post = min(post, other, key=lambda p: (not _converged(p), p.divergences, p.rhat))
+    return post
+
+
+def _converged(post: GroupPosterior) -> bool:
+    return post.rhat <= GROUPSTATS_RHAT_WARN and post.divergences == 0
+
+
+def _nuts(model, new, centred, draws, chains, rng) -> GroupPosterior:
+    """One NUTS run of the noise-aware posterior, in ``centred``'s coordinates or (``None``)
+    the model's own; the draws in the model's flat value space."""
+    import warnings
+
+    from pymc_dp.diagnostics import _rhat_ess
+    from pymc_dp.report import _get_group
+
+    with centred.model if centred is not None else new, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         idata = pm.sample(
             draws, tune=draws, chains=chains, cores=1, progressbar=False,
             random_seed=int(rng.integers(2**31 - 1)), compute_convergence_checks=False,
             idata_kwargs={"include_transformed": True}, target_accept=0.9,
         )  # fmt: skip
-    from pymc_dp.diagnostics import _rhat_ess
-    from pymc_dp.report import _get_group
-
     post = _get_group(idata, "posterior")
-    cols = []
-    for v in model.value_vars:
-        a = np.asarray(post[v.name].values, dtype=float)
-        cols.append(a.reshape(a.shape[0], a.shape[1], -1))
-    x = np.concatenate(cols, axis=2)
+    rhat = 1.0
+    if centred is not None:
+        y = np.asarray(post["dp_centred"].values, dtype=float)
+        x = centred.to_q(y)
+        rhat = float(np.nanmax(_rhat_ess(y)[0]))  # where NUTS ran; and in q below
+    else:
+        cols = []
+        for v in model.value_vars:
+            a = np.asarray(post[v.name].values, dtype=float)
+            cols.append(a.reshape(a.shape[0], a.shape[1], -1))
+        x = np.concatenate(cols, axis=2)
+    rhat = max(rhat, float(np.nanmax(_rhat_ess(x)[0])))
     flat = x.reshape(x.shape[0] * x.shape[1], x.shape[2])
-    rhat = float(np.nanmax(_rhat_ess(x)[0]))
     div = int(np.sum(_get_group(idata, "sample_stats")["diverging"].values))
-    return GroupPosterior(flat, rhat, div)
+    return GroupPosterior(flat, rhat, div, centred.describe if centred is not None else ())
 
 
 # -- 4. planning (data-free) ------------------------------------------------------------------
