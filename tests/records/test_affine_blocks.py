@@ -134,8 +134,12 @@ def test_bypass_gives_the_clipped_sums_of_the_per_record_loops(order, bad):
                 g, k = fns.clipped_grad_sum(q, b)
                 seen.add(_case(fns._affine[0], fns, q, b))
                 g_off, k_off = off.clipped_grad_sum(q, b)
-                # the route's own sum (same float32 weights), in another order
-                np.testing.assert_allclose(g, g_off, rtol=1e-12, atol=1e-13 * scale)
+                # the route's own sum, in another order; a clipped record's float32
+                # weight may round differently by float32 ulps where the compiled loop
+                # meets it in another position (a vector lane or the scalar tail), both
+                # within the margin (clipping.py; as in test_fused_two_point.py)
+                f32 = 8 * 2.0**-24 * np.sum(np.minimum(lengths, b))
+                np.testing.assert_allclose(g, g_off, rtol=1e-12, atol=1e-13 * scale + f32)
                 assert k == k_off
                 # a per-record numpy loop: exact weights (the float32 weight shortens a
                 # clipped contribution by at most a relative 2 F32_MARGIN, clipping.py)
@@ -167,7 +171,7 @@ def test_bypass_gives_the_clipped_sums_of_the_per_record_loops(order, bad):
                     "grad": 1,
                     "llr": 1,
                 }
-                np.testing.assert_allclose(g2, g_off, rtol=1e-12, atol=1e-13 * scale)
+                np.testing.assert_allclose(g2, g_off, rtol=1e-12, atol=1e-13 * scale + f32)
                 assert abs(s2 - s_off) <= tol and (k2, kl2) == (k_off, kl_off)
     fns.counts = off.counts = True
     # every case of the bypass was met: all blocks inside, some straddling, none inside
