@@ -19,6 +19,13 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pymc_dp.records.affine import (
+    AffineBlocks,
+    affine_in_data,
+    ratio_affine_in_data,
+    ratio_values_function,
+)
+from pymc_dp.records.affine import limit_sq as affine_limit_sq
 from pymc_dp.records.backend import direct_jit
 from pymc_dp.records.clipping import LazyFunction
 from pymc_dp.records.graphs import RecordGraphs
@@ -551,6 +558,33 @@ class _StartCheck:
         return bool(np.all(np.isfinite(self.f(q, *chunk))))
 
 
+def _take_rows(chunk: tuple, idx: np.ndarray) -> tuple:
+    """The rows ``idx`` of every array of ``chunk`` (copies)."""
+    return tuple(a[idx] for a in chunk)
+
+
+class _StandIn:
+    """A per-record function ``f(*qs, *records) -> [values]`` (a list-output
+    ``LazyFunction``) on stand-in records (`AffineBlocks`), its Numba function called
+    directly once known (`pymc_dp.records.backend.direct_jit`) while the parameter
+    vectors are float64 vectors."""
+
+    def __init__(self, f: LazyFunction, n_q: int) -> None:
+        self._f = f
+        self._n_q = n_q
+        self._jit: Any = None
+
+    def __call__(self, qs: tuple, records: tuple):
+        jit = self._jit
+        plain = all(type(a) is np.ndarray and a.dtype == _F64 and a.ndim == 1 for a in qs)
+        if jit and plain:
+            return jit(*qs, *records)[0]
+        out = self._f(*qs, *records)[0]
+        if jit is None and plain and self._f._f is not None:
+            self._jit = direct_jit(self._f._f, [*qs, *records]) or False
+        return out
+
+
 class RecordFunctions:
     """Per-record functions of a PyMC model for the value variables one step samples.
 
@@ -611,6 +645,13 @@ class RecordFunctions:
         self._direct_fused: tuple | bool | None = None
         #: ``(route, counts, function)``: the two-point fused pass on the whole records.
         self._fused2: tuple | None = None
+        #: ``(AffineBlocks, gradient function, route)`` of the affine bypass
+        #: (`_affine_grad_sum`); ``None`` until tried, False where it does not apply.
+        self._affine: tuple | bool | None = None
+        #: Do not take the affine bypass (benchmarks: the per-record loop on every record).
+        self._affine_off = False
+        #: ``(function, (jit, shape of q) or False or None)``: `_affine_rest`'s function.
+        self._affine_fast: tuple | None = None
 
     # -- chunking -------------------------------------------------------------------------
     def _chunks(self):
@@ -766,8 +807,13 @@ class RecordFunctions:
         Returns the clipped sum and the number of clipped records. The count is computed from
         the data without noise: it must never be published except behind an explicit,
         loudly labelled non-private option (with `counts` off it is 0). The chunk sums are
-        added in chunk order, wherever the chunks live.
+        added in chunk order, wherever the chunks live. Ratios affine in the records (the
+        banana) take the affine bypass where it applies (`_affine_ratio_sum`).
         """
+        if self._affine is not False and not self._affine_off:
+            out = self._affine_ratio_sum(q_new, q_old, bound)
+            if out is not None:
+                return out
         total, count = self._records.map_reduce(
             self._kernel("llr"), _add_pairs, (0.0, 0), args=(q_new, q_old, bound)
         )
@@ -964,6 +1010,13 @@ class RecordFunctions:
         functions of the records as the two separate calls, two releases counted as such;
         the counts are non-private (0 unless `counts`).
         """
+        if self._affine is not False and not self._affine_off:
+            # the affine bypass (`_affine_grad_sum`): no pass over most records, so the two
+            # releases are computed apart, each from block sums where it can
+            out = self._affine_grad_sum(q_new, grad_bound)
+            if out is not None:
+                s, kl = self.clipped_loglik_ratio_sum(q_new, q_old, llr_bound)
+                return out[0], out[1], s, kl
         c = self.counts
         direct = self._direct_fused
         if (
@@ -1098,6 +1151,128 @@ class RecordFunctions:
             kept = self._nocount = (route, LazyFunction(ins, [outs[0]], ck, **kw))
         return kept[1]
 
+    def _affine_state(self, whole: tuple | None = None, read: bool = True):
+        """``(AffineBlocks, gradient values or None, ratio values or None, route)`` for
+        the records as they are (built on first use), or None where the affine bypass
+        does not apply (`pymc_dp.records.affine`): in-memory records in one chunk, and a
+        per-record gradient (with a route needing no data-only arrays) or log-likelihood
+        ratio affine in the record's values (structural, data-free; decided before the
+        records are read). ``whole``: the records' arrays if already read; with ``read``
+        False, the structural part only (the blocks not built, the records not read)."""
+        if self._affine is False or self._affine_off:
+            return None
+        if self._affine is None:
+            self._ensure_grad()
+            route = self._c.grad_clipped["route"]
+            grad = ratio = None
+            if getattr(self._records, "local", False) and hasattr(self._records, "whole"):
+                if route.prepare is None and affine_in_data(self._graphs):
+                    inputs, outputs, ck, kw = self._c.grad_chunk._args
+                    f = LazyFunction(inputs, [outputs], ck, **{**kw, "kind": "route"})
+                    grad = _StandIn(f, 1)
+                if ratio_affine_in_data(self._graphs):
+                    ratio = _StandIn(ratio_values_function(self._graphs, self._compile_kwargs), 2)
+            if grad is None and ratio is None:
+                self._affine = False
+                return None
+            self._affine = (None, grad, ratio, route)
+        if not read:
+            return self._affine
+        if whole is None:
+            whole = self._records.whole()
+        if whole is None:
+            return None
+        state = self._affine
+        if state[0] is None or state[0].chunk is not whole:
+            blocks = _private_call(AffineBlocks, whole)
+            state = self._affine = (blocks, *state[1:])
+        return state
+
+    def _affine_grad_sum(
+        self, q: np.ndarray, bound: float, whole: tuple | None = None
+    ) -> tuple[np.ndarray, int] | None:
+        """`clipped_grad_sum` through the affine bypass (`pymc_dp.records.affine`), or None
+        where it does not apply or no block lies inside the clip region at ``q``.
+
+        The records are sorted once into blocks (`AffineBlocks`); the blocks whose boxes
+        lie inside the clip region at ``q`` give their exact unclipped sum from their
+        means, the route's per-record loop runs on the records of the others. The same
+        clipped sum as the route (to rounding) and the same count.
+        """
+        state = self._affine_state(whole)
+        if state is None or state[1] is None:
+            return None
+        blocks, grad, _, route = state
+        s, idx = _private_call(
+            blocks.split,
+            lambda *recs: grad((q,), recs),
+            affine_limit_sq(bound, route.weight_margin),
+        )
+        if s is None:
+            return None
+        if idx is None:
+            self.released["grad"] += 1
+            return s, 0
+        sub = _private_call(_take_rows, blocks.sorted, idx)
+        g = self._affine_rest(route, q, bound, sub)
+        if g is None:
+            with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+                g, k = _private_call(route, q, bound, [], sub)
+        else:
+            g, k = g
+        self.released["grad"] += 1
+        return s + g, int(k) if self.counts else 0
+
+    def _affine_rest(self, route, q, bound, sub) -> tuple[np.ndarray, int] | None:
+        """The route's clipped sum of the records ``sub`` (those of the blocks not inside)
+        by its (count-free where `counts` is off) function's Numba function called
+        directly once known (`pymc_dp.records.backend.direct_jit`); None when that sum
+        is not finite (the caller takes `ClipRoute`'s masked path)."""
+        fast = self._fast_fn(route)
+        kept = self._affine_fast
+        if kept is None or kept[0] is not fast:
+            kept = self._affine_fast = (fast, None)
+        jit = kept[1]
+        if jit and _is_vector(q, jit[1]):
+            out = _private_call(jit[0], q, self._bound_array(bound), *sub)
+        else:
+            with np.errstate(all="ignore"):
+                out = _private_call(fast, q, bound, *sub)
+            a = np.asarray(q)
+            if jit is None and a.dtype == _F64 and a.ndim == 1 and not self._direct_off:
+                f = fast._f if isinstance(fast, LazyFunction) else fast
+                j = direct_jit(f, [a, np.array(bound, dtype=_F64), *sub]) if f is not None else None
+                self._affine_fast = (fast, (j, a.shape) if j is not None else False)
+        g = np.asarray(out[0], dtype=float)
+        if not all(map(math.isfinite, g.ravel().tolist())):
+            return None
+        return g, int(out[1]) if len(out) > 1 else 0
+
+    def _affine_ratio_sum(
+        self, q_new: np.ndarray, q_old: np.ndarray, bound: float
+    ) -> tuple[float, int] | None:
+        """`clipped_loglik_ratio_sum` through the affine bypass (as `_affine_grad_sum`,
+        the ratios ``l_i(q_new) - l_i(q_old)`` affine in the records: the banana), or
+        None. A block inside ``|r| <= bound`` at every corner is summed from its mean;
+        the ratio function runs on the records of the others."""
+        state = self._affine_state()
+        if state is None or state[2] is None:
+            return None
+        blocks, _, ratio, _ = state
+        s, idx = _private_call(
+            blocks.split, lambda *recs: ratio((q_new, q_old), recs), affine_limit_sq(bound)
+        )
+        if s is None:
+            return None
+        if idx is None:
+            self.released["llr"] += 1
+            return float(s[0]), 0
+        sub = _private_call(_take_rows, blocks.sorted, idx)
+        with np.errstate(all="ignore"):
+            r, k = _private_call(self._c.llr_clipped, q_new, q_old, bound, *sub)
+        self.released["llr"] += 1
+        return float(s[0]) + float(r), int(k) if self.counts else 0
+
     def _direct_grad(self, fast, q, bound, whole) -> None:
         """Set `_direct` after a call of ``fast`` (`_fast_fn`) on the whole records: its
         Numba function (`pymc_dp.records.backend.direct_jit`) with the records' arrays,
@@ -1124,6 +1299,8 @@ class RecordFunctions:
             "_direct_fused",
             "_nocount",
             "_fused2",
+            "_affine",
+            "_affine_fast",
         ):
             state[k] = None
         return state
@@ -1144,13 +1321,21 @@ class RecordFunctions:
         data-free stand-in records; the data-only per-chunk arrays a route needs (the GLM
         route's row norms of the design matrix) are computed on first use and cached.
         """
+        known = None  # the records' arrays, read once per sum (`InMemoryRecords.whole`)
+        if self._affine is not False and not self._affine_off:
+            state = self._affine_state(read=False)  # structural: the records not read
+            if state is not None and state[1] is not None:
+                known = self._records.whole()
+                out = self._affine_grad_sum(q, bound, known)
+                if out is not None:
+                    return out
         direct = self._direct
         if (
             direct is not None
             and direct[3] == self.counts
             and _is_vector(q, direct[2])
-            and self._records.whole() is direct[1]  # the records still in one chunk
-        ):
+            and (known if known is not None else self._records.whole()) is direct[1]
+        ):  # the records still in one chunk
             # the route's Numba function called directly (`_direct_grad`): the same call,
             # arguments and bits as below, without PyTensor's call layers (issue 28)
             g, *k = _private_call(direct[0], q, self._bound_array(bound), *direct[1])
@@ -1160,7 +1345,10 @@ class RecordFunctions:
         self._ensure_grad()
         route = self._c.grad_clipped["route"]
         whole = getattr(self._records, "whole", None)  # a remote store has none
-        whole = whole() if whole is not None and route.prepare is None else None
+        if known is not None:
+            whole = known
+        else:
+            whole = whole() if whole is not None and route.prepare is None else None
         if whole is not None:
             # In memory, one chunk, no data-only arrays: the route's compiled function
             # called directly, without the per-call layers of `map_reduce`,

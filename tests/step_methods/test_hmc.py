@@ -748,6 +748,11 @@ def test_reusing_gradient_sums_leaves_the_draws_unchanged(kept):
             step.reuse_gradient_sums = reuse and kept in ("grad", "both", "fused")
             step.reuse_loglik = reuse and kept in ("loglik", "both", "fused")
             step.fuse_ratio_pass = reuse and kept == "fused"
+            # the affine bypass (a normal mean) forms a recomputed ratio sum from block
+            # sums, rounding differently from the kept per-record log-likelihoods: off
+            # here, where the reuse is compared bit for bit (the bypass's own sums:
+            # tests/records/test_affine_blocks.py)
+            step._fns._affine_off = True
             idata = pm.sample(30, tune=120, chains=2, cores=1, step=step, random_seed=7, **SAMPLE)
         return idata, step
 
