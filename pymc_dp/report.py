@@ -583,6 +583,15 @@ def privacy_report(
     _check_is_a_result(idata)
     stats = _get_group(idata, "sample_stats")
     posterior = _get_group(idata, "posterior")
+    if stats is None and any(_get_group(idata, g) is not None for g in PREDICTIVE_GROUPS):
+        raise ValueError(
+            "this is a predictive result (what pm.sample_posterior_predictive returns): it has "
+            "no pymc_dp privacy stats and is not a DP output: its draws are at the records' "
+            "own data and its observed_data/constant_data groups are the raw data; for "
+            "predictions at public covariates use pm.set_data, then "
+            "pm.sample_posterior_predictive(..., predictions=True), and publish only the "
+            "predictions group"
+        )
     if stats is None or posterior is None or "dp_mu" not in stats:
         raise ValueError(
             "this result has no pymc_dp privacy stats (sample_stats.dp_mu): it was not sampled "

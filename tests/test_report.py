@@ -175,6 +175,18 @@ def test_report_on_a_multitrace_names_the_conversion():
         pymc_dp.privacy_report({"posterior": None}, delta=1e-6)
 
 
+def test_report_on_a_predictive_result_says_it_is_not_a_dp_output():
+    """pm.sample_posterior_predictive on a DP result returns draws at the records' data and
+    observed_data: the report had said only "not sampled with a pymc_dp step"."""
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=3.0)
+        idata = pm.sample(10, tune=0, chains=1, step=step, random_seed=1, **SAMPLE)
+        pp = pm.sample_posterior_predictive(idata, random_seed=1, progressbar=False)
+    with pytest.raises(ValueError, match="predictive result.*not a DP output.*raw data"):
+        pymc_dp.privacy_report(pp, delta=1e-6)
+
+
 def test_report_needs_delta_when_not_calibrated():
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
