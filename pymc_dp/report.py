@@ -250,6 +250,29 @@ def _groups(idata) -> list[str]:
     return [k for k in getattr(idata, "children", {})]
 
 
+def _check_is_a_result(idata) -> None:
+    """Refuse, naming the fix, an object that is not an InferenceData or a DataTree.
+
+    ``pm.sample(step=..., return_inferencedata=False)`` returns a ``MultiTrace``; the report
+    had taken it for a result without pymc_dp stats ("it was not sampled with a pymc_dp
+    step"), although its stats hold every ``dp_*`` value (found on the issue-26 sweep).
+    """
+    if callable(getattr(idata, "groups", None)) or hasattr(idata, "children"):
+        return
+    kind = type(idata).__name__
+    if hasattr(idata, "stat_names") and hasattr(idata, "nchains"):
+        raise TypeError(
+            f"privacy_report takes an InferenceData (PyMC 5.x) or a DataTree (PyMC 6.x), not "
+            f"a {kind} (what pm.sample(..., return_inferencedata=False) returns): convert it "
+            "with pm.to_inference_data(trace, model=model) (its sample_stats keep the dp_* "
+            "stats; the warmup is counted from its tuning_steps), or sample with "
+            "return_inferencedata=True; drop observed_data before publishing"
+        )
+    raise TypeError(
+        f"privacy_report takes an InferenceData (PyMC 5.x) or a DataTree (PyMC 6.x), not a {kind}"
+    )
+
+
 def _get_group(idata, name: str):
     """A group as an xarray Dataset, for InferenceData and DataTree."""
     if name not in _groups(idata):
@@ -559,8 +582,18 @@ def privacy_report(
     Sommer, Meiser, Mohammadi (2019), Lemma 12 (tight composition of Gaussian mechanisms);
     DP-HMC paper Theorem 2.4 / 3.5; Kairouz, Oh, Viswanath (2015) for (epsilon, delta) parts.
     """
+    _check_is_a_result(idata)
     stats = _get_group(idata, "sample_stats")
     posterior = _get_group(idata, "posterior")
+    if stats is None and any(_get_group(idata, g) is not None for g in PREDICTIVE_GROUPS):
+        raise ValueError(
+            "this is a predictive result (what pm.sample_posterior_predictive returns): it has "
+            "no pymc_dp privacy stats and is not a DP output: its draws are at the records' "
+            "own data and its observed_data/constant_data groups are the raw data; for "
+            "predictions at public covariates use pm.set_data, then "
+            "pm.sample_posterior_predictive(..., predictions=True), and publish only the "
+            "predictions group"
+        )
     if stats is None or posterior is None or "dp_mu" not in stats:
         raise ValueError(
             "this result has no pymc_dp privacy stats (sample_stats.dp_mu): it was not sampled "

@@ -152,6 +152,41 @@ def test_report_refuses_non_dp_result():
         pymc_dp.privacy_report(idata, delta=1e-5)
 
 
+def test_report_on_a_multitrace_names_the_conversion():
+    """return_inferencedata=False gives a MultiTrace whose stats hold the dp_* values: the
+    report refuses it naming the conversion (it had said "not sampled with a pymc_dp
+    step"), and the converted result counts every chain and warmup iteration."""
+    model, *_ = normal_mean_model(n=20, d=1)
+    z = 3.0
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=z)
+        trace = pm.sample(
+            25, tune=15, chains=2, cores=1, step=step, random_seed=1,
+            return_inferencedata=False, **SAMPLE,
+        )  # fmt: skip
+    if callable(getattr(trace, "groups", None)) or hasattr(trace, "children"):
+        pytest.skip("this PyMC returns a result object for return_inferencedata=False")
+    with pytest.raises(TypeError, match=r"not a MultiTrace.*pm\.to_inference_data"):
+        pymc_dp.privacy_report(trace, delta=1e-6)
+    rep = pymc_dp.privacy_report(pm.to_inference_data(trace, model=model), delta=1e-6)
+    assert rep.iterations == 2 * (25 + 15) and rep.tuning_iterations == 15
+    assert rep.mu == pytest.approx(2 * (25 + 15) / (2 * z**2))
+    with pytest.raises(TypeError, match="not a dict"):
+        pymc_dp.privacy_report({"posterior": None}, delta=1e-6)
+
+
+def test_report_on_a_predictive_result_says_it_is_not_a_dp_output():
+    """pm.sample_posterior_predictive on a DP result returns draws at the records' data and
+    observed_data: the report had said only "not sampled with a pymc_dp step"."""
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=3.0)
+        idata = pm.sample(10, tune=0, chains=1, step=step, random_seed=1, **SAMPLE)
+        pp = pm.sample_posterior_predictive(idata, random_seed=1, progressbar=False)
+    with pytest.raises(ValueError, match="predictive result.*not a DP output.*raw data"):
+        pymc_dp.privacy_report(pp, delta=1e-6)
+
+
 def test_report_needs_delta_when_not_calibrated():
     model, *_ = normal_mean_model(n=20, d=1)
     with model:

