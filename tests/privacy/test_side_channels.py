@@ -111,7 +111,8 @@ def test_automatic_mode_prints_the_same_for_neighbouring_datasets(capfd, caplog)
     fires, and the parameters it names, are post-processing of the noisy releases (DP
     outputs, which may differ between D and D'; on this 200-record model at epsilon 2 the
     one-shot check fired on D only, and since the one-shot result is capped by the prior,
-    `NoiseDominatedWarning` names the parameters that came out prior-wide)."""
+    `NoiseDominatedWarning` names the parameters that came out prior-wide; likewise
+    `PriorDominatedWarning`, from the draws' spread against the prior's)."""
     caplog.set_level(logging.DEBUG)
     seen = []
     for y in _neighbours():
@@ -120,6 +121,7 @@ def test_automatic_mode_prints_the_same_for_neighbouring_datasets(capfd, caplog)
             warnings.simplefilter("error")
             warnings.filterwarnings("ignore", category=pymc_dp.ConvergenceWarning)
             warnings.filterwarnings("ignore", category=pymc_dp.NoiseDominatedWarning)
+            warnings.filterwarnings("ignore", category=pymc_dp.PriorDominatedWarning)
             idata = pymc_dp.sample(
                 epsilon=2.0, delta=1e-5, chains=2, cores=1, random_seed=5,
                 auto_kwargs={"max_iterations": 400}, **SAMPLE,
