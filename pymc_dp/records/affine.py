@@ -157,17 +157,24 @@ def data_degree(outputs, data, max_degree: int = 2) -> int | None:
     return None if out > max_degree else int(out)
 
 
+def _few_float_values(graphs) -> list | None:
+    """The record's data rows where they are floating point with static shapes and at most
+    `MAX_VALUES` values in all (the bypass's box has ``2^k`` corners); None otherwise."""
+    rows = list(graphs.rows)
+    if not rows or any(not r.dtype.startswith("float") for r in rows):
+        return None
+    if any(None in r.type.shape for r in rows):
+        return None
+    k = sum(int(np.prod(r.type.shape, dtype=int)) for r in rows)
+    return rows if 0 < k <= MAX_VALUES else None
+
+
 def affine_in_data(graphs) -> bool:
     """Whether one record's gradient (`pymc_dp.records.graphs.RecordGraphs`) is affine in
     the record's values: floating-point data of at most `MAX_VALUES` values a record, and
     a gradient graph of degree at most 1 in them (`data_degree`). Data-free."""
-    rows = list(graphs.rows)
-    if not rows or any(not r.dtype.startswith("float") for r in rows):
-        return False
-    if any(None in r.type.shape for r in rows):
-        return False
-    k = sum(int(np.prod(r.type.shape, dtype=int)) for r in rows)
-    if k == 0 or k > MAX_VALUES:
+    rows = _few_float_values(graphs)
+    if rows is None:
         return False
     grad = pytensor.grad(graphs.one_record, graphs.x)
     if not any(r in ancestors([grad]) for r in rows):
@@ -184,13 +191,8 @@ def ratio_affine_in_data(graphs) -> bool:
     the ratio. Data-free."""
     from pytensor.graph.rewriting.utils import rewrite_graph
 
-    rows = list(graphs.rows)
-    if not rows or any(not r.dtype.startswith("float") for r in rows):
-        return False
-    if any(None in r.type.shape for r in rows):
-        return False
-    k = sum(int(np.prod(r.type.shape, dtype=int)) for r in rows)
-    if k == 0 or k > MAX_VALUES:
+    rows = _few_float_values(graphs)
+    if rows is None:
         return False
     ll = graphs.one_record
     if data_degree([ll], rows, max_degree=2) is None:
