@@ -52,6 +52,34 @@ def normal_mean_model(n: int = 50, d: int = 1, prior_sd: float = 10.0, seed: int
     return model, x.sum(axis=0) / prec, np.full(d, 1.0 / np.sqrt(prec))
 
 
+def exact_dphmc(**overrides):
+    """A DPHMC whose clip bounds lie far above every record's (clipping inactive) with small
+    noise: its draws follow the closed-form posterior of the small test models here.
+    ``overrides`` replace any of the settings (e.g. a larger ``llr_noise_multiplier``)."""
+    import pymc_dp
+
+    settings = dict(
+        llr_clip_bound=50.0,
+        grad_clip_bound=50.0,
+        llr_noise_multiplier=0.03,
+        grad_noise_multiplier=0.05,
+        n_leapfrog=5,
+        nonprivate_diagnostics=True,
+    )
+    settings.update(overrides)
+    return pymc_dp.DPHMC(**settings)
+
+
+def check_no_clipping_and_noise_on(idata) -> None:
+    """No record was clipped in any release, the noise was on, and DP-HMC moved."""
+    ss = idata["sample_stats"]
+    assert np.nanmax(ss["grad_clip_fraction_NONPRIVATE"].values) == 0.0
+    assert np.nanmax(ss["llr_clip_fraction_NONPRIVATE"].values) == 0.0
+    assert np.all(ss["grad_noise_std"].values > 0)
+    assert np.nanmedian(ss["llr_noise_std"].values) > 0.05
+    assert 0.3 < ss["accepted"].values.mean() < 0.95
+
+
 def inverse_gamma_variance_model(n: int = 40, a: float = 3.0, b: float = 2.0, seed: int = 1):
     """x_i ~ N(0, s2), s2 ~ InvGamma(a, b): a transformed (log) variable with a closed form.
 

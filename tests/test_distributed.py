@@ -198,14 +198,9 @@ def _flatten(v):
     return [np.asarray(v, dtype=float)]
 
 
-def test_actor_protocol_gives_the_in_memory_sums_of_every_release(client, monkeypatch):
-    """Each released sum (every kind the steps and the automatic mode use) is the in-memory
-    store's number with the same chunks, exactly: the same compiled functions, the same
-    partitions, the partition sums added in partition order. After the first calls (actors
-    started, functions sent), a released sum submits no task (no scheduler round trip) and
-    sends one message to each actor."""
-    from pymc_dp.records import dask_store
-
+def _remote_and_in_memory_releases(client):
+    """An in-memory DPHMC, a DPHMC on the records in ``client``'s partitions, every kind
+    of release of the first at the same points (the same chunks), and those points."""
     X, y = _data()
     idx = np.random.default_rng(5).integers(0, N, size=450)  # repeats, every partition
     kw = dict(llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0)
@@ -214,7 +209,18 @@ def test_actor_protocol_gives_the_in_memory_sums_of_every_release(client, monkey
         local = pymc_dp.DPHMC(chunk_size=PART, **kw)
     with _model(X[:10], y[:10]):
         remote = pymc_dp.DPHMC(records=_records(client, X, y), **kw)
-    want = _every_release(local._fns, idx)
+    return local, remote, _every_release(local._fns, idx), idx
+
+
+def test_actor_protocol_gives_the_in_memory_sums_of_every_release(client, monkeypatch):
+    """Each released sum (every kind the steps and the automatic mode use) is the in-memory
+    store's number with the same chunks, exactly: the same compiled functions, the same
+    partitions, the partition sums added in partition order. After the first calls (actors
+    started, functions sent), a released sum submits no task (no scheduler round trip) and
+    sends one message to each actor."""
+    from pymc_dp.records import dask_store
+
+    local, remote, want, idx = _remote_and_in_memory_releases(client)
     _every_release(remote._fns, idx)  # warm-up: actors started, functions sent
 
     calls = {"submit": 0, "map": 0, "rows": 0}
@@ -451,15 +457,7 @@ def test_channels_give_the_in_memory_and_the_dask_routes_sums_of_every_release(
     over it (Dask's comm carries none of them) with the in-memory store's numbers with the
     same chunks, exactly; the channels closed, Dask's comm gives the same numbers."""
     client = process_client
-    X, y = _data()
-    idx = np.random.default_rng(5).integers(0, N, size=450)
-    kw = dict(llr_clip_bound=1.0, grad_clip_bound=1.0, llr_noise_multiplier=1.0)
-    kw["grad_noise_multiplier"] = 1.0
-    with _model(X, y):
-        local = pymc_dp.DPHMC(chunk_size=PART, **kw)
-    with _model(X[:10], y[:10]):
-        remote = pymc_dp.DPHMC(records=_records(client, X, y), **kw)
-    want = _every_release(local._fns, idx)
+    local, remote, want, idx = _remote_and_in_memory_releases(client)
     store = remote._fns.records
     by_dask = []
     real = dask_store.DaskStore._send_dask

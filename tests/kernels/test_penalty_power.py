@@ -14,7 +14,7 @@ import arviz as az
 import numpy as np
 import pymc as pm
 import pytest
-from conftest import normal_mean_model, posterior_array
+from conftest import exact_dphmc, normal_mean_model, posterior_array
 from scipy import stats
 
 import pymc_dp
@@ -128,14 +128,8 @@ def test_dphmc_exact_at_large_noise():
     (acceptance ~0.35, ESS ~0.3 % of the draws), hence the long run."""
     model, mean, sd = normal_mean_model(n=50, d=1)
     with model:
-        step = pymc_dp.DPHMC(
-            llr_clip_bound=50.0,
-            grad_clip_bound=50.0,
-            llr_noise_multiplier=0.45,
-            grad_noise_multiplier=0.01,
-            n_leapfrog=2,
-            step_size=0.1,
-            nonprivate_diagnostics=True,
+        step = exact_dphmc(
+            llr_noise_multiplier=0.45, grad_noise_multiplier=0.01, n_leapfrog=2, step_size=0.1
         )
         idata = pm.sample(15_000, tune=0, chains=4, cores=1, step=step, random_seed=11, **SAMPLE)
     ss = idata["sample_stats"]

@@ -12,6 +12,7 @@ import numpy as np
 import pymc as pm
 import pytensor
 import pytest
+from banana_records import banana_data, banana_model, banana_records
 
 from pymc_dp.records import build_record_functions
 from pymc_dp.records.affine import (
@@ -23,40 +24,13 @@ from pymc_dp.records.affine import (
 )
 from pymc_dp.records.clipping import F32_MARGIN, reference_clipped_sum
 
-V1, V2, A = 2000.0, 2500.0, 20.0
 N = 3000
+# records whose gradient or ratio is not finite: 0, counted as clipped
+BAD = ((0, 5, 1e300), (1, 17, -1e300), (0, 40, -1e300))
 
 
 def _data(order: str, bad: bool):
-    rng = np.random.default_rng(5)
-    x1 = rng.normal(0.0, np.sqrt(V1), size=N)
-    x2 = rng.normal(3.0, np.sqrt(V2), size=N)
-    if bad:  # records whose gradient or ratio is not finite: 0, counted as clipped
-        x1[5], x2[17], x1[40] = 1e300, -1e300, -1e300
-    if order == "reversed":
-        x1, x2 = x1[::-1].copy(), x2[::-1].copy()
-    elif order == "shuffled":
-        p = np.random.default_rng(9).permutation(N)
-        x1, x2 = x1[p], x2[p]
-    return x1, x2
-
-
-def _model(x1, x2):
-    with pm.Model() as m:
-        theta = pm.Normal("theta", 0.0, np.sqrt(1000.0), shape=2)
-        pm.Normal("x1", theta[0], np.sqrt(V1), observed=x1)
-        pm.Normal("x2", theta[1] + A * theta[0] ** 2, np.sqrt(V2), observed=x2)
-    return m
-
-
-def _numpy_records(q, x1, x2):
-    """Per-record log-likelihoods and gradients of the banana, by hand."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        e1, e2 = x1 - q[0], x2 - q[1] - A * q[0] ** 2
-        ll = -0.5 * np.log(2 * np.pi * V1) - e1**2 / (2 * V1)
-        ll = ll - 0.5 * np.log(2 * np.pi * V2) - e2**2 / (2 * V2)
-        grads = np.stack([e1 / V1 + 2 * A * q[0] * e2 / V2, e2 / V2], axis=1)
-    return ll, grads
+    return banana_data(N, 5, order, BAD if bad else ())
 
 
 _BUILT: dict = {}
@@ -66,7 +40,7 @@ def _fns(order: str, bad: bool):
     key = (order, bad)
     if key not in _BUILT:
         x1, x2 = _data(order, bad)
-        m = _model(x1, x2)
+        m = banana_model(x1, x2)
         fns, _ = build_record_functions(m, m.value_vars, m.initial_point())
         off, _ = build_record_functions(m, m.value_vars, m.initial_point())
         off._affine_off = True  # the route's per-record loop on every record
@@ -76,7 +50,7 @@ def _fns(order: str, bad: bool):
 
 def test_the_banana_is_affine_in_its_data_and_other_models_are_not():
     x1, x2 = _data("given", False)
-    m = _model(x1, x2)
+    m = banana_model(x1, x2)
     fns, _ = build_record_functions(m, m.value_vars, m.initial_point())
     g = fns._graphs
     assert affine_in_data(g) and ratio_affine_in_data(g)
@@ -120,8 +94,8 @@ def test_bypass_gives_the_clipped_sums_of_the_per_record_loops(order, bad):
         (np.array([0.3, 1.0]), np.array([0.29, 1.2])),
         (np.array([1.0, -3.0]), np.array([1.01, -3.0])),
     ):
-        ll_new, grads = _numpy_records(q, x1, x2)
-        ll_old, _ = _numpy_records(q_old, x1, x2)
+        ll_new, grads = banana_records(q, x1, x2)
+        ll_old, _ = banana_records(q_old, x1, x2)
         with np.errstate(over="ignore", invalid="ignore"):
             sq = np.sum(grads * grads, axis=1)
             r = ll_new - ll_old
@@ -215,21 +189,18 @@ def test_dphmc_draws_are_exact_with_clipping_inactive_through_the_bypass():
     every gradient sum and the two-point ratio of each trajectory's last pass come from
     the bypass (blocks inside at every point), and with clipping inactive the draws follow
     the closed-form posterior (noise on)."""
-    from conftest import assert_matches_distribution, normal_mean_model, posterior_array
+    from conftest import (
+        assert_matches_distribution,
+        check_no_clipping_and_noise_on,
+        exact_dphmc,
+        normal_mean_model,
+        posterior_array,
+    )
     from scipy import stats
-
-    import pymc_dp
 
     model, mean, sd = normal_mean_model(n=50, d=1)
     with model:
-        step = pymc_dp.DPHMC(
-            llr_clip_bound=50.0,
-            grad_clip_bound=50.0,
-            llr_noise_multiplier=0.03,
-            grad_noise_multiplier=0.05,
-            n_leapfrog=5,
-            nonprivate_diagnostics=True,
-        )
+        step = exact_dphmc()
         fns = step._fns
         served = {"grad": 0, "llr": 0}
         real_grad, real_llr = fns._affine_grad_sum, fns._affine_ratio_sum
@@ -254,10 +225,7 @@ def test_dphmc_draws_are_exact_with_clipping_inactive_through_the_bypass():
     # current point kept)
     assert served["grad"] >= 0.95 * fns.released["grad"] * 5 / 6
     assert served["llr"] >= 0.95 * fns.released["llr"]
-    ss = idata["sample_stats"]
-    assert np.nanmax(ss["grad_clip_fraction_NONPRIVATE"].values) == 0.0
-    assert np.nanmax(ss["llr_clip_fraction_NONPRIVATE"].values) == 0.0
-    assert 0.3 < ss["accepted"].values.mean() < 0.95
+    check_no_clipping_and_noise_on(idata)
     assert_matches_distribution(
         posterior_array(idata, "theta")[..., 0], stats.norm(mean[0], sd[0]), label="theta"
     )

@@ -7,48 +7,20 @@ several; the count-free loop; DPHMC's draws unchanged."""
 from __future__ import annotations
 
 import numpy as np
-import pymc as pm
 import pytest
+from banana_records import banana_data, banana_model, banana_records
 
 import pymc_dp
 from pymc_dp.records import build_record_functions
 from pymc_dp.records.clipping import F32_MARGIN, reference_clipped_sum
 
-V1, V2, A = 2000.0, 2500.0, 20.0
 N = 400
+# records whose gradient or log-likelihood is not finite: 0, counted as clipped
+BAD = ((0, 5, 1e300), (1, 17, -1e300))
 
 
 def _data(order: str):
-    rng = np.random.default_rng(11)
-    x1 = rng.normal(0.0, np.sqrt(V1), size=N)
-    x2 = rng.normal(3.0, np.sqrt(V2), size=N)
-    # records whose gradient or log-likelihood is not finite: 0, counted as clipped
-    x1[5], x2[17] = 1e300, -1e300
-    if order == "reversed":
-        x1, x2 = x1[::-1].copy(), x2[::-1].copy()
-    return x1, x2
-
-
-def _model(x1, x2):
-    with pm.Model() as m:
-        theta = pm.Normal("theta", 0.0, np.sqrt(1000.0), shape=2)
-        pm.Normal("x1", theta[0], np.sqrt(V1), observed=x1)
-        pm.Normal("x2", theta[1] + A * theta[0] ** 2, np.sqrt(V2), observed=x2)
-    return m
-
-
-def _numpy_records(q, x1, x2):
-    """Per-record log-likelihoods and gradients of the banana, by hand."""
-    with np.errstate(over="ignore", invalid="ignore"):
-        return _numpy_records_(q, x1, x2)
-
-
-def _numpy_records_(q, x1, x2):
-    e1, e2 = x1 - q[0], x2 - q[1] - A * q[0] ** 2
-    ll = -0.5 * np.log(2 * np.pi * V1) - e1**2 / (2 * V1)
-    ll = ll - 0.5 * np.log(2 * np.pi * V2) - e2**2 / (2 * V2)
-    grads = np.stack([e1 / V1 + 2 * A * q[0] * e2 / V2, e2 / V2], axis=1)
-    return ll, grads
+    return banana_data(N, 11, order, BAD)
 
 
 _BUILT: dict = {}
@@ -58,7 +30,7 @@ def _fns(order: str, chunk_size):
     key = (order, chunk_size)
     if key not in _BUILT:
         x1, x2 = _data(order)
-        m = _model(x1, x2)
+        m = banana_model(x1, x2)
         fns, _ = build_record_functions(m, m.value_vars, m.initial_point(), chunk_size=chunk_size)
         _BUILT[key] = (fns, x1, x2)
     return _BUILT[key]
@@ -74,8 +46,8 @@ def test_two_point_fused_pass_gives_the_sums_of_the_two_passes_and_of_a_numpy_lo
     assert fns.gradient_route == "blocks"
     q_old = np.array([0.3, 2.5])
     q_new = q_old + np.array([2e-3, -1e-2])
-    ll_old, _ = _numpy_records(q_old, x1, x2)
-    ll_new, grads = _numpy_records(q_new, x1, x2)
+    ll_old, _ = banana_records(q_old, x1, x2)
+    ll_new, grads = banana_records(q_new, x1, x2)
     with np.errstate(over="ignore", invalid="ignore"):
         sq = np.sum(grads * grads, axis=1)
     lengths = np.where(sq <= 1e300, np.sqrt(np.where(sq <= 1e300, sq, 0.0)), 0.0)
@@ -130,7 +102,7 @@ def test_two_point_fused_pass_gives_the_sums_of_the_two_passes_and_of_a_numpy_lo
 
 def test_direct_calls_give_the_layered_calls_bits():
     fns2, x1, x2 = _fns("given", None)
-    m = _model(x1, x2)
+    m = banana_model(x1, x2)
     off, _ = build_record_functions(m, m.value_vars, m.initial_point())
     off._direct_off = True  # PyTensor's call layers, as before issue 28's twelfth session
     for f in (fns2, off):
@@ -154,7 +126,7 @@ def _banana_steps(n: int = 300):
     x1, x2 = _data("given")
     x1, x2 = x1[:n].copy(), x2[:n].copy()
     x1[5] = x2[17] = 0.0
-    m = _model(x1, x2)
+    m = banana_model(x1, x2)
     steps = []
     with m:
         for _ in range(2):

@@ -12,6 +12,8 @@ import pymc as pm
 import pytest
 from conftest import (
     assert_matches_distribution,
+    check_no_clipping_and_noise_on,
+    exact_dphmc,
     inverse_gamma_variance_model,
     normal_mean_model,
     posterior_array,
@@ -233,31 +235,15 @@ def test_clipped_grad_sum_drops_non_finite_records():
 # -- exactness with clipping inactive (noise on) ---------------------------------------------------
 
 
-def _check_no_clipping_and_noise_on(idata) -> None:
-    ss = idata["sample_stats"]
-    assert np.nanmax(ss["grad_clip_fraction_NONPRIVATE"].values) == 0.0
-    assert np.nanmax(ss["llr_clip_fraction_NONPRIVATE"].values) == 0.0
-    assert np.all(ss["grad_noise_std"].values > 0)
-    assert np.nanmedian(ss["llr_noise_std"].values) > 0.05
-    assert 0.3 < ss["accepted"].values.mean() < 0.95
-
-
 @pytest.mark.slow
 def test_exact_normal_mean_1d():
     model, mean, sd = normal_mean_model(n=50, d=1)
     with model:
-        step = pymc_dp.DPHMC(
-            llr_clip_bound=50.0,
-            grad_clip_bound=50.0,
-            llr_noise_multiplier=0.03,
-            grad_noise_multiplier=0.05,
-            n_leapfrog=5,
-            nonprivate_diagnostics=True,
-        )
+        step = exact_dphmc()
         step.reuse_loglik = True  # the kept log-likelihoods (automatic: not for a normal)
         step.fuse_ratio_pass = True  # one pass for the last gradient and the ratio (idem)
         idata = pm.sample(3000, tune=500, chains=4, cores=1, step=step, random_seed=11, **SAMPLE)
-    _check_no_clipping_and_noise_on(idata)
+    check_no_clipping_and_noise_on(idata)
     # the draws come from the kept sums and log-likelihoods, and every trajectory's last
     # gradient and its ratio from one pass over the records (issue 28)
     assert step._grad_memo.reused > 10000 and step._ll_memo.reused > 10000
@@ -284,20 +270,13 @@ def test_exact_varying_intercepts_on_the_sorted_route(fused):
     with pm.Model():
         a = pm.Normal("a", 0.0, 10.0, shape=groups)
         pm.Normal("y", a[g], 1.0, observed=y)
-        step = pymc_dp.DPHMC(
-            llr_clip_bound=50.0,
-            grad_clip_bound=50.0,
-            llr_noise_multiplier=0.03,
-            grad_noise_multiplier=0.05,
-            n_leapfrog=5,
-            nonprivate_diagnostics=True,
-        )
+        step = exact_dphmc()
         assert step._fns.clipped_grad_sum(np.zeros(groups), 1.0) is not None
         assert step._fns.gradient_route == "sorted"
         step.reuse_loglik = True  # the kept log-likelihoods (automatic: not for a normal)
         step.fuse_ratio_pass = fused
         idata = pm.sample(2500, tune=500, chains=4, cores=1, step=step, random_seed=5, **SAMPLE)
-    _check_no_clipping_and_noise_on(idata)
+    check_no_clipping_and_noise_on(idata)
     assert step._grad_memo.reused > 10000 and step._ll_memo.reused > 10000  # kept values
     assert step.fuses_ratio_pass == fused
     assert (step._fused[1].calls if fused else 0) == (4 * 3000 if fused else 0)
@@ -380,7 +359,7 @@ def test_exact_correlated_normal_10d():
             nonprivate_diagnostics=True,
         )
         idata = pm.sample(2500, tune=600, chains=4, cores=1, step=step, random_seed=3, **SAMPLE)
-    _check_no_clipping_and_noise_on(idata)
+    check_no_clipping_and_noise_on(idata)
     draws = posterior_array(idata, "theta")
     sd = np.sqrt(np.diag(cov))
     for k in range(10):
@@ -410,7 +389,7 @@ def test_exact_transformed_variable():
             nonprivate_diagnostics=True,
         )
         idata = pm.sample(3000, tune=500, chains=4, cores=1, step=step, random_seed=2, **SAMPLE)
-    _check_no_clipping_and_noise_on(idata)
+    check_no_clipping_and_noise_on(idata)
     assert_matches_distribution(posterior_array(idata, "s2"), post, label="s2")
 
 
