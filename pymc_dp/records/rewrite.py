@@ -12,6 +12,7 @@ twice per record; ``f(switch(y, a, b))`` evaluates it once and gives the same nu
 
 from __future__ import annotations
 
+import numpy as np
 import pytensor.tensor as pt
 from pytensor.compile.builders import OpFromGraph
 from pytensor.graph.replace import clone_replace
@@ -22,6 +23,7 @@ from pytensor.scalar import Switch
 from pytensor.tensor.basic import Alloc
 from pytensor.tensor.elemwise import Elemwise
 from pytensor.tensor.shape import SpecifyShape
+from pytensor.tensor.subtensor import AdvancedSubtensor
 from pytensor.tensor.variable import TensorConstant
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "drop_shape_pins",
     "inline_op_from_graph",
     "lift_switches",
+    "record_position_indices",
 ]
 
 #: Rewrites left out wherever pymc_dp rewrites a per-record graph: ``local_greedy_distributor``
@@ -122,6 +125,51 @@ def _drop_shape_pins(graph):
             # pt.concatenate([pt.zeros((k, 1)), B], axis=1) (a multinomial logit's reference
             # column, issue-26 sweep) failed here with PyTensor's bare ValueError
             replacements[v] = pt.shape_padleft(inp, v.type.ndim)
+    if not replacements:
+        return graph
+    return clone_replace(graph, replace=replacements, rebuild_strict=False)
+
+
+def _is_record_position(a, n: int) -> bool:
+    """Whether ``a`` is an integer constant ``i`` on row ``i`` of ``n`` rows (``arange(n)``,
+    its trailing axes of length 1)."""
+    if not (isinstance(a, TensorConstant) and a.dtype.startswith(("int", "uint"))):
+        return False
+    v = a.data
+    if v.ndim < 1 or v.shape[0] != n or any(k != 1 for k in v.shape[1:]):
+        return False
+    return bool((v.reshape(n) == np.arange(n)).all())
+
+
+def record_position_indices(graph, n: int):
+    """Turn a constant ``arange(n)`` that selects each record's own row into the position
+    in the batch the graph is evaluated on.
+
+    PyMC 6's ``OrderedLogistic`` / ``Categorical`` log-probability picks each record's
+    probability as ``p[arange(n)[:, None], value[:, None]]``, and PyTensor 3 folds the
+    ``arange`` of the static length ``n`` into a constant of ``n`` rows: a chunk or a single
+    record would then be indexed by the rows of all ``n`` (and the separability check refuses
+    the model, or a data-only pass takes the constant for data). Where such a constant is
+    the first index of an advanced subtensor whose indexed tensor has the record axis first
+    (its leading length ``n`` or unknown), it becomes ``arange(x.shape[0])`` of that tensor,
+    reshaped alike: the same rows for the whole data, and each record's own row in any
+    batch. Structural: record ``i``'s index is ``i`` whatever the data (a data column equal
+    to ``0 .. n-1`` used that way selects the same rows)."""
+    replacements = {}
+    for v in ancestors([graph]):
+        node = v.owner
+        if node is None or not isinstance(node.op, AdvancedSubtensor) or len(node.inputs) < 2:
+            continue
+        x, idx = node.inputs[0], node.inputs[1]
+        idx_list = getattr(node.op, "idx_list", None)
+        if idx_list is not None and (not idx_list or idx_list[0] != 0):
+            continue  # PyTensor 3: the first index input does not index axis 0
+        lead = x.type.shape[0] if x.type.ndim else 0
+        if lead not in (n, None) or not _is_record_position(idx, n):
+            continue
+        pos = pt.arange(x.shape[0], dtype=idx.dtype).reshape((-1,) + (1,) * (idx.ndim - 1))
+        new = node.op.make_node(x, pos, *node.inputs[2:]).outputs[node.outputs.index(v)]
+        replacements[v] = new
     if not replacements:
         return graph
     return clone_replace(graph, replace=replacements, rebuild_strict=False)

@@ -319,3 +319,40 @@ def test_nan_ratio_counts_as_zero_and_clipped():
     # u = sigmoid(-3) and sigmoid(-2.5) are both below 0.9: record 1 is -inf at both points
     s, k = fns.clipped_loglik_ratio_sum(np.array([-2.5]), np.array([-3.0]), 10.0)
     assert np.isfinite(s) and k == 1
+
+
+@pytest.mark.parametrize("kind", ["ordered", "categorical"])
+def test_a_likelihood_that_picks_each_records_row_by_its_position(kind):
+    """PyMC 6 writes an ordinal's and a categorical's log-probability as ``p[arange(n)[:,
+    None], value[:, None]]``; PyTensor 3 folds ``arange(n)`` into a constant of n rows, which
+    made the model look inseparable (the fourteenth session: `OrderedLogistic` refused on
+    PyMC 6 only). The constant is now each record's position in the batch: the per-record
+    log-likelihoods equal PyMC's, whole and in chunks of 7, on both PyMC lines."""
+    rng = np.random.default_rng(4)
+    n = 60
+    X = rng.uniform(-1, 1, (n, 2))
+    y = rng.integers(0, 4, n)
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 2, shape=2)
+        eta = pm.math.dot(X, b)
+        if kind == "ordered":
+            cut = pm.Normal(
+                "cut",
+                mu=[-2, 0, 2],
+                sigma=2,
+                shape=3,
+                transform=pm.distributions.transforms.ordered,
+                initval=[-2, 0, 2],
+            )
+            pm.OrderedLogistic("r", eta=eta, cutpoints=cut, observed=y, compute_p=False)
+        else:
+            a = pm.Normal("a", 0, 1, shape=4)
+            p = pm.math.softmax(a + eta[:, None] * np.arange(4), axis=1)
+            pm.Categorical("r", p=p, observed=y)
+    point = model.initial_point()
+    for k, v in point.items():  # away from the symmetric start
+        point[k] = v + 0.1 * (1 + np.arange(v.size)).reshape(v.shape)
+    q = np.concatenate([np.atleast_1d(point[v.name]).ravel() for v in model.value_vars])
+    want = _reference_loglik(model, point)
+    np.testing.assert_allclose(_fns(model).loglik(q), want, rtol=1e-10)
+    np.testing.assert_allclose(_fns(model, chunk_size=7).loglik(q), want, rtol=1e-10)

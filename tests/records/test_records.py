@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pymc as pm
-import pytensor
 import pytest
 
 import pymc_dp
@@ -274,18 +273,13 @@ def test_a_constant_column_of_n_rows_joined_to_the_records_is_refused_clearly():
     assert "pt.zeros((k, 1))" in str(err.value)
 
 
-@pytest.mark.xfail(
-    int(pytensor.__version__.split(".")[0]) >= 3,
-    reason="PyTensor 3: past the shape-pin removal, the separability check refuses this model "
-    "('does not separate into one term per record'); not diagnosed (issue-26 sweep)",
-    raises=pymc_dp.ModelNotSupportedError,
-    strict=True,
-)
 def test_a_constant_joined_to_the_parameters_is_kept():
     """``pt.concatenate([pt.zeros((k, 1)), B], axis=1)``: the shape-pin removal made the
     Alloc of 0 a (1, 1) constant, which a Join does not broadcast (PyTensor's ValueError,
     issue-26 sweep); an Alloc of a constant is now made broadcastable only where every use is
-    elementwise."""
+    elementwise. On PyTensor 3 the categorical's ``p[arange(n)[:, None], value[:, None]]``
+    made it look inseparable (an xfail until the fourteenth session:
+    `pymc_dp.records.rewrite.record_position_indices`)."""
     with _multinomial_logit(True):
         step = pymc_dp.DPPenaltyMetropolis(clip_bound=3.0, noise_multiplier=5.0)
         idata = pm.sample(
