@@ -654,7 +654,9 @@ def prior_in_y(model: pm.Model, vars, point, to_y, draws: int = PRIOR_DRAWS) -> 
     ``y`` (`pymc_dp.auto.recentre`). The prior reads no data.
 
     A transform need not map every draw of its variable's distribution: an ordered transform
-    (``log(x_i - x_{i-1})``) has no value at draws out of order. The model's density is
+    (``log(x_i - x_{i-1})``) has no value at draws out of order, a logit or simplex
+    transform none at a draw that rounds to 0 or 1 (``Beta(0.1, 0.1)``: 1.1 % of the
+    draws; a truncation of its far tails, not exact there). The model's density is
     that of the distribution on the transform's image only, so its prior is the
     distribution *restricted* to the image: the draws whose ``y`` is not finite are
     rejected (exact for the restricted law), more are made until `PRIOR_DRAWS` are kept
