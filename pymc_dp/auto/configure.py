@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pymc as pm
+import pytensor.tensor as pt
 import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
@@ -590,6 +591,11 @@ class _Coordinates:
 #: error of a variance from 4 000 draws of a Gaussian is 2 %.
 PRIOR_DRAWS = 4000
 PRIOR_SEED = 20261127
+#: Most draws `prior_in_y` makes to collect `PRIOR_DRAWS` in the transforms' image (a prior
+#: restricted by an ordered transform keeps a fraction of its draws), and the fewest kept
+#: draws it takes moments from (the Monte Carlo error of a variance from 1 000: 4.5 %)
+PRIOR_MAX_DRAWS = 40_000
+PRIOR_MIN_KEPT = 1000
 
 
 @dataclass
@@ -602,7 +608,8 @@ class PriorInY:
     var: np.ndarray
     #: a robust scale (half the 16-84 % range) for the trust region (``inf`` as above)
     scale: np.ndarray
-    #: the coordinates that are a positive parameter's log
+    #: the coordinates that are a positive parameter's log (a log transform, an ordered
+    #: transform's log gaps)
     log_scale: np.ndarray
     #: a name per coordinate (``"zb[3]"``; the recentred slot keeps its value's name)
     names: list[str]
@@ -624,52 +631,117 @@ def _flat_names(vars, point) -> list[str]:
     return names
 
 
+def _log_coordinates(model: pm.Model, v, value: np.ndarray) -> np.ndarray:
+    """Which flat coordinates of the value variable ``v`` are the log of a positive quantity:
+    all of a log transform's; an ordered transform's gaps ``log(x_i - x_{i-1})`` (and its
+    first coordinate where the transform is ``positive``). Public (the graph)."""
+    value = np.asarray(value)
+    if v.name.endswith("_log__"):
+        return np.ones(value.size, dtype=bool)
+    tr = model.rvs_to_transforms.get(model.values_to_rvs[v])
+    if not isinstance(tr, pm.distributions.transforms.Ordered) or value.ndim == 0:
+        return np.zeros(value.size, dtype=bool)
+    out = np.ones(value.shape, dtype=bool)
+    out[..., 0] = bool(getattr(tr, "positive", False))
+    return out.ravel()
+
+
 def prior_in_y(model: pm.Model, vars, point, to_y, draws: int = PRIOR_DRAWS) -> PriorInY:
     """Mean, variance and a robust scale of the prior in ``y`` by forward draws (data-free).
 
     The free variables are drawn jointly from their prior (``pm.draw``, a fixed public seed)
     and put in the model's transformed coordinates ``q`` by their transforms, then mapped to
-    ``y`` (`pymc_dp.auto.recentre`). The prior reads no data. Where the prior cannot be
-    drawn (a ``Flat`` prior) or its draws are not finite, the coordinates get no moments
-    (``inf``): no trust region from the prior there, no cap. ``to_y`` ``None``: ``y = q``
-    (then a variable that cannot be drawn leaves the others their moments; with a
-    recentring the joint draws are needed, and none of them gets any).
+    ``y`` (`pymc_dp.auto.recentre`). The prior reads no data.
+
+    A transform need not map every draw of its variable's distribution: an ordered transform
+    (``log(x_i - x_{i-1})``) has no value at draws out of order, a logit or simplex
+    transform none at a draw that rounds to 0 or 1 (``Beta(0.1, 0.1)``: 1.1 % of the
+    draws; a truncation of its far tails, not exact there). The model's density is
+    that of the distribution on the transform's image only, so its prior is the
+    distribution *restricted* to the image: the draws whose ``y`` is not finite are
+    rejected (exact for the restricted law), more are made until `PRIOR_DRAWS` are kept
+    (at most `PRIOR_MAX_DRAWS` in all). Where fewer than `PRIOR_MIN_KEPT` are kept (many
+    cutpoints with overlapping priors), the ordered variables' draws are sorted before
+    their transform: their order statistics, the restricted law where the prior is
+    exchangeable, of its spread otherwise. Before, every coordinate with a draw out of
+    order had no moments, hence no trust region and no cap (measured: an ordered-cutpoint
+    model on 1 260 real records, its log gaps' sd 9.8, draws of the cutpoints of 1e87).
+
+    Where the prior cannot be drawn (a ``Flat`` prior) or a coordinate is never finite, the
+    coordinates get no moments (``inf``): no trust region from the prior there, no cap.
+    ``to_y`` ``None``: ``y = q`` (then a variable that cannot be drawn leaves the others
+    their moments; with a recentring the joint draws are needed, and none of them gets
+    any).
     """
     names = _flat_names(vars, point)
     d = len(names)
-    sizes = [int(np.size(point[v.name])) for v in vars]
-    log_scale = np.concatenate(
-        [np.full(k, v.name.endswith("_log__")) for v, k in zip(vars, sizes, strict=True)]
-    ).astype(bool)
+    log_scale = np.concatenate([_log_coordinates(model, v, point[v.name]) for v in vars]).astype(
+        bool
+    )
     inf = np.full(d, np.inf)
 
-    def draw(vs) -> list[np.ndarray]:
+    def transform_of(v):
+        return model.rvs_to_transforms.get(model.values_to_rvs[v])
+
+    ordered = [isinstance(transform_of(v), pm.distributions.transforms.Ordered) for v in vars]
+
+    def draw(vs, n: int, seed: int, sort: bool = False) -> list[np.ndarray]:
         outs = []
         for v in vs:
             rv = model.values_to_rvs[v]
-            tr = model.rvs_to_transforms.get(rv)
-            outs.append(rv if tr is None else tr.forward(rv, *rv.owner.inputs))
+            tr = transform_of(v)
+            x = rv
+            if sort and isinstance(tr, pm.distributions.transforms.Ordered):
+                x = pt.sort(rv, axis=-1)
+                x = x if getattr(tr, "ascending", True) else x[..., ::-1]
+            outs.append(x if tr is None else tr.forward(x, *rv.owner.inputs))
         with warnings.catch_warnings(), np.errstate(all="ignore"):
             warnings.simplefilter("ignore")
-            vals = pm.draw(outs, draws=draws, random_seed=PRIOR_SEED)
+            vals = pm.draw(outs, draws=n, random_seed=seed)
         vals = vals if isinstance(vals, list | tuple) else [vals]
-        return [np.reshape(np.asarray(x, dtype=float), (draws, -1)) for x in vals]
+        return [np.reshape(np.asarray(x, dtype=float), (n, -1)) for x in vals]
+
+    def in_y(qs: np.ndarray) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.array([to_y(q) for q in qs]) if to_y is not None else qs
+
+    def kept(ys: np.ndarray) -> np.ndarray:
+        # the rows in the transforms' image: finite in every coordinate that is ever finite
+        # (a coordinate never finite, a Flat prior's, rejects nothing: it gets no moments)
+        fin = np.isfinite(ys)
+        return np.all(fin | ~fin.any(axis=0), axis=1)
 
     try:
-        qs = np.concatenate(draw(vars), axis=1)
+        ys = in_y(np.concatenate(draw(vars, draws, PRIOR_SEED), axis=1))
     except Exception:  # noqa: BLE001 (a prior that cannot be drawn, e.g. a Flat one)
         if to_y is not None:  # the recentred coordinates need the joint draws
             return PriorInY(np.zeros(d), inf, inf, log_scale, names)
         # each variable alone: its marginal moments, the others' where they can be drawn
         cols = []
-        for v, k in zip(vars, sizes, strict=True):
+        for v in vars:
+            k = int(np.size(point[v.name]))
             try:
-                cols.append(draw([v])[0])
+                cols.append(draw([v], draws, PRIOR_SEED)[0])
             except Exception:  # noqa: BLE001
                 cols.append(np.full((draws, k), np.nan))
-        qs = np.concatenate(cols, axis=1)
-    with np.errstate(all="ignore"):
-        ys = np.array([to_y(q) for q in qs]) if to_y is not None else qs
+        ys = np.concatenate(cols, axis=1)
+    else:
+        ok = kept(ys)
+        if 0 < ok.sum() < draws:  # rejected draws: more, to keep about `draws` of them
+            more = int(
+                min(PRIOR_MAX_DRAWS - draws, np.ceil(1.2 * draws * (draws - ok.sum()) / ok.sum()))
+            )
+            if more > 0:
+                ys = np.concatenate(
+                    [ys[ok], in_y(np.concatenate(draw(vars, more, PRIOR_SEED + 1), axis=1))]
+                )
+                ys = ys[kept(ys)][:draws]
+        if kept(ys).sum() < PRIOR_MIN_KEPT and any(ordered):
+            sorted_ys = in_y(np.concatenate(draw(vars, draws, PRIOR_SEED, sort=True), axis=1))
+            if kept(sorted_ys).sum() >= PRIOR_MIN_KEPT:
+                ys = sorted_ys
+    if kept(ys).sum() >= PRIOR_MIN_KEPT:  # else a coordinate rarely finite gets no moments
+        ys = ys[kept(ys)]
     ok = np.all(np.isfinite(ys), axis=0)
     ys = np.where(np.isfinite(ys), ys, 0.0)
     lo, hi = np.quantile(ys, [0.16, 0.84], axis=0)
