@@ -19,7 +19,6 @@ import pytest
 
 import pymc_dp
 from pymc_dp.auto.configure import PRIOR_DRAWS, prior_in_y
-from pymc_dp.records.errors import ModelNotSupportedError
 
 ORDERED = pm.distributions.transforms.ordered
 
@@ -107,18 +106,11 @@ def test_a_noise_dominated_ordinal_run_is_finite_and_no_wider_than_its_prior():
         pm.OrderedLogistic("y", eta=pm.math.dot(x, b), cutpoints=cut, observed=y, compute_p=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
-            idata = pymc_dp.sample(
-                step=None, epsilon=0.1, delta=1e-6, random_seed=2, chains=2, model=model,
-                data_bounds={"y": (0, 4)}, auto_kwargs={"method": "laplace"},
-                progressbar=False,
-            )  # fmt: skip
-        except ModelNotSupportedError:
-            if int(pm.__version__.split(".")[0]) < 6:
-                raise
-            # PyMC 6's OrderedLogistic graph is not found per-record (a known limitation of
-            # the records analysis there, independent of the prior's moments)
-            pytest.skip("OrderedLogistic is not read per record on PyMC 6")
+        idata = pymc_dp.sample(
+            step=None, epsilon=0.1, delta=1e-6, random_seed=2, chains=2, model=model,
+            data_bounds={"y": (0, 4)}, auto_kwargs={"method": "laplace"},
+            progressbar=False,
+        )  # fmt: skip
     c = idata.posterior["cut"].values.reshape(-1, 4)
     assert np.all(np.isfinite(c)) and np.all(np.isfinite(idata.posterior["b"].values))
     assert np.all(np.diff(c, axis=1) > 0)
