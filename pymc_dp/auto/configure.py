@@ -35,7 +35,6 @@ from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_e
 from pymc_dp.auto.oneshot import (
     CURVATURE_WIDENING_WARN,
     ONESHOT_NEWTON_STEPS,
-    TAIL_POINTS,
     TRUST_LOG_SCALE,
     TRUST_PRIOR_SDS,
     NoiseAwareLaplace,
@@ -48,7 +47,7 @@ from pymc_dp.auto.oneshot import (
     noise_aware_laplace,
     prior_cap,
     release_gradient_sum,
-    tail_excess_grid,
+    release_tail_excess,
     widen_to_prior,
 )
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
@@ -1250,19 +1249,16 @@ def _anchor_clip_bound(plan, fns, coords, info, free, rng, spend) -> float:
 def _anchor_tail_excess(plan, fns, coords, info, rng, spend) -> tuple[np.ndarray, float]:
     """The released excess of the whitened per-record gradient norms at the warm start's
     last iterate beyond the last releases' bound ``b``, ``2 b`` and ``4 b``
-    (`pymc_dp.auto.oneshot.tail_excess_grid`): one Gaussian release, replace-one L2
-    sensitivity ``sqrt(J)`` for ``J`` levels (each record's share of each level is in ``[0,
-    1]``; a record whose gradient is not finite counts 1 in every level), share
-    `ONESHOT_TAIL_SHARE`. Returns the noisy levels and their noise sd."""
+    (`pymc_dp.auto.oneshot.release_tail_excess`: one Gaussian release, replace-one L2
+    sensitivity ``sqrt(J)`` for ``J`` levels), share `ONESHOT_TAIL_SHARE`. Returns the noisy
+    levels and their noise sd."""
     z = _share_z(plan.mu_total, ONESHOT_TAIL_SHARE)
     plan.phases.append(Phase(ONESHOT_TAIL_PHASE, z, 1))
-    grid = tail_excess_grid(info.anchor_bound)
     q = coords.to_q(info.anchor)
-    counts = fns.grad_norm_counts(q, grid, coords.transform(q, np.linalg.inv(info.basis)))
+    m = coords.transform(q, np.linalg.inv(info.basis))
+    noisy = release_tail_excess(fns, q, info.anchor_bound, m, z, rng)
     spend.release(ONESHOT_TAIL_PHASE)
-    levels = np.asarray(counts, dtype=float).reshape(-1, TAIL_POINTS).mean(axis=1)
-    std = z * float(np.sqrt(levels.size))
-    return levels + rng.normal(size=levels.size) * std, std
+    return noisy, z * float(np.sqrt(noisy.size))
 
 
 def _newton_step_at(y, released, b, z, coords, info, free):

@@ -70,6 +70,7 @@ __all__ = [
     "lost_coordinates",
     "widen_to_prior",
     "centre_prior_wide",
+    "PRIOR_WIDE_SDS",
     "newton_step",
     "prior_cap",
     "trust_region",
@@ -84,6 +85,7 @@ __all__ = [
     "curvature_step_cov",
     "noise_aware_laplace",
     "release_gradient_sum",
+    "release_tail_excess",
 ]
 
 #: The strategies of the automatic mode (``auto_kwargs={"method": ...}``).
@@ -332,6 +334,11 @@ def widen_to_prior(
     return out
 
 
+#: A prior-wide coordinate's interval holds the prior's mean plus or minus this many prior sds
+#: times 2 (`centre_prior_wide`): its sd is at least this many prior sds.
+PRIOR_WIDE_SDS = 2.0
+
+
 def centre_prior_wide(
     mean: np.ndarray, cov: np.ndarray, prior_mean: np.ndarray, prior_var: np.ndarray, which
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -343,10 +350,14 @@ def centre_prior_wide(
     the prior the data point to. Measured: a negative binomial on 680 real records at
     epsilon 1 (docs/auto.md, "Thirteenth session"), a coefficient whose prior is N(0, 1)
     came out 0.24 (sd 1.01) where the posterior is at -1.90: 2.12 of its own sds off,
-    beyond 2 in 2 of 36 pairs of the cell. Each such coordinate's mean and sd become those
-    of the smallest interval holding both ``m0 +- 2 sqrt(v0)`` (the prior's, the calibrated
-    answer where the release tells nothing) and ``mean +- 2 s1`` (the result's as capped):
-    its midpoint and a quarter of its length, the covariance rescaled ``D S D`` (the
+    beyond 2 in 2 of 36 pairs of the cell; the charity Tobit at epsilon 1, a slope whose
+    prior is N(0, 2) at 0.72 (sd 2.35) where the posterior is at 6.53, 3.3 prior sds out (the
+    prior is the user's: the data can put the posterior far beyond its bulk, and where the
+    release tells nothing the result cannot say where). Each such coordinate's mean and sd
+    become those of the smallest interval holding both ``m0 +- 2 k sqrt(v0)`` (``k`` =
+    `PRIOR_WIDE_SDS`: the prior's, widened so that a posterior up to ``2 k`` prior sds out
+    stays within 2 of the result's sds) and ``mean +- 2 s1`` (the result's as capped): its
+    midpoint and a quarter of its length, the covariance rescaled ``D S D`` (the
     correlations kept). Never narrower than either; data-free post-processing of released
     values. Coordinates with a non-finite or non-positive ``prior_var`` are left as they are.
     """
@@ -359,7 +370,8 @@ def centre_prior_wide(
     which &= np.isfinite(mean) & np.isfinite(diag) & (diag > 0)
     if not which.any():
         return mean, cov
-    s0, s1 = np.sqrt(np.where(which, v0, 1.0)), np.sqrt(np.where(which, diag, 1.0))
+    s0 = PRIOR_WIDE_SDS * np.sqrt(np.where(which, v0, 1.0))
+    s1 = np.sqrt(np.where(which, diag, 1.0))
     lo = np.minimum(m0 - 2.0 * s0, mean - 2.0 * s1)
     hi = np.maximum(m0 + 2.0 * s0, mean + 2.0 * s1)
     scale = np.where(which, (hi - lo) / 4.0 / s1, 1.0)
@@ -505,6 +517,33 @@ def clip_tail(
     var = (2.0 * levels * float(noise_multiplier)) ** 2 / max(int(releases), 1) + rest**2
     j = int(np.argmin(var))
     return ClipTail(float(levels[j]), float(rest[j]), True)
+
+
+def release_tail_excess(
+    fns,
+    q: np.ndarray,
+    bound: float,
+    transform: np.ndarray | None,
+    noise_multiplier: float,
+    rng: np.random.Generator,
+    size: int | None = None,
+) -> np.ndarray:
+    """The release of the excess beyond ``bound``, ``2 bound``, ``4 bound`` (`clip_tail`).
+
+    ``X_j`` (`tail_excess_grid`: the records' counts beyond each midpoint of ``(L_j, 2
+    L_j]``, averaged) plus ``N(0, (sqrt(J) z)^2 I)``: a Gaussian mechanism with replace-one L2
+    sensitivity ``sqrt(J)`` (each record's share of each level is in ``[0, 1]``; a record
+    whose gradient is not finite counts 1 in each) and privacy-loss parameter ``1 / (2
+    z^2)``. ``fns`` are the records' functions, ``transform`` the public whitening (as
+    `release_gradient_sum`); ``size``: that many independent releases (rows; the audit's
+    trials).
+    """
+    grid = tail_excess_grid(bound)
+    counts = np.asarray(fns.grad_norm_counts(q, grid, transform), dtype=float)
+    exact = counts.reshape(ONESHOT_TAIL_LEVELS, TAIL_POINTS).mean(axis=1)
+    shape = exact.shape if size is None else (int(size), exact.size)
+    std = float(noise_multiplier) * float(np.sqrt(exact.size))
+    return exact + rng.normal(size=shape) * std
 
 
 def release_gradient_sum(

@@ -12,6 +12,7 @@ import scipy.optimize
 
 from pymc_dp.auto.oneshot import (
     ONESHOT_TAIL_LEVELS,
+    PRIOR_WIDE_SDS,
     TAIL_POINTS,
     centre_prior_wide,
     clip_tail,
@@ -83,7 +84,8 @@ def test_a_released_tail_moves_the_bound_and_bounds_the_bias_left():
 
 def test_prior_wide_coordinates_hold_the_prior_interval():
     """`centre_prior_wide` on random prior-wide results: every re-centred interval
-    ``mean +- 2 sd`` holds both the prior's ``m0 +- 2 sqrt(v0)`` and the capped result's, is
+    ``mean +- 2 sd`` holds both the prior's ``m0 +- 2 k sqrt(v0)`` (``k`` =
+    `PRIOR_WIDE_SDS`) and the capped result's, is
     never narrower than either, and the covariance stays positive semi-definite; the
     measured negative-binomial case (prior N(0, 1), result 0.24, posterior -1.90) is covered
     within 2 sds, which the capped result alone missed (2.08 sds)."""
@@ -98,8 +100,9 @@ def test_prior_wide_coordinates_hold_the_prior_interval():
         s1, s = np.sqrt(np.diag(cap.cov)), np.sqrt(np.diag(new_cov))
         w = cap.capped
         tol = 1e-9 * (1 + np.abs(new_mean))
-        assert np.all(new_mean[w] - 2 * s[w] <= (m0 - 2 * np.sqrt(v0))[w] + tol[w])
-        assert np.all(new_mean[w] + 2 * s[w] >= (m0 + 2 * np.sqrt(v0))[w] - tol[w])
+        s0 = PRIOR_WIDE_SDS * np.sqrt(v0)
+        assert np.all(new_mean[w] - 2 * s[w] <= (m0 - 2 * s0)[w] + tol[w])
+        assert np.all(new_mean[w] + 2 * s[w] >= (m0 + 2 * s0)[w] - tol[w])
         assert np.all(new_mean[w] - 2 * s[w] <= (cap.mean - 2 * s1)[w] + tol[w])
         assert np.all(new_mean[w] + 2 * s[w] >= (cap.mean + 2 * s1)[w] - tol[w])
         np.testing.assert_array_equal(new_mean[~w], cap.mean[~w])
@@ -109,6 +112,10 @@ def test_prior_wide_coordinates_hold_the_prior_interval():
     assert abs(cap.mean[0] + 1.9004) / np.sqrt(cap.cov[0, 0]) > 2.0  # the failure
     mean, cov = centre_prior_wide(cap.mean, cap.cov, np.zeros(1), np.ones(1), cap.capped)
     assert abs(mean[0] + 1.9004) / np.sqrt(cov[0, 0]) < 2.0
+    # the Tobit's slope at epsilon 1: prior N(0, 2), capped result 0.72 (sd 2.35), posterior
+    # 6.53 (3.3 prior sds out)
+    mean, cov = centre_prior_wide(np.array([0.7249]), np.array([[2.35**2]]), 0, 4.0, [True])
+    assert abs(mean[0] - 6.5327) / np.sqrt(cov[0, 0]) < 2.0
 
 
 def _poisson_outliers(n: int = 5000):
