@@ -195,8 +195,9 @@ def test_a_non_finite_result_is_never_drawn():
     """A one-shot result with a NaN mean and an infinite variance: where the prior is proper
     the cap gives those coordinates the prior's mean and variance (0 and 9 for mu), widened
     to `PRIOR_WIDE_SDS` prior sds (`centre_prior_wide`), and names them; where it is not (a
-    Flat mu), the whole Gaussian falls back (the prior's marginals where proper, the warm start's elsewhere) and the plan says so. A finite
-    result within its prior is returned as it is."""
+    Flat mu), the whole Gaussian falls back (the prior's marginals where proper, the warm
+    start's elsewhere) and the plan says so. A finite result within its prior is returned
+    as it is."""
     bad = NoiseAwareLaplace(np.array([np.nan, 0.0]), np.diag([1.0, np.inf]), np.eye(2), 1.0)
     plan, coords = _plan_and_coords()
     mean, cov = _bounded_by_prior(plan, coords, bad, _Info())
