@@ -567,6 +567,32 @@ def oneshot_runner(
     return run
 
 
+def tail_runner(
+    fns_d, fns_d2, q: np.ndarray, *, bound: float, noise_multiplier: float
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """The one-shot strategy's release of the gradient norms' excess beyond its clip bound
+    on D and D', through the library's own call (`pymc_dp.auto.oneshot.release_tail_excess`).
+
+    Published: the noisy levels; the auditor also thresholds their likelihood-ratio
+    statistic (the levels' difference between D and D' dotted with the release).
+    """
+    from pymc_dp.auto.oneshot import release_tail_excess
+
+    rng0 = np.random.default_rng(0)
+    exact = {
+        k: release_tail_excess(f, q, bound, None, 0.0, rng0)
+        for k, f in ((False, fns_d), (True, fns_d2))
+    }
+    diff = exact[True] - exact[False]
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        fns = fns_d2 if on_d2 else fns_d
+        x = release_tail_excess(fns, q, bound, None, noise_multiplier, rng, size=trials)
+        return {"level 0": x[:, 0], "LR statistic": x @ diff}
+
+    return run
+
+
 def auto_scenarios() -> list[Scenario]:
     """The automatic mode's mechanisms as shipped, and with the noise halved (caught).
 
@@ -614,6 +640,13 @@ def auto_scenarios() -> list[Scenario]:
             bound=2.0, noise_multiplier=claimed_z,
         )  # fmt: skip
 
+    def tail(claimed_z: float = 1.0):
+        # record 0 at 0.3 / 100: below the bound 2 in D, beyond 2, 4 and 8 times it in D'
+        # (it counts 1 in each level: the sensitivity sqrt(3))
+        return lambda: tail_runner(
+            *neighbours(), np.array([0.0]), bound=2.0, noise_multiplier=claimed_z
+        )
+
     one = gaussian_epsilon(1 / (2 * 1.0**2), delta)
     # two releases (gradient sum, outer-product sum) with noise multiplier sqrt(2) each
     two = gaussian_epsilon(2 / (2 * 2.0), delta)
@@ -650,6 +683,13 @@ def auto_scenarios() -> list[Scenario]:
         Scenario(
             "auto: one-shot gradient sum", "noise scale halved", one, delta, False,
             oneshot(0.5), 400_000,
+        ),
+        Scenario(
+            "auto: one-shot tail excess", "as shipped", one, delta, True, tail(), 400_000
+        ),
+        Scenario(
+            "auto: one-shot tail excess", "noise scale halved", one, delta, False,
+            tail(0.5), 400_000,
         ),
         Scenario(
             "auto: control-variate penalty test", "clipping removed", one, delta, False,

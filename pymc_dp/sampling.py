@@ -20,7 +20,7 @@ import pymc as pm
 import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
-from pymc_dp.auto.oneshot import CURVATURE_WIDENING_WARN, TRUST_PRIOR_SDS
+from pymc_dp.auto.oneshot import CLIP_BIAS_WARN, CURVATURE_WIDENING_WARN, TRUST_PRIOR_SDS
 from pymc_dp.diagnostics import (
     PRIOR_CLOSE,
     ConvergenceWarning,
@@ -667,6 +667,19 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 NoiseDominatedWarning,
                 stacklevel=3,
             )
+        if check is not None and check.clip_bias > CLIP_BIAS_WARN:
+            # DP outputs (`pymc_dp.auto.oneshot.clip_tail`)
+            warnings.warn(
+                "the per-record gradients have a tail beyond the clip bound of the last "
+                "releases (their released excess beyond it): the bound was moved to "
+                f"{check.clip_scale:g} times the histogram's and the intervals include the "
+                "possible bias of the gradients still clipped, up to "
+                f"{check.clip_bias:.3g} posterior sds (wide, not off; attributes "
+                "dp_oneshot_clip_scale, dp_oneshot_clip_bias); a larger epsilon or more "
+                "records would help",
+                NoiseDominatedWarning,
+                stacklevel=3,
+            )
         if plan.oneshot_fallback:
             warnings.warn(
                 f"NOT USABLE: {plan.oneshot_fallback}. A larger epsilon, more records, or "
@@ -680,7 +693,8 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 f"{', '.join(plan.prior_wide)}: the one-shot result came out wider than "
                 "the prior there (in expectation a posterior is no wider than its prior), so "
                 "those parameters' draws are prior-wide (the prior's spread about the "
-                "result's mean, in the approximation's coordinates; attribute "
+                "result's mean, widened and re-centred to hold the prior's own interval as "
+                "well, in the approximation's coordinates; attribute "
                 "dp_oneshot_prior_wide); a larger epsilon or more records would help",
                 NoiseDominatedWarning,
                 stacklevel=3,

@@ -40,12 +40,15 @@ from pymc_dp.auto.oneshot import (
     TRUST_PRIOR_SDS,
     NoiseAwareLaplace,
     bonferroni_sds,
+    centre_prior_wide,
     choose_method,
+    clip_tail,
     lost_coordinates,
     newton_step,
     noise_aware_laplace,
     prior_cap,
     release_gradient_sum,
+    release_tail_excess,
     widen_to_prior,
 )
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
@@ -283,6 +286,10 @@ class AutoPlan:
             # DP output: the first step along the warm start's drift, in noise sds
             out["dp_oneshot_drift_z"] = float(self.oneshot.drift)
             out["dp_oneshot_crawling"] = int(self.oneshot.crawling)
+            # DP outputs: the last releases' bound over the histogram's, and the possible
+            # bias of the gradients still clipped there, in posterior sds (`clip_tail`)
+            out["dp_oneshot_clip_scale"] = float(self.oneshot.clip_scale)
+            out["dp_oneshot_clip_bias"] = float(self.oneshot.clip_bias)
             if self.oneshot_fallback:
                 out["dp_oneshot_fallback"] = self.oneshot_fallback
         if self.method in ("laplace", "stats", "groupstats"):
@@ -1275,6 +1282,17 @@ ONESHOT_CLIP_PHASE = "one-shot: noisy gradient-norm histogram at the last iterat
 #: 0.789 / 0.256 / 0.111 before, 0.716 / 0.233 / 0.081 after at epsilon 1 / 3 / 10.
 ONESHOT_CLIP_SHARE = 0.05
 
+#: Share of ``mu`` of the release of the whitened gradient norms' excess beyond that bound
+#: (`_anchor_tail_excess`, `pymc_dp.auto.oneshot.clip_tail`), taken from the last releases.
+#: As the sufficient statistics' `pymc_dp.auto.suffstats.STATS_TAIL_SHARE`: at 5 % the
+#: charity Tobit's tail (37 records clipped at epsilon 3, the sum's bias 5.5 result sds) was
+#: 2.8 noise sds at the first level, at 10 % 4.
+ONESHOT_TAIL_SHARE = 0.10
+#: Its phase.
+ONESHOT_TAIL_PHASE = (
+    "one-shot: noisy excess of the whitened gradient norms beyond the clip bound (2 and 4 times)"
+)
+
 #: The quantile of that histogram the last releases clip at (before ``ONESHOT_EXTEND_SDS``).
 ONESHOT_CLIP_QUANTILE = 0.9999
 #: Bins of its grid (`pymc_dp.kernels.warmstart.whitened_grid`), as the warm start's.
@@ -1298,6 +1316,21 @@ def _anchor_clip_bound(plan, fns, coords, info, free, rng, spend) -> float:
     noisy = histogram_from_counts(n, counts) + rng.normal(size=grid.size + 1) * std
     sds = bonferroni_sds(noisy.size, 1e-3)
     return histogram_quantile(noisy, grid, ONESHOT_CLIP_QUANTILE, n, std, sds, ONESHOT_EXTEND_SDS)
+
+
+def _anchor_tail_excess(plan, fns, coords, info, rng, spend) -> tuple[np.ndarray, float]:
+    """The released excess of the whitened per-record gradient norms at the warm start's
+    last iterate beyond the last releases' bound ``b``, ``2 b`` and ``4 b``
+    (`pymc_dp.auto.oneshot.release_tail_excess`: one Gaussian release, replace-one L2
+    sensitivity ``sqrt(J)`` for ``J`` levels), share `ONESHOT_TAIL_SHARE`. Returns the noisy
+    levels and their noise sd."""
+    z = _share_z(plan.mu_total, ONESHOT_TAIL_SHARE)
+    plan.phases.append(Phase(ONESHOT_TAIL_PHASE, z, 1))
+    q = coords.to_q(info.anchor)
+    m = coords.transform(q, np.linalg.inv(info.basis))
+    noisy = release_tail_excess(fns, q, info.anchor_bound, m, z, rng)
+    spend.release(ONESHOT_TAIL_PHASE)
+    return noisy, z * float(np.sqrt(noisy.size))
 
 
 def _newton_step_at(y, released, b, z, coords, info, free):
@@ -1401,14 +1434,23 @@ def _one_shot(
     released there already: the penalty chain's control variate, where the chain gave way
     after it, `_off_centre`): only the second release is made, with all the budget left, at
     the same clip bound."""
+    excess = None
     if first is None and plan.clip_sources.get("warm-start gradient clip") != "data_bounds":
         info.anchor_bound = _anchor_clip_bound(plan, fns, coords, info, free, rng, spend)
+        # the tail beyond it (`pymc_dp.auto.oneshot.clip_tail`)
+        excess = _anchor_tail_excess(plan, fns, coords, info, rng, spend)
     mu_left = plan.mu_total - sum(p.mu for p in plan.phases)
     if not mu_left > 0:
         raise ValueError("no budget is left for the one-shot strategy's last releases")
     releases = 2 if first is None else 1
     z = _last_noise_multiplier(plan, mu_left, releases)
     plan.phases.append(Phase(ONESHOT_PHASE, z, releases))
+    tail, scale = None, 1.0
+    if excess is not None:
+        # the bound moved up past a released tail, and the bias left there (post-processing)
+        tail = clip_tail(info.anchor_bound, excess[0], excess[1], z, releases)
+        scale = tail.bound / info.anchor_bound
+        info.anchor_bound = tail.bound
     b = info.anchor_bound
     m = np.linalg.inv(info.basis)
     steps = [] if first is None else [first]
@@ -1433,6 +1475,16 @@ def _one_shot(
         prior_cov=_prior_cov(coords, at),
         max_move=coords.max_move(),
     )
+    if tail is not None and tail.bias > 0.0:
+        # the clipped sums' possible bias, common to both ends (not averaged down by their
+        # combination): ``R^2 K K^T``, ``K K^T`` the last step's noise covariance per unit
+        # of its release's variance (`newton_step`)
+        bias = (tail.bias / (2.0 * b * z)) ** 2 * steps[1].noise_cov
+        result.cov = result.cov + 0.5 * (bias + bias.T)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.sqrt(np.diag(bias) / np.diag(steps[1].cov_c))
+        result.clip_bias = float(np.max(np.where(np.isfinite(ratio), ratio, 0.0)))
+    result.clip_scale = float(scale)
     widened = result.curvature_widening > CURVATURE_WIDENING_WARN
     plan.predicted_error = result.predicted_error
     plan.oneshot = result
@@ -1514,7 +1566,8 @@ def _bounded_by_prior(plan, coords, result, info, last=None) -> tuple[np.ndarray
             lost = lost_coordinates(last, mean, prior.mean, prior.var)
             cov = widen_to_prior(mean, cov, prior.mean, prior.var, lost)
         cap = prior_cap(mean, cov, prior.mean, prior.var)
-        mean, cov = cap.mean, cap.cov
+        # their intervals hold the prior's as well (`centre_prior_wide`)
+        mean, cov = centre_prior_wide(cap.mean, cap.cov, prior.mean, prior.var, cap.capped | lost)
         names = [prior.names[j] for j in np.flatnonzero(cap.capped | lost)]
         plan.prior_wide = _group_names(names)
     # a public seed: the check reads no data and draws nothing that is published

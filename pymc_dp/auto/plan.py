@@ -28,6 +28,8 @@ from pymc_dp.auto.configure import (
     ONESHOT_DRAWS,
     ONESHOT_FALLBACK_ESS,
     ONESHOT_SPLIT,
+    ONESHOT_TAIL_PHASE,
+    ONESHOT_TAIL_SHARE,
     WARM_START_GROWTH,
     BudgetSplit,
     Phase,
@@ -457,8 +459,15 @@ def _expected_chain_error(fc: ChainForecast) -> float:
 def _oneshot_z(mu_total: float) -> float:
     """The noise multiplier of one release with the two last releases' budget together
     (their combination's noise, `pymc_dp.auto.oneshot.noise_aware_laplace`), after their
-    clip bound's histogram (`ONESHOT_CLIP_SHARE`)."""
-    share = 1.0 - ONESHOT_SPLIT.warm_start - ONESHOT_SPLIT.histograms - ONESHOT_CLIP_SHARE
+    clip bound's histogram (`ONESHOT_CLIP_SHARE`) and the excess beyond it
+    (`ONESHOT_TAIL_SHARE`)."""
+    share = (
+        1.0
+        - ONESHOT_SPLIT.warm_start
+        - ONESHOT_SPLIT.histograms
+        - ONESHOT_CLIP_SHARE
+        - ONESHOT_TAIL_SHARE
+    )
     return math.sqrt(1.0 / (2.0 * share * mu_total))
 
 
@@ -563,6 +572,7 @@ def plan(
     )
     if method == "laplace" and sources.get("warm-start gradient clip") != "data_bounds":
         phases.append(Phase(ONESHOT_CLIP_PHASE, math.sqrt(1 / (2 * ONESHOT_CLIP_SHARE * mu)), 1))
+        phases.append(Phase(ONESHOT_TAIL_PHASE, math.sqrt(1 / (2 * ONESHOT_TAIL_SHARE * mu)), 1))
     z_of = _oneshot_z
     laplace_err = predicted_mean_error(n, d, z_of(mu)) * worst_of(d)
     # the chain's prediction (`chain_forecast`): its own phases, whichever strategy is chosen

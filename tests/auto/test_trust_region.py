@@ -14,8 +14,10 @@ from pymc_dp.auto.configure import AutoPlan, _bounded_by_prior, _Coordinates, pr
 from pymc_dp.auto.oneshot import (
     LOST_PRIOR_SDS,
     LOST_WIDENING,
+    PRIOR_WIDE_SDS,
     NewtonStep,
     NoiseAwareLaplace,
+    centre_prior_wide,
     lost_coordinates,
     newton_step,
     noise_aware_laplace,
@@ -191,17 +193,18 @@ class _Info:
 
 def test_a_non_finite_result_is_never_drawn():
     """A one-shot result with a NaN mean and an infinite variance: where the prior is proper
-    the cap gives those coordinates the prior's mean and variance (0 and 9 for mu) and
-    names them; where it is not (a Flat mu), the whole Gaussian falls back (the prior's
-    marginals where proper, the warm start's elsewhere) and the plan says so. A finite
-    result within its prior is returned as it is."""
+    the cap gives those coordinates the prior's mean and variance (0 and 9 for mu), widened
+    to `PRIOR_WIDE_SDS` prior sds (`centre_prior_wide`), and names them; where it is not (a
+    Flat mu), the whole Gaussian falls back (the prior's marginals where proper, the warm
+    start's elsewhere) and the plan says so. A finite result within its prior is returned
+    as it is."""
     bad = NoiseAwareLaplace(np.array([np.nan, 0.0]), np.diag([1.0, np.inf]), np.eye(2), 1.0)
     plan, coords = _plan_and_coords()
     mean, cov = _bounded_by_prior(plan, coords, bad, _Info())
     prior = coords.prior()
     assert np.all(np.isfinite(mean)) and np.all(np.isfinite(cov))
     np.testing.assert_allclose(mean, prior.mean)
-    np.testing.assert_allclose(np.diag(cov), prior.var)
+    np.testing.assert_allclose(np.diag(cov), PRIOR_WIDE_SDS**2 * prior.var)
     assert abs(prior.var[0] - 9.0) < 4 * 9.0 * np.sqrt(2 / 4000)
     assert plan.prior_wide == ["mu", "sigma"] and not plan.oneshot_fallback
     plan, coords = _plan_and_coords(flat=True)
@@ -221,9 +224,11 @@ def test_a_non_finite_result_is_never_drawn():
 
 def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     """End to end: 30 records at epsilon 0.05 (the releases are mostly noise). The draws are
-    finite, and no parameter's sd in the model's transformed coordinates exceeds the prior's
-    spread about the draws' mean by more than their Monte Carlo error; a parameter that was
-    capped is named in the warning and the attribute."""
+    finite, and no parameter's sd in the model's transformed coordinates exceeds
+    `PRIOR_WIDE_SDS` times the prior's spread about the draws' mean by more than their
+    Monte Carlo error (a prior-wide coordinate's interval holds the prior's mean plus or
+    minus `2 PRIOR_WIDE_SDS` prior sds, `centre_prior_wide`); a parameter that was capped is
+    named in the warning and the attribute."""
     x = np.random.default_rng(2).normal(0.5, 1.0, size=30)
     with pm.Model() as model:
         pm.Normal("mu", 0.0, 3.0)
@@ -244,6 +249,7 @@ def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     log_mean = np.log(2.0) - (np.euler_gamma + np.log(2.0)) / 2.0
     for draws, pm_, psd in ((mu, 0.0, 3.0), (np.log(sigma), log_mean, np.pi / np.sqrt(8.0))):
         spread = np.sqrt(psd**2 * (1 + 4 * np.sqrt(2 / 4000)) + (np.mean(draws) - pm_) ** 2)
+        spread *= PRIOR_WIDE_SDS
         assert np.std(draws) <= spread * (1 + 4 / np.sqrt(2 * k)), (np.std(draws), spread)
     # the releases are noise: before the cap, mu's sd came out 8 900 (prior 3) at DP seed 3;
     # with the warm start's steps bounded by the prior (`private_laplace` ``max_move``) that
@@ -319,7 +325,8 @@ def test_widen_to_prior_reaches_the_prior_spread_about_the_mean():
 def test_a_lost_result_is_widened_to_the_prior_and_named():
     """`_bounded_by_prior` with the last step: a result whose curvature the noise dominates
     and whose mu sits 10 prior sds out is widened to the prior's spread about its mean on
-    every such coordinate, and both are named; the same result with the data determining
+    every such coordinate (then re-centred to hold the prior's own interval,
+    `centre_prior_wide`), and both are named; the same result with the data determining
     its curvature is returned as it is."""
     plan, coords = _plan_and_coords()
     prior = coords.prior()
@@ -328,8 +335,17 @@ def test_a_lost_result_is_widened_to_the_prior_and_named():
     lost = NoiseAwareLaplace(mean, cov, cov, 1e-4)
     floored = _floored_step([1e4, 1e4], [1.0, 1.0])
     out_mean, out_cov = _bounded_by_prior(plan, coords, lost, _Info(), floored)
-    np.testing.assert_array_equal(out_mean, mean)
-    np.testing.assert_allclose(np.diag(out_cov), prior.var + (mean - prior.mean) ** 2)
+    widened = np.diag(prior.var + (mean - prior.mean) ** 2)
+    want_mean, want_cov = centre_prior_wide(mean, widened, prior.mean, prior.var, [True, True])
+    np.testing.assert_allclose(out_mean, want_mean)
+    np.testing.assert_allclose(np.diag(out_cov), np.diag(want_cov))
+    # mu, 10 prior sds out, keeps its mean and the prior's spread about it; sigma's interval
+    # now holds the prior's mean +- 2 PRIOR_WIDE_SDS prior sds as well
+    assert out_mean[0] == pytest.approx(mean[0])
+    assert out_cov[0, 0] == pytest.approx(widened[0, 0])
+    half = 2.0 * np.sqrt(out_cov[1, 1])
+    assert out_mean[1] - half <= prior.mean[1] - 2 * PRIOR_WIDE_SDS * np.sqrt(prior.var[1]) + 1e-9
+    assert out_mean[1] + half >= prior.mean[1] + 2 * PRIOR_WIDE_SDS * np.sqrt(prior.var[1]) - 1e-9
     assert plan.prior_wide == ["mu", "sigma"]
     plan2, coords = _plan_and_coords()
     determined = _floored_step([1.0, 1.0], [1.0, 1.0])

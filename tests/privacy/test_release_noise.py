@@ -25,6 +25,7 @@ import pytest
 from scipy import stats
 
 import pymc_dp.kernels.warmstart as warmstart
+from pymc_dp.auto.oneshot import ONESHOT_TAIL_LEVELS, TAIL_POINTS
 from pymc_dp.kernels.warmstart import clip_grid, private_laplace
 
 SQRT2 = float(np.sqrt(2.0))
@@ -315,7 +316,13 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
 
         monkeypatch.setattr(RecordFunctions, name, wrapped)
 
-    spy("grad_norm_counts", lambda q, grid, *a, **k: ("counts", None))
+    spy(
+        "grad_norm_counts",
+        lambda q, grid, *a, **k: (
+            "counts",
+            "tail" if np.size(grid) == ONESHOT_TAIL_LEVELS * TAIL_POINTS else None,
+        ),
+    )
     spy(
         "clipped_grad_moments",
         lambda q, bound, transform=None, outer_bound=None, centre=None: (
@@ -337,7 +344,13 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
     report = pymc_dp.privacy_report(idata, model=model, attach=False)
 
     # every scaled draw is a release; its sensitivity from the data read just before it
-    z = {"histogram": [], "gradient sum": [], "outer-product sum": [], "penalty test": []}
+    z = {
+        "histogram": [],
+        "gradient sum": [],
+        "outer-product sum": [],
+        "penalty test": [],
+        "tail excess": [],
+    }
     last = {}
     for kind, what in log:
         if kind != "draw":
@@ -350,6 +363,10 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
             z["penalty test"].append(what["scale"] / (2.0 * last["ratio"]))
         elif shape == (30,):  # the public grid's 29 bounds make 30 bins
             z["histogram"].append(what["scale"] / SQRT2)
+        elif shape == (ONESHOT_TAIL_LEVELS,) and last.get("counts") == "tail":
+            # the one-shot excess beyond b, 2b, 4b: each record moves each level by at
+            # most 1, sensitivity sqrt(J)
+            z["tail excess"].append(what["scale"] / np.sqrt(ONESHOT_TAIL_LEVELS))
         elif shape == (1,):
             z["gradient sum"].append(what["scale"] / (2.0 * last["moments"][0]))
         else:
@@ -406,7 +423,7 @@ def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
     releases' clip histogram its own share; the two last gradient sums share what is left
     equally; the report's epsilon is the composition of
     all of them, and the whole budget."""
-    from pymc_dp.auto.configure import ONESHOT_CLIP_SHARE, ONESHOT_SPLIT
+    from pymc_dp.auto.configure import ONESHOT_CLIP_SHARE, ONESHOT_SPLIT, ONESHOT_TAIL_SHARE
     from pymc_dp.auto.oneshot import ONESHOT_NEWTON_STEPS
 
     epsilon, delta = 3.0, 1e-5
@@ -430,7 +447,11 @@ def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
     )
     np.testing.assert_allclose(z["gradient sum"][:k], np.sqrt(1 / (w * sums)), rtol=1e-9)
     np.testing.assert_allclose(z["outer-product sum"], np.sqrt(1 / (w * sums)), rtol=1e-9)
-    left = (1.0 - split.warm_start - split.histograms - ONESHOT_CLIP_SHARE) * mu2
+    # the excess beyond the last releases' bound: its own share
+    assert z["tail excess"].size == 1
+    np.testing.assert_allclose(z["tail excess"], np.sqrt(1 / (ONESHOT_TAIL_SHARE * mu2)), rtol=1e-9)
+    left = 1.0 - split.warm_start - split.histograms - ONESHOT_CLIP_SHARE - ONESHOT_TAIL_SHARE
+    left *= mu2
     # (calibrated to the target to 1e-6: its multiplier nudged up until the composition fits)
     np.testing.assert_allclose(z["gradient sum"][k:], np.sqrt(2 / left), rtol=1e-6)
     assert np.all(z["gradient sum"][k:] >= np.sqrt(2 / left) * (1 - 1e-12))
