@@ -157,3 +157,24 @@ def test_averaged_curvature_keeps_a_hub_row_the_entry_threshold_drops():
     # most of the row zeroed: its error is the entries themselves
     assert np.mean(without == -0.15) > 0.5
     assert float(np.sqrt(np.mean(without**2))) > 2.0 * want
+
+
+def test_the_one_shot_strategy_steps_with_the_averaged_curvature():
+    """``auto_configure`` with the one-shot strategy averages the warm start's last four
+    curvatures (post-processing: the one-shot phases are its clip histogram and its two
+    gradient releases, nothing added)."""
+    import pymc as pm
+
+    from pymc_dp.auto import auto_configure
+
+    x = np.random.default_rng(0).normal(1.0, 1.0, 500)
+    with pm.Model() as model:
+        mu = pm.Normal("mu", 0.0, 10.0)
+        pm.Normal("x", mu, 1.0, observed=x)
+    cfg = auto_configure(
+        model, epsilon=2.0, delta=1e-5, chains=2, draws=None, tune=None,
+        rng=np.random.default_rng(0), method="laplace",
+    )  # fmt: skip
+    assert cfg.method == "laplace"
+    assert cfg.curvature_releases == 4
+    assert [p.name.split(":")[0] for p in cfg.phases].count("one-shot") == 2
