@@ -13,9 +13,11 @@ thresholded as one release's are, except in the rows whose entries are together 
 their noise (`hub_rows`): a GLM's slope against every group intercept of a random
 intercept. Measured on bench_auto's Poisson GLMM at epsilon 3 (DP seeds 1-5, max error in
 NUTS sds): 1.051 / 1.153 / 1.475 / 0.834 / 0.265 with the last curvature alone, 1.224 /
-0.970 / 1.006 / 0.100 / 0.518 with the average and its hubs; the Newton step's error in the
-slope from the curvature (the exact gradient, dev-only) went from 1.16 to about 0.2
-posterior sds on seed 3. Post-processing of released values only.
+0.970 / 1.006 / 0.100 / 0.518 with the average and its hubs (on seed 3 the second step's
+predicted error from the curvature, `curvature_step_cov`, went from 0.44 to 0.17 posterior
+sds in the slope). On the normal hierarchy of bench_auto forced onto the one-shot strategy
+its ``sigma`` came out worse (0.675 / 0.299 / 0.252 before, 0.940 / 0.622 / 0.263 after,
+seeds 1-3; not explained). Post-processing of released values only.
 """
 
 from __future__ import annotations
