@@ -33,6 +33,8 @@ import pytensor.tensor as pt
 import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
+from pymc_dp.auto import curvature as curvature_mod
+from pymc_dp.auto.curvature import averaged_curvature
 from pymc_dp.auto.oneshot import (
     CURVATURE_WIDENING_WARN,
     ONESHOT_NEWTON_STEPS,
@@ -229,6 +231,9 @@ class AutoPlan:
     draws_cov: np.ndarray | None = None
     #: the one-shot result and its convergence check (DP outputs)
     oneshot: NoiseAwareLaplace | None = None
+    #: the warm start's released curvatures the one-shot steps averaged
+    #: (`pymc_dp.auto.curvature.averaged_curvature`; 1: the last one alone)
+    curvature_releases: int = 1
     #: the coordinates of ``y`` no record reads, drawn from their exact conditional prior
     #: with the one-shot draws (data-free; `pymc_dp.step_methods.laplace.FreeBlock`)
     free_block: FreeBlock | None = None
@@ -1146,7 +1151,7 @@ def auto_configure(
             )
             return _one_shot(
                 plan, fns, coords, info, free, draws, tune, rng, spend, max_iterations,
-                start=coords.to_y(q0), first=first,
+                start=coords.to_y(q0), first=(anchor_grad, info.anchor_bound, z_anchor),
             )  # fmt: skip
     # published in the model's coordinates (delta method for the covariance)
     plan.laplace_mean, plan.laplace_cov = coords.to_q(mean), coords.cov_in_q(mean, cov)
@@ -1430,11 +1435,19 @@ def _one_shot(
     the bound of a fresh histogram there (`_anchor_clip_bound`; where the warm start's clip
     came from declared data bounds, that bound, nothing released for it).
 
-    ``first`` (a `newton_step` from the warm start's last iterate with a gradient sum
-    released there already: the penalty chain's control variate, where the chain gave way
-    after it, `_off_centre`): only the second release is made, with all the budget left, at
-    the same clip bound."""
+    ``first`` (``(released, b, z)``: a gradient sum released at the warm start's last
+    iterate already, its clip bound and noise multiplier: the penalty chain's control
+    variate, where the chain gave way after it, `_off_centre`): only the second release is
+    made, with all the budget left, at the same clip bound.
+
+    The steps' curvature is the average of the warm start's last released curvatures
+    (`pymc_dp.auto.curvature.averaged_curvature`: post-processing)."""
+    # the warm start's last curvatures, averaged (post-processing): the curvature's error
+    # over the steps shrinks with its noise
+    plan.curvature_releases = averaged_curvature(info, curvature_mod.CURVATURE_AVERAGE_LAST)
     excess = None
+    if first is not None:
+        first = _newton_step_at(info.anchor, first[0], first[1], first[2], coords, info, free)
     if first is None and plan.clip_sources.get("warm-start gradient clip") != "data_bounds":
         info.anchor_bound = _anchor_clip_bound(plan, fns, coords, info, free, rng, spend)
         # the tail beyond it (`pymc_dp.auto.oneshot.clip_tail`)

@@ -221,6 +221,10 @@ class LaplaceInfo:
     curvature_scale: float = 1.0
     #: warm-start steps shortened by the public ``max_move`` bound (`private_laplace`)
     move_cuts: int = 0
+    #: every iteration's released curvature with its iterate and whether its outer products
+    #: were centred, ``(q, _Curvature, centred)`` in order (DP outputs; the one-shot
+    #: strategy averages the last ones, `pymc_dp.auto.curvature.averaged_curvature`)
+    curvatures: list = field(default_factory=list)
 
 
 #: Smallest eigenvalue `_pd_floor` keeps, relative to the largest: a condition number of at
@@ -339,7 +343,7 @@ class _Curvature:
     fullest row (sqrt(d) when the released matrix is dense); half of that.
     """
 
-    def __init__(self, s2, outer_std, data, basis, p_hess) -> None:
+    def __init__(self, s2, outer_std, data, basis, p_hess, keep=None) -> None:
         self.s2, self.outer_std, self.data, self.basis = s2, outer_std, data, basis
         self.p_hess = p_hess
         d = s2.shape[0]
@@ -347,6 +351,8 @@ class _Curvature:
         off = ~np.eye(d, dtype=bool)
         thr = offdiag_threshold_sds(d)
         zeroed = off & (np.abs(fisher) < thr * outer_std)
+        if keep is not None:  # entries kept whatever their size (`averaged_curvature`'s hubs)
+            zeroed &= ~np.asarray(keep, dtype=bool)
         fisher[zeroed] = 0.0
         fisher[~data, :] = 0.0
         fisher[:, ~data] = 0.0
@@ -803,6 +809,7 @@ def private_laplace(
         info.precision, cov = curv.prec, curv.cov
         info.damping = curv.damping
         info.curvature_entry_std, info.curvature_basis = curv.entry_std, curv.basis
+        info.curvatures.append((q.copy(), curv, newton))
         iterates.append(q.copy())
         if it == newton_steps:
             # the control variate's clip bound: a higher quantile of the same released
