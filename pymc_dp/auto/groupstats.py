@@ -103,8 +103,9 @@ GROUPSTATS_NUTS_CHAINS = 4
 #: the first 250 tuning iterations and 7 (depth 3) from then on, so 500 adapt the step size
 #: and diagonal mass matrix (R-hat and divergences are still checked, `_converged`).
 GROUPSTATS_NUTS_TUNE = 500
-#: Processes of the NUTS run (``None``: PyMC's default, ``min(4, cpus)``, as ``pm.sample``;
-#: the chains' draws do not depend on it: each chain has its own seed).
+#: Processes of the NUTS run (``None``: ``pm.sample``'s default, at most 4, half the CPUs
+#: the system reports: 1 on a 2-CPU machine; was 1 always). The chains' draws do not depend
+#: on it: each chain has its own seed.
 GROUPSTATS_NUTS_CORES: int | None = None
 #: R-hat above which the noise-aware posterior's NUTS run is reported unconverged (the
 #: package's threshold, `pymc_dp.diagnostics.MAX_RHAT`).
