@@ -376,3 +376,37 @@ def test_an_unconverged_centred_run_falls_back_to_the_model_coordinates(monkeypa
     divergent = 0
     post = fit_group_posterior(model, st, stats, np.random.default_rng(0))
     assert runs == [True] and post.recentred == ("z -> mu + tau * z",)
+
+
+def test_the_noise_aware_nuts_run_is_pm_samples_own(monkeypatch):
+    """`_nuts` initialises NUTS itself (`init_nuts`, so that `pm.sample` skips its symbolic
+    gradient for the step assignment): its draws are those of ``pm.sample(target_accept=0.9)``
+    with the same seed and tuning, bitwise, in the model's own coordinates (transformed
+    ``tau`` and ``sigma``: the initial point goes back through the transform) and in the
+    centred ones."""
+    monkeypatch.setattr(gs_mod, "GROUPSTATS_NUTS_CORES", 1)
+    model = _hier()
+    st = find_group_structure(model)
+    stats = GroupStats(np.full(4, 150.0), np.full(4, 20.0), 700.0, 1.0, 5.0, 1.0, 1.0, 1.0)
+    new = gs_mod.noise_aware_group_model(model, st, stats)
+    for centred in (None, gs_mod.centred_sampling_model(model, new)):
+        post = gs_mod._nuts(model, new, centred, 60, 2, np.random.default_rng(3))
+        seed = int(np.random.default_rng(3).integers(2**31 - 1))
+        with centred.model if centred is not None else new, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            idata = pm.sample(
+                60, tune=min(60, gs_mod.GROUPSTATS_NUTS_TUNE), chains=2, cores=1,
+                random_seed=seed, progressbar=False, compute_convergence_checks=False,
+                target_accept=0.9, idata_kwargs={"include_transformed": True},
+            )  # fmt: skip
+        p = idata["posterior"]
+        if centred is not None:
+            y = np.asarray(p["dp_centred"].values, dtype=float)
+            want = centred.to_q(y).reshape(-1, y.shape[-1])
+        else:
+            want = np.concatenate(
+                [np.asarray(p[v.name].values, float).reshape(120, -1) for v in model.value_vars],
+                axis=1,
+            )
+        assert post.draws.shape == want.shape
+        np.testing.assert_array_equal(post.draws, want)
