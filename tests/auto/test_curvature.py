@@ -161,8 +161,8 @@ def test_averaged_curvature_keeps_a_hub_row_the_entry_threshold_drops():
 
 def test_the_one_shot_strategy_steps_with_the_averaged_curvature():
     """``auto_configure`` with the one-shot strategy averages the warm start's last four
-    curvatures (post-processing: the one-shot phases are its clip histogram and its two
-    gradient releases, nothing added)."""
+    curvatures (post-processing: the one-shot phases are its clip histogram, its tail's
+    excess and its two gradient releases, nothing added)."""
     import pymc as pm
 
     from pymc_dp.auto import auto_configure
@@ -177,4 +177,4 @@ def test_the_one_shot_strategy_steps_with_the_averaged_curvature():
     )  # fmt: skip
     assert cfg.method == "laplace"
     assert cfg.curvature_releases == 4
-    assert [p.name.split(":")[0] for p in cfg.phases].count("one-shot") == 2
+    assert [p.name.split(":")[0] for p in cfg.phases].count("one-shot") == 3
