@@ -130,8 +130,14 @@ ONESHOT_SPLIT = BudgetSplit(warm_start=0.2, histograms=0.04, clip_selection=0.01
 #: iteration instead, the linear regression of bench_auto (a log sigma started far from
 #: its mode, whose curvature changes by orders of magnitude on the way) came out 204 and
 #: 1.4e5 NUTS sds off at epsilon 3 and 10: the whitening must follow the curvature while
-#: the iterates travel.
-ONESHOT_WHITEN_UNTIL_CHI2 = 4.0
+#: the iterates travel. Where a log scale is read (`_oneshot_whitening`) the whitening is
+#: renewed at every iteration (0: no released gradient is below it), as before the
+#: fourteenth session: kept once a released gradient was within 4 times its degrees of
+#: freedom, the same linear regression at epsilon 1 came out 2.113 / 3397 NUTS sds off
+#: (median / max, 5 seeds; a prior-wide log sigma), renewed 1.506 / 1.866; on three real-data
+#: models with a log scale (a Gamma GLM, a Tobit, a negative binomial; one seed, epsilon 3
+#: and 10) neither rule was better on every cell.
+ONESHOT_WHITEN_UNTIL_CHI2 = 0.0
 
 #: The one-shot strategy's last releases clip at the anchor bound moved up past the bins
 #: next to it holding 2 noise sds or more (`pymc_dp.kernels.warmstart.histogram_quantile`'s
@@ -1338,8 +1344,8 @@ def _oneshot_whitening(coords, free: np.ndarray) -> float:
     0.42-0.97 NUTS sds with it, 0.45-25.5 before. Where one is (a linear regression's log
     sigma, whose curvature changes by orders of magnitude on the way to the mode: kept from
     the first iteration, bench_auto's linear regression came out 204 and 1.4e5 NUTS sds off
-    at epsilon 3 and 10), it is renewed until a released gradient is within its noise
-    (`ONESHOT_WHITEN_UNTIL_CHI2`)."""
+    at epsilon 3 and 10), it is renewed at every iteration (`ONESHOT_WHITEN_UNTIL_CHI2`,
+    0)."""
     prior = coords.prior()
     if prior is None:
         return ONESHOT_WHITEN_UNTIL_CHI2
