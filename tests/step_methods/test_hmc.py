@@ -350,13 +350,12 @@ def test_exact_correlated_normal_10d():
     corr = cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))
     assert np.max(np.abs(corr - np.eye(10))) > 0.6  # the posterior is really correlated
     with model:
-        step = pymc_dp.DPHMC(
+        step = exact_dphmc(
             llr_clip_bound=100.0,
             grad_clip_bound=100.0,
             llr_noise_multiplier=0.01,
             grad_noise_multiplier=0.01,
             n_leapfrog=8,
-            nonprivate_diagnostics=True,
         )
         idata = pm.sample(2500, tune=600, chains=4, cores=1, step=step, random_seed=3, **SAMPLE)
     check_no_clipping_and_noise_on(idata)
@@ -380,13 +379,11 @@ def test_exact_transformed_variable():
         # A rare divergent leapfrog trajectory reaches log s2 ~ -6, where a record's gradient
         # is ~2500: a gradient bound of 400 was inactive only along some rounding paths. The
         # bound 10^4 keeps clipping inactive on every path, with the same noise (0.8).
-        step = pymc_dp.DPHMC(
+        step = exact_dphmc(
             llr_clip_bound=400.0,
             grad_clip_bound=1e4,
             llr_noise_multiplier=0.002,
             grad_noise_multiplier=0.8e-4,
-            n_leapfrog=5,
-            nonprivate_diagnostics=True,
         )
         idata = pm.sample(3000, tune=500, chains=4, cores=1, step=step, random_seed=2, **SAMPLE)
     check_no_clipping_and_noise_on(idata)
