@@ -452,6 +452,12 @@ class Plan:
                 f"{CHAIN_ANCHOR_SHARE:.0%} of the rest for its release, an effective sample "
                 f"size of {ONESHOT_FALLBACK_ESS:.0f}"
                 + (
+                    f"; where it gives way, the one-shot strategy's clip bound "
+                    f"{ONESHOT_CLIP_RATIO:g} sqrt(k / n)"
+                    if self.returns and self.returns != self.method
+                    else ""
+                )
+                + (
                     f", and group effects spread {GROUP_SPREAD:g} record noise sd, "
                     f"{self.n // max(self.structure.groups[0], 1)} records a group"
                     if self.structure.groups
