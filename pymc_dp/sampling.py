@@ -671,10 +671,20 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
             )
         if check is not None and check.clip_bias > CLIP_BIAS_WARN:
             # DP outputs (`pymc_dp.auto.oneshot.clip_tail`)
+            declared = plan.clip_sources.get("warm-start gradient clip") == "data_bounds"
             warnings.warn(
                 "the per-record gradients have a tail beyond the clip bound of the last "
-                "releases (their released excess beyond it): the bound was moved to "
-                f"{check.clip_scale:g} times the histogram's and the intervals include the "
+                "releases (their released excess beyond it"
+                + (
+                    ", the bound the declared data_bounds give: some records lie outside "
+                    "data_bounds"
+                    if declared
+                    else ""
+                )
+                + "): the bound was moved to "
+                f"{check.clip_scale:g} times the "
+                + ("declared bounds'" if declared else "histogram's")
+                + " and the intervals include the "
                 "possible bias of the gradients still clipped, up to "
                 f"{check.clip_bias:.3g} posterior sds (wide, not off; attributes "
                 "dp_oneshot_clip_scale, dp_oneshot_clip_bias); a larger epsilon or more "
