@@ -641,7 +641,9 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
             tune=plan.tune,
             chains=chains,
             delta=delta,
-            free_block=plan.free_block,
+            # the prior-wide coordinates drawn from the prior, or the free block from its
+            # conditional prior (never both: `pymc_dp.auto.configure._one_shot`)
+            free_block=plan.prior_block if plan.prior_block is not None else plan.free_block,
         )
         sample_kwargs = {"cores": 1, **sample_kwargs}
         check = plan.oneshot
@@ -669,10 +671,20 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
             )
         if check is not None and check.clip_bias > CLIP_BIAS_WARN:
             # DP outputs (`pymc_dp.auto.oneshot.clip_tail`)
+            declared = plan.clip_sources.get("warm-start gradient clip") == "data_bounds"
             warnings.warn(
                 "the per-record gradients have a tail beyond the clip bound of the last "
-                "releases (their released excess beyond it): the bound was moved to "
-                f"{check.clip_scale:g} times the histogram's and the intervals include the "
+                "releases (their released excess beyond it"
+                + (
+                    ", the bound the declared data_bounds give: some records lie outside "
+                    "data_bounds"
+                    if declared
+                    else ""
+                )
+                + "): the bound was moved to "
+                f"{check.clip_scale:g} times the "
+                + ("declared bounds'" if declared else "histogram's")
+                + " and the intervals include the "
                 "possible bias of the gradients still clipped, up to "
                 f"{check.clip_bias:.3g} posterior sds (wide, not off; attributes "
                 "dp_oneshot_clip_scale, dp_oneshot_clip_bias); a larger epsilon or more "
@@ -691,10 +703,11 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
             warnings.warn(
                 "the data could not be told from the noise for "
                 f"{', '.join(plan.prior_wide)}: the one-shot result came out wider than "
-                "the prior there (in expectation a posterior is no wider than its prior), so "
-                "those parameters' draws are prior-wide (the prior's spread about the "
-                "result's mean, widened and re-centred to hold the prior's own interval as "
-                "well, in the approximation's coordinates; attribute "
+                "the prior there (in expectation a posterior is no wider than its prior) or "
+                "lost far out in it, so those parameters' draws are prior-wide: a log scale "
+                "or other transformed parameter drawn from its prior (data-free draws, "
+                "independent of the others), a parameter on its own scale from an interval "
+                "holding the prior's mean +- 4 prior sds and the result's (attribute "
                 "dp_oneshot_prior_wide); a larger epsilon or more records would help",
                 NoiseDominatedWarning,
                 stacklevel=3,

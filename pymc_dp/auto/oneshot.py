@@ -29,8 +29,11 @@ Gaussian approximation. Draws are independent
 (`pymc_dp.step_methods.laplace.DPLaplaceDraws`); the run reads no data after the releases.
 Every Newton step is held within a data-free trust region (`trust_region`: a few prior sds
 a coordinate), the part cut off widening the result, and the result's variances are capped
-by the prior's spread about its mean (`prior_cap`, the law of total variance): a release far
-in its noise's tail gives a wide answer, never a NaN or a 1e27-wide one.
+by the prior's spread about its mean (`prior_cap`, the law of total variance), the
+coordinates it caps re-centred to hold the prior's interval (`centre_prior_wide`) where they
+are a parameter on the model's own scale and drawn from the prior itself elsewhere (a log
+scale: `pymc_dp.step_methods.laplace.PriorBlock`): a release far in its noise's tail gives a
+prior-wide answer, never a NaN or a 1e27-wide one.
 Where some coordinates are read by no record (a recentred hierarchy's loc and log scale),
 the draws take them from their exact conditional prior given the others
 (`pymc_dp.step_methods.laplace.FreeBlock`): the Gaussian stands only where the data
@@ -299,7 +302,9 @@ def lost_coordinates(
     within their noise, the intercept 6.4 prior sds out and 90 of its own sds off, ``logit
     psi`` at 66, ``psi`` drawn as exactly 1) passes every check on the steps. Such a
     coordinate's sd is widened to the prior's spread about its mean (the bound of
-    `prior_cap`, `widen_to_prior`): its interval then reaches the prior's bulk.
+    `prior_cap`, `widen_to_prior`), and it is then prior-wide as a capped one
+    (`pymc_dp.auto.configure._bounded_by_prior`: `centre_prior_wide` on the model's own
+    scale, drawn from the prior elsewhere).
     """
     p_inv = np.diag(np.linalg.pinv(second.precision, hermitian=True))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -360,6 +365,10 @@ def centre_prior_wide(
     midpoint and a quarter of its length, the covariance rescaled ``D S D`` (the
     correlations kept). Never narrower than either; data-free post-processing of released
     values. Coordinates with a non-finite or non-positive ``prior_var`` are left as they are.
+    Applied where ``y`` is the parameter's own scale: on a log scale an interval 4 prior sds
+    wide in ``log phi`` draws ``phi`` far wider than its prior (a Gamma GLM's ``phi ~
+    HalfNormal(1)``: sd 52.6 against 0.60), and such coordinates are drawn from the prior
+    itself (`pymc_dp.auto.configure._bounded_by_prior`).
     """
     mean = np.array(mean, dtype=float)
     cov = np.array(cov, dtype=float)
@@ -403,9 +412,11 @@ def prior_cap(
     Post-processing.
 
     The bound holds in every coordinate system; it is applied in the approximation's
-    coordinates ``y``, where the draws are Gaussian: a log scale's variance bounded there
-    bounds the draws of the scale itself (a log-normal of the prior's log-variance, not of
-    a variance of 1e12).
+    coordinates ``y``, where the draws are Gaussian. Where ``y`` is not the parameter's
+    own scale (a log scale), a Gaussian in ``y`` as wide as the prior there is still far
+    wider than the prior on the parameter's scale (a log-normal's tail): the caller draws
+    the coordinates it caps there from the prior itself
+    (`pymc_dp.auto.configure._bounded_by_prior`, `pymc_dp.step_methods.laplace.PriorBlock`).
     """
     mean = np.array(mean, dtype=float)
     cov = np.array(cov, dtype=float)

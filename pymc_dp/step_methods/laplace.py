@@ -25,7 +25,7 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc_dp.kernels.warmstart import conditional_prior_draw
 from pymc_dp.step_methods.base import DPStep, RunPlan
 
-__all__ = ["DPLaplaceDraws", "DPPosteriorDraws", "FreeBlock"]
+__all__ = ["DPLaplaceDraws", "DPPosteriorDraws", "FreeBlock", "PriorBlock"]
 
 #: Metropolis steps per draw of `FreeBlock`, from a draw of the Gaussian's own conditional
 #: (its proposal at Roberts et al.'s scale). Measured on a 6-group hierarchy's loc and log
@@ -85,6 +85,47 @@ class FreeBlock:
 
 
 @dataclass
+class PriorBlock:
+    """Coordinates of ``y`` drawn from their prior, independently of the others (data-free).
+
+    The one-shot strategy's prior-wide coordinates (`pymc_dp.auto.oneshot.prior_cap`,
+    `pymc_dp.auto.oneshot.lost_coordinates`: the release could not tell the data from the
+    noise there) are drawn from the prior itself: each draw takes one row of ``pool``,
+    data-free forward draws of the prior in ``y`` (`pymc_dp.auto.configure.prior_in_y`, a
+    fixed public seed), for those coordinates jointly. On the model's scale their draws are
+    then exactly as spread as the prior. A Gaussian in ``y`` cannot be: a log scale's
+    Gaussian several prior sds wide in ``log phi`` draws ``phi`` far wider than its prior
+    (measured: a Gamma GLM on 4 596 real records at epsilon 3, ``phi ~ HalfNormal(1)``, sd
+    52.6 against the prior's 0.60). The other coordinates keep their Gaussian marginal.
+
+    Parameters
+    ----------
+    free : array of bool (d,)
+        The coordinates drawn from the prior (a function of DP outputs).
+    pool : array (k, m)
+        ``k`` prior draws of those ``m`` coordinates in ``y`` (data-free).
+    """
+
+    free: np.ndarray
+    pool: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.free = np.asarray(self.free, dtype=bool)
+        self.pool = np.atleast_2d(np.asarray(self.pool, dtype=float))
+        if self.pool.shape[1] != int(self.free.sum()) or self.pool.shape[0] < 1:
+            raise ValueError(
+                f"pool must have shape (k, {int(self.free.sum())}) (one column per coordinate "
+                f"drawn from the prior); got {self.pool.shape}"
+            )
+
+    def draw(self, y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``y`` with the block replaced by a prior draw (one row of the pool, uniformly)."""
+        out = np.array(y, dtype=float)
+        out[self.free] = self.pool[int(rng.integers(self.pool.shape[0]))]
+        return out
+
+
+@dataclass
 class _NoRecords:
     """What the run's checks ask of a step's record functions: this step has none."""
 
@@ -113,10 +154,12 @@ class DPLaplaceDraws(DPStep):
         The run (as given to ``pm.sample``): a chain beyond it is refused.
     delta : float, optional
         Target delta of the run whose pre-sampling releases made ``mean`` and ``cov``.
-    free_block : FreeBlock, optional
+    free_block : FreeBlock or PriorBlock, optional
         Coordinates the likelihood does not read, drawn from their exact conditional prior
-        given the Gaussian draw of the others (data-free); the draws are then the
-        Gaussian's marginal of the others times that conditional.
+        given the Gaussian draw of the others (data-free; `FreeBlock`): the draws are then
+        the Gaussian's marginal of the others times that conditional. Or coordinates drawn
+        from their prior, independently of the others (`PriorBlock`: the one-shot result's
+        prior-wide coordinates).
 
     Notes
     -----
@@ -143,7 +186,7 @@ class DPLaplaceDraws(DPStep):
         tune: int,
         chains: int,
         delta: float | None = None,
-        free_block: FreeBlock | None = None,
+        free_block: FreeBlock | PriorBlock | None = None,
     ) -> None:
         model = pm.modelcontext(model)
         vars = model.value_vars

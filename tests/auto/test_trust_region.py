@@ -10,6 +10,7 @@ import pymc as pm
 import pytest
 
 import pymc_dp
+from pymc_dp.auto import auto_configure
 from pymc_dp.auto.configure import AutoPlan, _bounded_by_prior, _Coordinates, prior_in_y
 from pymc_dp.auto.oneshot import (
     LOST_PRIOR_SDS,
@@ -26,6 +27,7 @@ from pymc_dp.auto.oneshot import (
     widen_to_prior,
 )
 from pymc_dp.records import build_record_functions
+from pymc_dp.step_methods.laplace import PriorBlock
 
 
 # -- the trust region ----------------------------------------------------------------------
@@ -193,20 +195,23 @@ class _Info:
 
 def test_a_non_finite_result_is_never_drawn():
     """A one-shot result with a NaN mean and an infinite variance: where the prior is proper
-    the cap gives those coordinates the prior's mean and variance (0 and 9 for mu), widened
-    to `PRIOR_WIDE_SDS` prior sds (`centre_prior_wide`), and names them; where it is not (a
-    Flat mu), the whole Gaussian falls back (the prior's marginals where proper, the warm
-    start's elsewhere) and the plan says so. A finite result within its prior is returned
-    as it is."""
+    the cap makes those coordinates prior-wide and names them: mu (on its own scale) gets
+    the prior's mean and variance (0 and 9) widened to `PRIOR_WIDE_SDS` prior sds
+    (`centre_prior_wide`), log sigma is drawn from the prior's own draws (the Gaussian
+    carries their moments); where the prior is not proper (a Flat mu), the whole Gaussian
+    falls back (the prior's draws where proper, the warm start's moments elsewhere) and the
+    plan says so. A finite result within its prior is returned as it is."""
     bad = NoiseAwareLaplace(np.array([np.nan, 0.0]), np.diag([1.0, np.inf]), np.eye(2), 1.0)
     plan, coords = _plan_and_coords()
     mean, cov = _bounded_by_prior(plan, coords, bad, _Info())
     prior = coords.prior()
     assert np.all(np.isfinite(mean)) and np.all(np.isfinite(cov))
     np.testing.assert_allclose(mean, prior.mean)
-    np.testing.assert_allclose(np.diag(cov), PRIOR_WIDE_SDS**2 * prior.var)
+    np.testing.assert_allclose(cov, np.diag([PRIOR_WIDE_SDS**2, 1.0]) * prior.var)
     assert abs(prior.var[0] - 9.0) < 4 * 9.0 * np.sqrt(2 / 4000)
     assert plan.prior_wide == ["mu", "sigma"] and not plan.oneshot_fallback
+    np.testing.assert_array_equal(plan.prior_block.free, [False, True])
+    np.testing.assert_array_equal(plan.prior_block.pool, prior.draws[:, [1]])
     plan, coords = _plan_and_coords(flat=True)
     mean, cov = _bounded_by_prior(plan, coords, bad, _Info())
     prior = coords.prior()
@@ -215,20 +220,26 @@ def test_a_non_finite_result_is_never_drawn():
     np.testing.assert_allclose(mean, [_Info.mean[0], prior.mean[1]])
     np.testing.assert_allclose(np.diag(cov), [_Info.cov[0, 0], prior.var[1]])
     assert "not finite" in plan.oneshot_fallback
+    np.testing.assert_array_equal(plan.prior_block.free, [False, True])
     plan2, coords = _plan_and_coords()
     good = NoiseAwareLaplace(np.array([0.5, 0.0]), np.diag([0.01, 0.02]), np.eye(2), 0.1)
     mean, cov = _bounded_by_prior(plan2, coords, good, _Info())
     np.testing.assert_array_equal(mean, good.mean)
-    assert not plan2.oneshot_fallback and plan2.prior_wide == []
+    np.testing.assert_array_equal(cov, good.cov)
+    assert not plan2.oneshot_fallback and plan2.prior_wide == [] and plan2.prior_block is None
 
 
 def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     """End to end: 30 records at epsilon 0.05 (the releases are mostly noise). The draws are
-    finite, and no parameter's sd in the model's transformed coordinates exceeds
+    finite; no parameter's sd in the model's transformed coordinates exceeds
     `PRIOR_WIDE_SDS` times the prior's spread about the draws' mean by more than their
-    Monte Carlo error (a prior-wide coordinate's interval holds the prior's mean plus or
-    minus `2 PRIOR_WIDE_SDS` prior sds, `centre_prior_wide`); a parameter that was capped is
-    named in the warning and the attribute."""
+    Monte Carlo error (a prior-wide coordinate on its own scale holds the prior's mean plus
+    or minus ``2 PRIOR_WIDE_SDS`` prior sds, `centre_prior_wide`); the parameters that came
+    out prior-wide are named in the warning, the attribute and ``dp_prior_close``; and
+    sigma, a log scale in ``y``, is **on its own scale** no wider than its prior (drawn from
+    the prior, `pymc_dp.step_methods.laplace.PriorBlock`). Before, its Gaussian in ``log
+    sigma`` held the prior's mean plus or minus 4 prior sds: at this seed sigma's sd
+    (``HalfNormal(2)``, prior sd 1.21) came out 560; now 1.23."""
     x = np.random.default_rng(2).normal(0.5, 1.0, size=30)
     with pm.Model() as model:
         pm.Normal("mu", 0.0, 3.0)
@@ -254,10 +265,18 @@ def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     # the releases are noise: before the cap, mu's sd came out 8 900 (prior 3) at DP seed 3;
     # with the warm start's steps bounded by the prior (`private_laplace` ``max_move``) that
     # seed's sd is 3.28 and nothing is capped; at seed 5 mu and sigma still are
-    wide = idata.attrs["dp_oneshot_prior_wide"]
-    assert "mu" in wide.split(", ")
+    wide = idata.attrs["dp_oneshot_prior_wide"].split(", ")
+    assert wide == ["mu", "sigma"]
     text = [str(x.message) for x in w if "could not be told from the noise" in str(x.message)]
-    assert len(text) == 1 and all(name in text[0] for name in wide.split(", "))
+    assert len(text) == 1 and all(name in text[0] for name in wide)
+    assert idata.attrs["dp_prior_close"].split(", ") == wide
+    assert any(issubclass(x.category, pymc_dp.PriorDominatedWarning) for x in w)
+    # sigma on its own scale: the prior's sd 2 sqrt(1 - 2 / pi); the draws resample the
+    # 4 000 prior draws of `prior_in_y`: the sd's error is that of 4 000 draws and of k
+    # resampled ones, each ``sd sqrt((kurtosis - 1) / (4 m))`` (a HalfNormal's kurtosis 3.87)
+    psd = 2.0 * np.sqrt(1 - 2 / np.pi)
+    tol = 4 * np.sqrt((3.87 - 1) / 4 * (1 / 4000 + 1 / k))
+    assert np.std(sigma) <= psd * (1 + tol), (np.std(sigma), psd)
 
 
 # -- a warm start lost far out: the coordinates the curvature's noise dominates -----------
@@ -322,12 +341,13 @@ def test_widen_to_prior_reaches_the_prior_spread_about_the_mean():
     )
 
 
-def test_a_lost_result_is_widened_to_the_prior_and_named():
+def test_a_lost_result_is_prior_wide_and_named():
     """`_bounded_by_prior` with the last step: a result whose curvature the noise dominates
-    and whose mu sits 10 prior sds out is widened to the prior's spread about its mean on
-    every such coordinate (then re-centred to hold the prior's own interval,
-    `centre_prior_wide`), and both are named; the same result with the data determining
-    its curvature is returned as it is."""
+    and whose mu sits 10 prior sds out is lost on every such coordinate: mu (its own scale)
+    is widened to the prior's spread about its mean (then re-centred to hold the prior's own
+    interval, `centre_prior_wide`), log sigma is drawn from the prior's own draws (the
+    Gaussian carries their moments, uncorrelated); both are named. The same result with
+    the data determining its curvature is returned as it is."""
     plan, coords = _plan_and_coords()
     prior = coords.prior()
     mean = prior.mean + np.array([10.0 * np.sqrt(prior.var[0]), 0.5 * np.sqrt(prior.var[1])])
@@ -336,19 +356,64 @@ def test_a_lost_result_is_widened_to_the_prior_and_named():
     floored = _floored_step([1e4, 1e4], [1.0, 1.0])
     out_mean, out_cov = _bounded_by_prior(plan, coords, lost, _Info(), floored)
     widened = np.diag(prior.var + (mean - prior.mean) ** 2)
-    want_mean, want_cov = centre_prior_wide(mean, widened, prior.mean, prior.var, [True, True])
-    np.testing.assert_allclose(out_mean, want_mean)
-    np.testing.assert_allclose(np.diag(out_cov), np.diag(want_cov))
-    # mu, 10 prior sds out, keeps its mean and the prior's spread about it; sigma's interval
-    # now holds the prior's mean +- 2 PRIOR_WIDE_SDS prior sds as well
-    assert out_mean[0] == pytest.approx(mean[0])
-    assert out_cov[0, 0] == pytest.approx(widened[0, 0])
-    half = 2.0 * np.sqrt(out_cov[1, 1])
-    assert out_mean[1] - half <= prior.mean[1] - 2 * PRIOR_WIDE_SDS * np.sqrt(prior.var[1]) + 1e-9
-    assert out_mean[1] + half >= prior.mean[1] + 2 * PRIOR_WIDE_SDS * np.sqrt(prior.var[1]) - 1e-9
+    want_mean, want_cov = centre_prior_wide(mean, widened, prior.mean, prior.var, [True, False])
+    # mu, 10 prior sds out, keeps its mean and the prior's spread about it
+    assert out_mean[0] == pytest.approx(mean[0]) == pytest.approx(want_mean[0])
+    assert out_cov[0, 0] == pytest.approx(widened[0, 0]) == pytest.approx(want_cov[0, 0])
+    # sigma: the prior's draws
+    assert out_mean[1] == prior.mean[1] and out_cov[1, 1] == prior.var[1] and out_cov[0, 1] == 0
+    np.testing.assert_array_equal(plan.prior_block.free, [False, True])
+    np.testing.assert_array_equal(plan.prior_block.pool, prior.draws[:, [1]])
     assert plan.prior_wide == ["mu", "sigma"]
     plan2, coords = _plan_and_coords()
     determined = _floored_step([1.0, 1.0], [1.0, 1.0])
     out_mean, out_cov = _bounded_by_prior(plan2, coords, lost, _Info(), determined)
     np.testing.assert_array_equal(out_cov, cov)
-    assert plan2.prior_wide == []
+    assert plan2.prior_wide == [] and plan2.prior_block is None
+
+
+def test_prior_block_replaces_its_coordinates_by_prior_draws_and_keeps_the_others():
+    """`PriorBlock.draw`: the block's coordinates take one row of the pool (each row about
+    equally often), the others are the Gaussian draw as it was."""
+    pool = np.column_stack([np.arange(5.0), -np.arange(5.0)])
+    block = PriorBlock(np.array([False, True, False, True]), pool)
+    rng = np.random.default_rng(0)
+    ys = rng.normal(size=(4000, 4))
+    out = np.array([block.draw(y, rng) for y in ys])
+    np.testing.assert_array_equal(out[:, [0, 2]], ys[:, [0, 2]])
+    rows = out[:, 1].astype(int)
+    np.testing.assert_array_equal(out[:, 3], -rows)
+    counts = np.bincount(rows, minlength=5)
+    # each row 1 / 5 of the draws: binomial sd sqrt(4000 0.2 0.8) = 25.3
+    assert np.all(np.abs(counts - 800) < 4 * 25.3), counts
+    with pytest.raises(ValueError, match="one column per coordinate"):
+        PriorBlock(np.array([True, False]), pool)
+
+
+def test_nothing_changes_where_no_coordinate_is_prior_wide():
+    """A normal mean with known sd (n = 2 000, epsilon 3, prior N(0, 10)): nothing is
+    prior-wide, no prior block, and the draws are the released Gaussian's, within 3 of
+    their own sds of the closed-form posterior mean and at least as wide as its sd."""
+    x = np.clip(np.random.default_rng(5).normal(0.7, 1.0, 2000), -5, 5)
+    with pm.Model() as model:
+        pm.Normal("x", pm.Normal("mu", 0.0, 10.0), 1.0, observed=x)
+    post_prec = x.size + 1 / 100.0
+    post_mean, post_sd = x.sum() / post_prec, post_prec**-0.5
+    plan = auto_configure(
+        model, epsilon=3.0, delta=1e-6, chains=2, draws=2000, tune=None,
+        rng=np.random.default_rng(0), method="laplace",
+    )  # fmt: skip
+    assert plan.prior_wide == [] and plan.prior_block is None and plan.free_block is None
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        idata = pymc_dp.sample(
+            2000, epsilon=3.0, delta=1e-6, chains=2, random_seed=0, progressbar=False
+        )
+    assert idata.attrs["dp_oneshot_prior_wide"] == "" and idata.attrs["dp_prior_close"] == ""
+    draws = idata.posterior["mu"].values.ravel()
+    m, s = float(np.mean(draws)), float(np.std(draws))
+    want_m, want_s = idata.attrs["dp_auto_laplace_mean"][0], idata.attrs["dp_auto_laplace_sd"][0]
+    # the draws are N(released mean, released sd): Monte Carlo errors of 4 000 draws
+    assert abs(m - want_m) < 4 * want_s / np.sqrt(draws.size)
+    assert abs(s / want_s - 1) < 4 / np.sqrt(2 * draws.size)
+    assert abs(m - post_mean) < 3 * s and s >= post_sd
