@@ -810,7 +810,24 @@ def noise_aware_laplace(
     # whose end the two steps' agreement does not locate (`warm_start_drift`)
     drift = warm_start_drift(first, path)
     crawling = moving and drift > DRIFT_Z
-    if (chi2 <= limit or not moving) and not crawling:
+    # the steps' contraction ``a`` (the signed ratio of the second step to the first along
+    # the first, in the ``P`` metric) and its noise sd: the noise of ``diff`` (both
+    # releases) along the first step
+    ps1 = p @ first.step
+    s1_len = max(float(first.step @ ps1), 1e-300)
+    a = float(diff @ ps1) / s1_len
+    a_sd = float(np.sqrt(max(ps1 @ (n1 + n2) @ ps1, 0.0))) / s1_len
+    a_hi = a + CONTRACTION_UPPER_SDS * a_sd
+    # a contraction the releases cannot tell from 0 (a Newton step that reached the mode)
+    # nor from 1 (a crawl): no series of steps is established to extrapolate, and nothing
+    # established says the steps crawl (the drift test did not find it): the ends
+    # disagree, and their disagreement and the first step are the doubt, as for ends that
+    # disagree at the mode. Measured (bench_auto's logistic3, epsilon 1, DP seed 2): ends
+    # 1.1-2.4 NUTS sds apart, a = 0.64 +- 0.35, drift 1.5 sds; read as a possible crawl,
+    # Aitken's extrapolation put b[1] 5.7 NUTS sds off and the prior's covariance made the
+    # result the prior (31-61 NUTS sds off, sds 300-345 times NUTS's)
+    undetermined = a - CONTRACTION_UPPER_SDS * a_sd <= 0.0 and a_hi >= 1.0 and not cuts
+    if (chi2 <= limit or not moving or undetermined) and not crawling:
         # the combination by the release noise (weighting by the whole errors ``V_j``
         # instead was measured: bench_auto's GLMM at epsilon 3 median 1.05 -> 0.74, but its
         # hierarchical model's 0.27 -> 0.47 in sigma, 5 DP seeds: not kept)
@@ -838,14 +855,7 @@ def noise_aware_laplace(
         # signed ratio of the steps in the ``P`` metric, kept in [-3, 0.75] (at most three
         # times the last step; measured on a linear regression's real data, gpa2 at epsilon
         # 10: 3-485 NUTS sds off before, 2.2-80 after). The widening below covers the rest.
-        a = float(diff @ p @ first.step) / max(float(first.step @ p @ first.step), 1e-300)
-        # the contraction's upper bound: the noise of ``diff`` (both releases) along the
-        # first step, in the ``P`` metric
-        ps1 = p @ first.step
-        a_sd = float(np.sqrt(max(ps1 @ (n1 + n2) @ ps1, 0.0))) / max(
-            float(first.step @ ps1), 1e-300
-        )
-        a_hi = a + CONTRACTION_UPPER_SDS * a_sd
+        # (``a``, its upper bound ``a_hi`` above)
         a = min(max(a, -3.0), 0.75)
         jump, cut = trust_region(a / (1.0 - a) * diff, max_move)
         if np.any(cut != 0.0):
