@@ -482,6 +482,12 @@ HESSIAN_FD_STEP = 1e-3
 HESSIAN_LAST: int | None = None
 
 
+def hessian_noise_std(noise_multiplier: float, bound: float) -> float:
+    """The noise sd of each upper-triangle entry of the clipped per-record Hessians' sum:
+    ``z 2 B`` (`HESSIAN_SENSITIVITY`; the audit's `pymc_dp.audit.hessian_runner` checks it)."""
+    return float(noise_multiplier) * HESSIAN_SENSITIVITY * float(bound)
+
+
 def _sym_noise(d: int, std: float, rng: np.random.Generator) -> np.ndarray:
     """Symmetric noise: N(0, std^2) on the upper triangle (diagonal included), mirrored."""
     e = np.triu(rng.normal(size=(d, d)) * std)
@@ -845,7 +851,7 @@ def private_laplace(
             s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * z_grad[it] * 2.0 * b
             centre = np.where(data, np.nan_to_num(s1), 0.0) / n
             s2 = clipped_hessians(q, b_hess, m)
-            outer_std = z_outer[it] * HESSIAN_SENSITIVITY * b_hess
+            outer_std = hessian_noise_std(z_outer[it], b_hess)
         elif newton:
             # release the gradient sum first; its noisy mean (public) centres the outer
             # products, whose clip bound grows by the centre's norm (``||c_i - cbar|| <=
