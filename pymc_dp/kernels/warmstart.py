@@ -479,21 +479,22 @@ HESSIAN_SENSITIVITY = 2.0
 HESSIAN_FD_STEP = 1e-3
 
 #: The per-record Hessians' clip bound is at most this many times the mean per-record
-#: curvature of the last Hessian release (its trace over ``n``, at least 3 noise sds of it,
-#: in the iteration's whitened coordinates: post-processing).
+#: curvature of the last curvature release (its trace over ``n``, at least 3 noise sds of it,
+#: in the iteration's whitened coordinates; an outer-product release times the secants'
+#: scale: post-processing).
 #: Measured (dev-only) on a Gamma GLM of 4 596 real airfares at the posterior mean, whitened
 #: exactly: per-record Frobenius norms' quantiles 0.5 / 0.95 / 0.99 / max 4.8 / 11.8 / 21 /
 #: 57 over ``n`` (``k = 5``); a record of a 1 % binary covariate's group has about ``100 / n``.
 HESSIAN_CLIP_CAP = 20.0
 
 #: With ``clipped_hessians``, the per-record Hessians are released in the last this many
-#: iterations only (``None``: all), the outer products before: the one-shot strategy's
-#: averaged curvature (`pymc_dp.auto.curvature.CURVATURE_AVERAGE_LAST`, 4). Far from the mode
-#: the centred outer products' Newton steps are exact for a quadratic log-likelihood however
-#: far the start, and a per-record Hessian there may be far from the mode's (measured,
-#: bench_auto's logistic3 at epsilon 3, DP seeds 0-2, max error in NUTS sds: 60.76 with the
-#: Hessians in every iteration, a seed flagged and prior-wide; 0.3673 with the last four).
-HESSIAN_LAST: int | None = 4
+#: iterations only (``None``: all), the outer products before. ``None``: measured, bench_auto's
+#: logistic3 at epsilon 3 (DP seeds 0-2, max error in NUTS sds) was 60.76 with the Hessians in
+#: every iteration (a seed flagged and prior-wide) and 0.3673 with the last four; but the
+#: switch from the outer products to the Hessians near the end failed where ``J >> H`` (a
+#: normal mean on records of spread 10 sigma: the first Hessian step rejected by the merit
+#: check, the next one 75 posterior sds long, the result flagged and prior-wide).
+HESSIAN_LAST: int | None = None
 
 
 def hessian_noise_std(noise_multiplier: float, bound: float) -> float:
@@ -816,7 +817,7 @@ def private_laplace(
     scale = 1.0  # the curvature's scale from the secants (`secant_ratio`)
     keep_basis = False  # the whitening kept from here on (``whiten_until_chi2``)
     hessians_begun = False  # the curvature released is the per-record Hessians' sum
-    prev_hessian = None  # the last released Hessians' sum and its whitening
+    prev_curvature = None  # the last released curvature, its whitening, noise and scale
     # the released sums are in whitened coordinates w = L^T y, L L^T the previous iteration's
     # precision on the data block (a DP output): the per-record gradients L^-1 g_i then have
     # about the same scale in every direction, so one clip bound (and isotropic noise) costs
@@ -856,28 +857,31 @@ def private_laplace(
             HESSIAN_LAST is None or it > newton_steps - HESSIAN_LAST
         )
         if hessian_now:
-            if not hessians_begun:
-                # the secants' scale corrected the outer products' bias, not the Hessian's
-                scale, hessians_begun = 1.0, True
             # the gradient sum, then the per-record Hessians' sum at B = b'^2 (the outer
             # products' bound squared, from the same released histogram: post-processing)
             b_hess = b_outer * b_outer
-            if prev_hessian is not None:
+            if prev_curvature is not None:
                 # capped at `HESSIAN_CLIP_CAP` times the mean per-record curvature the last
-                # Hessian release gave, in this iteration's coordinates (post-processing): where
-                # the gradients spread far more than the curvature (``J >> H``) their bound
-                # squared is far above every record's Hessian, and the release's noise with it
-                # (its trace at least 3 of its noise sds: ``tr(T E T^T) = sum G_ij E_ij``, ``G
-                # = T^T T``, ``E`` the symmetric noise of entry sd ``s``)
-                t_prev = np.linalg.solve(basis, prev_hessian[1])
-                trace = float(np.trace(t_prev @ prev_hessian[0] @ t_prev.T))
+                # release gave (an outer-product release times the secants' scale, their
+                # estimate of ``H / J``), in this iteration's coordinates (post-processing):
+                # where the gradients spread far more than the curvature (``J >> H``) their
+                # bound squared is far above every record's Hessian, and the release's noise
+                # with it (its trace at least 3 of its noise sds: ``tr(T E T^T) = sum G_ij
+                # E_ij``, ``G = T^T T``, ``E`` the symmetric noise of entry sd ``s``)
+                s_prev, basis_prev, std_prev, was_hessian = prev_curvature
+                factor = 1.0 if was_hessian else min(scale, 1.0)
+                t_prev = np.linalg.solve(basis, basis_prev)
+                trace = float(np.trace(t_prev @ s_prev @ t_prev.T))
                 gram = t_prev.T @ t_prev
-                trace_sd = prev_hessian[2] * float(
+                trace_sd = std_prev * float(
                     np.sqrt(max(2.0 * np.sum(gram * gram) - np.sum(np.diag(gram) ** 2), 0.0))
                 )
-                cap = HESSIAN_CLIP_CAP * max(trace, 3.0 * trace_sd) / n
+                cap = HESSIAN_CLIP_CAP * factor * max(trace, 3.0 * trace_sd) / n
                 if np.isfinite(cap) and cap > 0:
                     b_hess = min(b_hess, cap)
+            if not hessians_begun:
+                # the secants' scale corrected the outer products' bias, not the Hessian's
+                scale, hessians_begun = 1.0, True
             s1, _ = clipped_moments(q, b, b_outer, m)
             s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * z_grad[it] * 2.0 * b
             centre = np.where(data, np.nan_to_num(s1), 0.0) / n
@@ -905,8 +909,7 @@ def private_laplace(
         p_hess = np.nan_to_num(prior_hessian(q))
         curv = _Curvature(s2, outer_std, data, basis, p_hess)
         curv.hessian = hessian_now
-        if hessian_now:
-            prev_hessian = (np.where(np.isfinite(s2), s2, 0.0), basis, float(outer_std))
+        prev_curvature = (np.where(np.isfinite(s2), s2, 0.0), basis, float(outer_std), hessian_now)
         g = s1 + prior_grad(q)
         grad_sd = float(z_grad[it]) * 2.0 * b
         if newton and prev is not None and it < newton_steps:
