@@ -593,6 +593,50 @@ def tail_runner(
     return run
 
 
+def _student_record_functions(first_record: float):
+    """A 1-parameter Student-t location model (nu = 3, sigma 1) on 10 records whose record 0
+    is the one that differs: its per-record curvature ``4 (3 - r^2) / (3 + r^2)^2`` is
+    positive at the location (``r = 0``: 4/3) and negative beyond ``sqrt 3`` (-1/6 at ``r =
+    3``)."""
+    import pymc as pm
+
+    from pymc_dp.records import build_record_functions
+
+    x = np.linspace(-1.0, 1.0, 10)
+    x[0] = first_record
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 3)
+        pm.StudentT("x", nu=3.0, mu=t, sigma=1.0, observed=x)
+    return build_record_functions(model, model.value_vars, model.initial_point())[0]
+
+
+def hessian_runner(
+    fns_d, fns_d2, q: np.ndarray, *, bound: float, noise_multiplier: float, noise_scale=1.0
+) -> Callable[[bool, int, np.random.Generator], dict[str, np.ndarray]]:
+    """The one-shot warm start's clipped per-record Hessians' sum at ``q`` on D and D' (1 x 1
+    here), through the library's own sum (`pymc_dp.auto.configure._Coordinates.hessians`)
+    and noise (`pymc_dp.kernels.warmstart.hessian_noise_std`, symmetric noise as the warm
+    start adds it). Published: the noisy sum; the auditor also thresholds its
+    likelihood-ratio statistic. ``noise_scale`` builds the broken variant.
+    """
+    from pymc_dp.auto.configure import _Coordinates
+    from pymc_dp.kernels.warmstart import _sym_noise, hessian_noise_std
+
+    exact = {
+        k: float(_Coordinates(f, None).hessians(q, bound)[0, 0])
+        for k, f in ((False, fns_d), (True, fns_d2))
+    }
+    std = hessian_noise_std(noise_multiplier, bound) * noise_scale
+    diff = (exact[True] - exact[False]) / std**2
+
+    def run(on_d2: bool, trials: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        noise = np.array([_sym_noise(1, std, rng)[0, 0] for _ in range(trials)])
+        h = exact[on_d2] + noise
+        return {"Hessian sum": h, "LR statistic": diff * h}
+
+    return run
+
+
 def auto_scenarios() -> list[Scenario]:
     """The automatic mode's mechanisms as shipped, and with the noise halved (caught).
 
@@ -647,6 +691,14 @@ def auto_scenarios() -> list[Scenario]:
             *neighbours(), np.array([0.0]), bound=2.0, noise_multiplier=claimed_z
         )
 
+    def hessian(**broken):
+        # record 0 at the location / 3 sds out: its curvature 4/3 / -1/6, clipped at 0.1 to
+        # +0.1 / -0.1 (the sensitivity 2 B, attained)
+        return lambda: hessian_runner(
+            _student_record_functions(0.0), _student_record_functions(3.0), np.array([0.0]),
+            bound=0.1, noise_multiplier=1.0, **broken,
+        )  # fmt: skip
+
     one = gaussian_epsilon(1 / (2 * 1.0**2), delta)
     # two releases (gradient sum, outer-product sum) with noise multiplier sqrt(2) each
     two = gaussian_epsilon(2 / (2 * 2.0), delta)
@@ -694,6 +746,13 @@ def auto_scenarios() -> list[Scenario]:
         Scenario(
             "auto: control-variate penalty test", "clipping removed", one, delta, False,
             cv_penalty(clip=False), 400_000,
+        ),
+        Scenario(
+            "auto: one-shot Hessian sum", "as shipped", one, delta, True, hessian(), 400_000
+        ),
+        Scenario(
+            "auto: one-shot Hessian sum", "noise scale halved", one, delta, False,
+            hessian(noise_scale=0.5), 400_000,
         ),
     ]  # fmt: skip
 

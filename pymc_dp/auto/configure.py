@@ -56,6 +56,7 @@ from pymc_dp.auto.oneshot import (
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
 from pymc_dp.diagnostics import MIN_ACCEPT, MIN_ESS, ConvergenceWarning
 from pymc_dp.kernels.warmstart import (
+    HESSIAN_FD_STEP,
     HISTOGRAM_SENSITIVITY,
     clip_grid,
     growing_schedule,
@@ -108,6 +109,11 @@ class BudgetSplit:
                 f"histograms={self.histograms}, clip_selection={self.clip_selection}"
             )
 
+
+#: The one-shot strategy's curvature is the clipped sum of per-record Hessians (`_Coordinates.
+#: hessians`) rather than of the gradients' outer products (the empirical Fisher information
+#: ``J``): the posterior's covariance is ``H^-1``, and under misspecification ``J != H``.
+HESSIAN_CURVATURE = True
 
 #: Budget shares of the one-shot strategy (`pymc_dp.auto.oneshot`): its warm start's gradient
 #: and curvature releases and clip histograms; what is left (about 70 % of ``mu``) goes to
@@ -614,6 +620,30 @@ class _Coordinates:
             self.spend.release(OUTER_PHASE)
         return out
 
+    def hessians(self, y: np.ndarray, bound: float, m=None) -> np.ndarray:
+        """``sum_i clip_B(H_i)``: minus each record's log-likelihood Hessian in the whitened
+        coordinates ``w = L^T y`` (``m = L^-1``), by central differences of its gradient
+        (`pymc_dp.records.runtime.RecordFunctions.clipped_hessian_sum`); the points and maps
+        are public. Its release completes the iteration's curvature phase (counted by
+        `moments`)."""
+        points, maps, h = self.hessian_points(y, m)
+        return self.fns.clipped_hessian_sum(points, maps, h, bound)
+
+    def hessian_points(self, y: np.ndarray, m=None) -> tuple[list, list, float]:
+        """The central differences' points ``q(y +- h M^T e_j)`` (``w``'s unit vectors in
+        ``y``: ``y = M^T w``), the maps of the model's gradients to ``w``'s there, and ``h``
+        (`pymc_dp.kernels.warmstart.HESSIAN_FD_STEP`). Public: no data read."""
+        y = np.asarray(y, dtype=float)
+        m = np.eye(y.size) if m is None else np.asarray(m, dtype=float)
+        h = HESSIAN_FD_STEP
+        points, maps = [], []
+        for j in range(m.shape[0]):
+            for sign in (1.0, -1.0):
+                q = self.to_q(y + sign * h * m[j])
+                points.append(q)
+                maps.append(self.transform(q, m))
+        return points, maps, h
+
     def counts(self, y: np.ndarray, grid: np.ndarray, m=None) -> np.ndarray:
         q = self.to_q(y)
         out = self.fns.grad_norm_counts(q, grid, self.transform(q, m))
@@ -1043,6 +1073,8 @@ def auto_configure(
         # whitening kept once near the mode (`ONESHOT_WHITEN_UNTIL_CHI2`)
         whiten_until_chi2=_oneshot_whitening(coords, free) if one_shot else None,
         outer_quantile_kept=grad_quantile if one_shot else None,
+        # the one-shot strategy's curvature: the per-record Hessians' sum (`HESSIAN_CURVATURE`)
+        clipped_hessians=coords.hessians if one_shot and HESSIAN_CURVATURE else None,
     )
     cov = info.cov
     chol = np.linalg.cholesky(cov)

@@ -140,6 +140,14 @@ class RecordSource(Protocol):
         centre: np.ndarray | None = None,
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
+    def clipped_hessian_sum(
+        self,
+        points: np.ndarray,
+        transforms: np.ndarray,
+        step: float,
+        bound: float,
+    ) -> np.ndarray: ...
+
     def grad_norm_counts(
         self, q: np.ndarray, grid: np.ndarray, transform: np.ndarray | None = None
     ) -> np.ndarray: ...
@@ -473,6 +481,42 @@ class _GradMomentsChunk:
         return total, outer
 
 
+def _clip_frobenius(h: np.ndarray, bound: float) -> np.ndarray:
+    """Matrices ``h[i]`` (shape ``(rows, d, d)``) clipped to Frobenius norm ``bound``; a
+    matrix that is not finite becomes 0 (silent: no data-dependent warning)."""
+    with np.errstate(all="ignore"):
+        sq = np.einsum("ijk,ijk->i", h, h)
+        ok = np.isfinite(sq)
+        big = ok & (sq > bound * bound)
+        w = np.where(big, bound / np.sqrt(np.where(big, sq, 1.0)), 1.0)
+        return np.where(ok[:, None, None], h * w[:, None, None], 0.0)
+
+
+@dataclass(frozen=True)
+class _HessianSumChunk:
+    """``sum_i clip_B(H_i)`` of one chunk: ``H_i`` minus record ``i``'s log-likelihood
+    Hessian in whitened coordinates, by central differences of its own gradient
+    (`RecordFunctions.clipped_hessian_sum`)."""
+
+    f: Any
+
+    def __call__(self, points, transforms, step, bound, *chunk) -> np.ndarray:
+        k = len(points) // 2
+        total = np.zeros((k, k))
+        with np.errstate(all="ignore"):  # no data-dependent floating-point warning
+            for rows in _row_blocks(chunk, 2 * k * k):
+                cols = [
+                    _mapped(self.f(points[2 * j], *rows), transforms[2 * j])
+                    - _mapped(self.f(points[2 * j + 1], *rows), transforms[2 * j + 1])
+                    for j in range(k)
+                ]
+                # column j: minus the derivative of the gradient along direction j
+                h = np.stack(cols, axis=2) / (-2.0 * step)
+                h = 0.5 * (h + np.swapaxes(h, 1, 2))
+                total += _clip_frobenius(h, bound).sum(axis=0)
+        return total
+
+
 @dataclass(frozen=True)
 class _NormCountsChunk:
     """Records of one chunk whose ``||M grad l_i(q)||`` exceeds each grid bound (a
@@ -679,6 +723,8 @@ class RecordFunctions:
                 self._kernels[key] = _ResidualChunk(self._c.ll_chunk, self.counts)
             elif name == "moments":
                 self._kernels[key] = _GradMomentsChunk(self._c.grad_chunk)
+            elif name == "hessians":
+                self._kernels[key] = _HessianSumChunk(self._c.grad_chunk)
             elif name == "norm_counts":
                 self._kernels[key] = _NormCountsChunk(self._c.grad_chunk)
             elif name == "llr_kept":
@@ -1464,6 +1510,40 @@ class RecordFunctions:
         )
         self.released["grad"] += 1
         return s1, s2
+
+    def clipped_hessian_sum(
+        self,
+        points: np.ndarray,
+        transforms: np.ndarray,
+        step: float,
+        bound: float,
+    ) -> np.ndarray:
+        """``sum_i clip_B(H_i)``: each record's curvature, clipped to Frobenius norm ``B``.
+
+        ``H_i`` is minus the Hessian of record ``i``'s log-likelihood in the coordinates
+        ``w`` of the caller, by central differences of the record's own gradient: column
+        ``j`` is ``-(M_j+ grad l_i(q_j+) - M_j- grad l_i(q_j-)) / (2 h)``, ``q_j+-`` the
+        points ``w +- h e_j`` mapped to the model's coordinates (``points[2 j]``,
+        ``points[2 j + 1]``, public) and ``M_j+-`` (``transforms``, public) the maps of the
+        model's gradients to ``w``'s there; symmetrised, then clipped. A record whose
+        matrix is not finite contributes 0. Each record's matrix depends on that record
+        alone, so under replace-one neighbours the sum moves by at most ``2 B`` in
+        Frobenius norm (`pymc_dp.kernels.warmstart.HESSIAN_SENSITIVITY`), whatever the
+        points, maps and step. Chunked as `clipped_grad_moments`; ``2 k`` gradient
+        evaluations per record for ``k`` coordinates.
+        """
+        self._ensure_grad()
+        pts = [np.asarray(p, dtype=float) for p in points]
+        maps = [np.asarray(t, dtype=float) for t in transforms]
+        k = len(pts) // 2
+        out = self._records.map_reduce(
+            self._kernel("hessians"),
+            _add_counts,
+            np.zeros((k, k)),
+            args=(pts, maps, float(step), float(bound)),
+        )
+        self.released["grad"] += 1
+        return out
 
     def grad_norm_counts(
         self, q: np.ndarray, grid: np.ndarray, transform: np.ndarray | None = None
