@@ -845,7 +845,13 @@ def _check_sample_kwargs(sample_kwargs: dict) -> None:
     on the issue-26 sweep: 36 releases, epsilon 3 spent, then PyMC's error).
     ``return_inferencedata=False`` would return a MultiTrace, which has no place for the
     privacy report and keeps no record of the raw-data groups to remove.
+    ``return_inferencedata=True``, a habit of PyMC users (``pm.sample``'s default, and what
+    ``pymc_dp.sample`` returns anyway), is accepted and removed from ``sample_kwargs`` (in
+    place): the fifth real-data sweep of issue 26 found it refused with the False case's
+    TypeError.
     """
+    if sample_kwargs.get("return_inferencedata") is True:
+        del sample_kwargs["return_inferencedata"]
     if "return_inferencedata" in sample_kwargs:
         raise TypeError(
             "pymc_dp.sample always returns an InferenceData (PyMC 5.x) or DataTree (PyMC 6.x): "

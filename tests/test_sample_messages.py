@@ -187,6 +187,27 @@ def test_return_inferencedata_false_names_what_is_returned_and_why():
     assert "privacy report" in str(err.value)
 
 
+def test_return_inferencedata_true_is_accepted_as_what_is_returned():
+    """``return_inferencedata=True`` (pm.sample's default, a PyMC habit) was refused with the
+    False case's TypeError on the fifth real-data sweep of issue 26; it asks for what
+    pymc_dp.sample returns anyway."""
+    with _model():
+        idata = pymc_dp.sample(
+            step=pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0,
+            delta=1e-5,
+            draws=5,
+            tune=0,
+            chains=1,
+            step_kwargs={"clip_bound": 3.0},
+            random_seed=1,
+            return_inferencedata=True,
+            **SAMPLE,
+        )
+    assert "t" in idata["posterior"]
+    assert idata.attrs["dp_epsilon"] <= 1.0 + 1e-9
+
+
 def _ridge_model():
     with pm.Model() as model:
         t = pm.Normal("t", 0, 1)
