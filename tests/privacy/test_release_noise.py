@@ -281,9 +281,10 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
     """``pymc_dp.sample(step=None)`` on a tiny model with every normal draw of its
     mechanisms traced (`_TracingGenerator`) and each release's sensitivity from the data read
     just before it (spies on the record functions): a histogram's ``sqrt 2``, a clipped sum's
-    ``2 b``, an outer-product sum's ``sqrt 2 b'^2``, a ratio clipped to ``[-B, B]``: ``2 B``.
-    Returns ``(z, idata, report)``, ``z`` the noise multipliers actually used by kind, in
-    order (``std / sensitivity``)."""
+    ``2 b``, an outer-product sum's ``sqrt 2 b'^2``, a sum of per-record Hessians each clipped
+    to Frobenius norm ``B`` (the one-shot curvature, counted with the outer products): ``2 B``,
+    a ratio clipped to ``[-B, B]``: ``2 B``. Returns ``(z, idata, report)``, ``z`` the noise
+    multipliers actually used by kind, in order (``std / sensitivity``)."""
     import pymc as pm
 
     import pymc_dp
@@ -331,6 +332,9 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
         ),
     )
     spy("clipped_residual_ratio_sum", lambda q1, q0, bound, *a, **k: ("ratio", bound))
+    # the one-shot warm start's curvature: the clipped per-record Hessians' sum, each
+    # record's matrix clipped to Frobenius norm B, sensitivity 2 B (an indefinite matrix)
+    spy("clipped_hessian_sum", lambda points, maps, step, bound, *a, **k: ("hessian", bound))
 
     x = np.random.default_rng(0).normal(1.5, 1.0, 500)
     with pm.Model() as model:
@@ -351,10 +355,10 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
         "penalty test": [],
         "tail excess": [],
     }
-    last = {}
+    last, latest = {}, None
     for kind, what in log:
         if kind != "draw":
-            last[kind] = what
+            last[kind], latest = what, kind
             continue
         if not what["scaled"]:
             continue  # a proposal's or a start's draw, not a release
@@ -369,6 +373,9 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
             z["tail excess"].append(what["scale"] / np.sqrt(ONESHOT_TAIL_LEVELS))
         elif shape == (1,):
             z["gradient sum"].append(what["scale"] / (2.0 * last["moments"][0]))
+        elif latest == "hessian":
+            assert shape == (1, 1), shape
+            z["outer-product sum"].append(what["scale"] / (2.0 * last["hessian"]))
         else:
             assert shape == (1, 1), shape
             z["outer-product sum"].append(what["scale"] / (SQRT2 * last["moments"][1] ** 2))
