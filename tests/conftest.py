@@ -105,3 +105,17 @@ def logistic_model():
         w = pm.Normal("w", 0, 2, shape=2)
         pm.Bernoulli("y", logit_p=a + pm.math.dot(X, w), observed=y)
     return model, X, y
+
+
+def laplace_draws(model, name: str, seed: int, epsilon: float = 10.0) -> np.ndarray:
+    """The draws of ``name`` from the automatic mode's one-shot strategy (``method
+    "laplace"``, delta 1e-6, 2 chains, the run's UserWarnings silenced), flattened."""
+    import pymc_dp
+
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        idata = pymc_dp.sample(
+            epsilon=epsilon, delta=1e-6, chains=2, random_seed=seed, progressbar=False,
+            auto_kwargs={"method": "laplace"},
+        )  # fmt: skip
+    return np.asarray(idata["posterior"][name].values).ravel()

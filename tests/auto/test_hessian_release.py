@@ -8,12 +8,10 @@
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pymc as pm
+from conftest import laplace_draws
 
-import pymc_dp
 from pymc_dp.auto.configure import _Coordinates
 from pymc_dp.kernels.warmstart import HESSIAN_SENSITIVITY
 from pymc_dp.records import build_record_functions
@@ -115,13 +113,7 @@ def test_one_shot_sd_is_the_hessians_on_a_misspecified_normal_mean():
     post_prec = x.size + 1 / 100.0
     post_mean, post_sd = x.sum() / post_prec, post_prec**-0.5
     for seed in (0, 1):
-        with model, warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            idata = pymc_dp.sample(
-                epsilon=10.0, delta=1e-6, chains=2, random_seed=seed, progressbar=False,
-                auto_kwargs={"method": "laplace"},
-            )  # fmt: skip
-        draws = np.asarray(idata["posterior"]["mu"].values).ravel()
+        draws = laplace_draws(model, "mu", seed)
         m, s = draws.mean(), draws.std()
         info = (seed, (m - post_mean) / post_sd, s / post_sd)
         assert abs(m - post_mean) < 3 * s, info

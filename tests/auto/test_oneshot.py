@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import laplace_draws
 from scipy import stats
 
 import pymc_dp
@@ -729,13 +730,7 @@ def test_a_curvature_far_above_the_hessian_is_scaled_by_the_secants():
     post_prec = x.size + 1 / 100.0
     post_mean, post_sd = x.sum() / post_prec, post_prec**-0.5
     for seed in (0, 3):
-        with model, warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)
-            idata = pymc_dp.sample(
-                epsilon=10.0, delta=1e-6, chains=2, random_seed=seed, progressbar=False,
-                auto_kwargs={"method": "laplace"},
-            )  # fmt: skip
-        draws = np.asarray(idata["posterior"]["mu"].values).ravel()
+        draws = laplace_draws(model, "mu", seed)
         m, s = draws.mean(), draws.std()
         assert abs(m - post_mean) < 3 * s, (seed, (m - post_mean) / post_sd, s / post_sd)
         assert s < 3 * post_sd, (seed, (m - post_mean) / post_sd, s / post_sd)
