@@ -119,3 +119,20 @@ def laplace_draws(model, name: str, seed: int, epsilon: float = 10.0) -> np.ndar
             auto_kwargs={"method": "laplace"},
         )  # fmt: skip
     return np.asarray(idata["posterior"][name].values).ravel()
+
+
+def penalty_sample(**kw):
+    """``pymc_dp.sample`` with a hand-configured penalty step, 5 draws, one chain, the
+    budget (1, 1e-5): the message tests vary the model and one or two arguments."""
+    import pymc_dp
+
+    return pymc_dp.sample(
+        step=pymc_dp.DPPenaltyMetropolis,
+        epsilon=1.0,
+        delta=1e-5,
+        draws=5,
+        tune=0,
+        chains=1,
+        step_kwargs={"clip_bound": 3.0},
+        **kw,
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pymc as pm
 import pytest
-from conftest import normal_mean_model
+from conftest import normal_mean_model, penalty_sample
 
 import pymc_dp
 from pymc_dp.accounting import gaussian_epsilon
@@ -234,16 +234,7 @@ def test_sample_refuses_data_dependent_deterministic():
 def test_sample_refuses_log_likelihood():
     model, *_ = normal_mean_model(n=20, d=1)
     with model, pytest.raises(pymc_dp.ModelNotSupportedError, match="log_likelihood"):
-        pymc_dp.sample(
-            step=pymc_dp.DPPenaltyMetropolis,
-            epsilon=1.0,
-            delta=1e-5,
-            draws=5,
-            tune=0,
-            chains=1,
-            step_kwargs={"clip_bound": 3.0},
-            idata_kwargs={"log_likelihood": True},
-        )
+        penalty_sample(idata_kwargs={"log_likelihood": True})
 
 
 def test_sample_refuses_non_dp_step():

@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import penalty_sample
 
 import pymc_dp
 import pymc_dp.step_methods.base as base
@@ -22,21 +23,6 @@ def _model(deterministic: bool = False):
             pm.Deterministic("resid", X - t)
         pm.Normal("x", t, 1, observed=X)
     return model
-
-
-def _penalty_sample(**kw):
-    """``pymc_dp.sample`` with a hand-configured penalty step, 5 draws, one chain, the
-    budget (1, 1e-5): the messages' tests vary the model and one or two arguments."""
-    return pymc_dp.sample(
-        step=pymc_dp.DPPenaltyMetropolis,
-        epsilon=1.0,
-        delta=1e-5,
-        draws=5,
-        tune=0,
-        chains=1,
-        step_kwargs={"clip_bound": 3.0},
-        **kw,
-    )
 
 
 @pytest.mark.parametrize("missing", ["epsilon", "delta", "both"])
@@ -76,14 +62,14 @@ def test_data_deterministic_is_refused_before_compiling_and_without_a_warning(mo
     with _model(deterministic=True), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with pytest.raises(pymc_dp.ModelNotSupportedError, match="'resid' depends on the data"):
-            _penalty_sample()
+            penalty_sample()
     assert not [w for w in caught if "Deterministic" in str(w.message)]
 
 
 def test_data_deterministic_excluded_by_var_names_is_not_warned_about():
     with _model(deterministic=True), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        idata = _penalty_sample(var_names=["t"], random_seed=1, **SAMPLE)
+        idata = penalty_sample(var_names=["t"], random_seed=1, **SAMPLE)
     assert "resid" not in idata["posterior"]
     assert not [w for w in caught if "Deterministic" in str(w.message)]
 
@@ -123,7 +109,7 @@ def test_ordinal_likelihoods_stored_probabilities_are_refused_with_compute_p_nam
         )
         pm.OrderedLogistic("y", eta=eta * np.linspace(-1, 1, y.size), cutpoints=c, observed=y)
     with model, pytest.raises(pymc_dp.ModelNotSupportedError) as err:
-        _penalty_sample()
+        penalty_sample()
     assert "'y_probs' depends on the data" in str(err.value)
     assert "pass compute_p=False to 'y'" in str(err.value)
 
@@ -134,7 +120,7 @@ def test_a_users_own_probs_deterministic_gets_no_ordinal_hint():
         pm.Deterministic("resid_probs", X - t)
         pm.Normal("x", t, 1, observed=X)
     with model, pytest.raises(pymc_dp.ModelNotSupportedError) as err:
-        _penalty_sample()
+        penalty_sample()
     assert "'resid_probs' depends on the data" in str(err.value)
     assert "compute_p" not in str(err.value)
 
@@ -172,7 +158,7 @@ def test_return_inferencedata_true_is_accepted_as_what_is_returned():
     False case's TypeError on the fifth real-data sweep of issue 26; it asks for what
     pymc_dp.sample returns anyway."""
     with _model():
-        idata = _penalty_sample(random_seed=1, return_inferencedata=True, **SAMPLE)
+        idata = penalty_sample(random_seed=1, return_inferencedata=True, **SAMPLE)
     assert "t" in idata["posterior"]
     assert idata.attrs["dp_epsilon"] <= 1.0 + 1e-9
 
@@ -207,7 +193,7 @@ def test_a_potential_in_the_automatic_phases_names_the_runs_that_take_one(monkey
 def test_a_step_classs_potential_refusal_says_where_the_declaration_goes(monkeypatch):
     _no_private_phase(monkeypatch)
     with _ridge_model(), pytest.raises(pymc_dp.ModelNotSupportedError) as err:
-        _penalty_sample(**SAMPLE)
+        penalty_sample(**SAMPLE)
     assert "step_kwargs={'data_free_potentials': True}" in str(err.value)
 
 
