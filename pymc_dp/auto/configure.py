@@ -55,6 +55,7 @@ from pymc_dp.auto.oneshot import (
 )
 from pymc_dp.auto.predict import Prediction, best_independent_length, random_walk_ess
 from pymc_dp.diagnostics import MIN_ACCEPT, MIN_ESS, ConvergenceWarning
+from pymc_dp.kernels import warmstart as warmstart_kernel
 from pymc_dp.kernels.warmstart import (
     HESSIAN_FD_STEP,
     HISTOGRAM_SENSITIVITY,
@@ -182,6 +183,10 @@ class Phase:
 #: Names of the pre-sampling phases (`presample_phases`, the control variate).
 GRAD_PHASE = "warm start: noisy clipped gradient sums"
 OUTER_PHASE = "warm start: noisy clipped outer-product sums"
+#: The curvature phase where each iteration releases the clipped sum of per-record Hessians
+#: in place of the outer products (the one-shot strategy, `HESSIAN_CURVATURE`): the same
+#: share and noise multiplier, its own name so the report says what was released.
+HESSIAN_PHASE = "warm start: noisy clipped per-record Hessian sums"
 HIST_PHASE = "warm start: noisy gradient-norm histograms"
 CLIP_PHASE = "clip selection: noisy ratio-residual histogram"
 #: The clip selection of a step class configured privately (`pymc_dp.auto.steps`): one
@@ -405,6 +410,14 @@ ONESHOT_FALLBACK_ESS = 4.0 * MIN_ESS
 RESIDUAL_BOX_SDS = 4.0
 
 
+def hessian_curvature_phase(method: str) -> bool:
+    """Whether every warm-start iteration of ``method`` releases the per-record Hessians'
+    clipped sum as its curvature (`HESSIAN_PHASE`): the one-shot strategy (``"laplace"``)
+    with `HESSIAN_CURVATURE`, from the first iteration
+    (`pymc_dp.kernels.warmstart.HESSIAN_LAST` None). Data-free."""
+    return method == "laplace" and HESSIAN_CURVATURE and warmstart_kernel.HESSIAN_LAST is None
+
+
 def presample_phases(
     mu_total: float,
     split: BudgetSplit,
@@ -413,6 +426,7 @@ def presample_phases(
     residual_histogram: bool = True,
     newton_steps: int = NEWTON_STEPS,
     growth: float = 1.0,
+    hessian_curvature: bool = False,
 ) -> list[Phase]:
     """The fixed-share Gaussian releases made before the chains, with their noise multipliers.
 
@@ -428,6 +442,9 @@ def presample_phases(
     ``growth``: the warm start's iterations get shares of each of its phases growing by this
     factor (`pymc_dp.kernels.warmstart.growing_schedule`; 1: equal shares), listed in each
     phase's ``schedule``.
+
+    ``hessian_curvature``: the curvature phase releases the per-record Hessians' clipped
+    sums (`HESSIAN_PHASE`) in place of the outer products' (`OUTER_PHASE`); the same share.
     """
     iters = laplace_releases(newton_steps)
     weights = growing_schedule(iters, growth)
@@ -441,7 +458,8 @@ def presample_phases(
         per = tuple(float(math.sqrt(1.0 / (2.0 * w * share * mu_total))) for w in weights)
         return Phase(name, z(iters, share), iters, schedule=per)
 
-    phases = [warm(GRAD_PHASE, split.warm_start / 2), warm(OUTER_PHASE, split.warm_start / 2)]
+    curvature = HESSIAN_PHASE if hessian_curvature else OUTER_PHASE
+    phases = [warm(GRAD_PHASE, split.warm_start / 2), warm(curvature, split.warm_start / 2)]
     if gradient_histograms:
         phases.append(warm(HIST_PHASE, split.histograms))
     if residual_histogram:
@@ -546,6 +564,9 @@ class _Coordinates:
         self.spend = PresampleSpend() if spend is None else spend
         self.model, self.vars, self.point = model, vars, point
         self._prior_in_y: PriorInY | None = None
+        #: the phase an iteration's curvature release spends (`HESSIAN_PHASE` where the
+        #: per-record Hessians' sum takes the outer products' place)
+        self.curvature_phase = OUTER_PHASE
 
     def prior(self) -> PriorInY | None:
         """The prior's moments in ``y`` (`prior_in_y`, cached; None without the model)."""
@@ -617,7 +638,7 @@ class _Coordinates:
         )
         if centre is None:  # an iteration's first read: its gradient and outer-product sums
             self.spend.release(GRAD_PHASE)  # (a centred second read completes the latter)
-            self.spend.release(OUTER_PHASE)
+            self.spend.release(self.curvature_phase)
         return out
 
     def hessians(self, y: np.ndarray, bound: float, m=None) -> np.ndarray:
@@ -1014,6 +1035,9 @@ def auto_configure(
     coords = _Coordinates(
         fns, Recentring(model, blocks, vars, ip) if blocks else None, spend, model, vars, ip
     )
+    hessian_phase = hessian_curvature_phase(method)
+    if hessian_phase:
+        coords.curvature_phase = HESSIAN_PHASE
     plan.recentred = [b.describe() for b in blocks]
     plan.clip_sources = sources
     grad_derived = sources.get("warm-start gradient clip") == "data_bounds"
@@ -1028,6 +1052,7 @@ def auto_configure(
             residual_histogram=not (res_derived or one_shot or warm_start_only),
             newton_steps=newton_steps,
             growth=1.0 if one_shot else WARM_START_GROWTH,
+            hessian_curvature=hessian_phase,
         )
     )
     if warm_start_only:
@@ -1037,7 +1062,7 @@ def auto_configure(
         for p in plan.phases
     }
     z_grad = z["noisy clipped gradient sums"]
-    z_outer = z["noisy clipped outer-product sums"]
+    z_outer = z[coords.curvature_phase.split(":")[1].strip()]
     z_hist = z.get("noisy gradient-norm histograms")
     z_clip = z.get("noisy ratio-residual histogram")
     grid = clip_grid(1e-3, 1e4, CLIP_GRID_BINS)

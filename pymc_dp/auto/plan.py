@@ -34,6 +34,7 @@ from pymc_dp.auto.configure import (
     BudgetSplit,
     Phase,
     auto_configure,
+    hessian_curvature_phase,
     presample_phases,
     stats_phases,
 )
@@ -662,6 +663,7 @@ def plan(
         gradient_histograms=sources.get("warm-start gradient clip") != "data_bounds",
         residual_histogram=not one_shot and sources.get("penalty-test clip") != "data_bounds",
         **({"newton_steps": ONESHOT_NEWTON_STEPS} if one_shot else {"growth": WARM_START_GROWTH}),
+        hessian_curvature=hessian_curvature_phase(method),
     )
     if method == "laplace" and sources.get("warm-start gradient clip") != "data_bounds":
         phases.append(Phase(ONESHOT_CLIP_PHASE, math.sqrt(1 / (2 * ONESHOT_CLIP_SHARE * mu)), 1))

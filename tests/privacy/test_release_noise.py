@@ -454,6 +454,15 @@ def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
     )
     np.testing.assert_allclose(z["gradient sum"][:k], np.sqrt(1 / (w * sums)), rtol=1e-9)
     np.testing.assert_allclose(z["outer-product sum"], np.sqrt(1 / (w * sums)), rtol=1e-9)
+    # the report names what the curvature phase released: per-record Hessians, not outer
+    # products (the traced "outer-product sum" draws above are the Hessian release's noise)
+    from pymc_dp.auto.configure import HESSIAN_PHASE, OUTER_PHASE, hessian_curvature_phase
+
+    phases = str(idata.attrs["dp_phases"])
+    if hessian_curvature_phase("laplace"):
+        assert f"{HESSIAN_PHASE}: {k} Gaussian releases" in phases and OUTER_PHASE not in phases
+    else:
+        assert f"{OUTER_PHASE}: {k} Gaussian releases" in phases and HESSIAN_PHASE not in phases
     # the excess beyond the last releases' bound: its own share
     assert z["tail excess"].size == 1
     np.testing.assert_allclose(z["tail excess"], np.sqrt(1 / (ONESHOT_TAIL_SHARE * mu2)), rtol=1e-9)
