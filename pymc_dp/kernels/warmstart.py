@@ -912,13 +912,13 @@ def private_laplace(
                 # no bin passed its threshold: the histogram says nothing of where the
                 # records are, and its quantile (the grid's smallest bound) clips them all
                 # (measured: a Lognormal regression of 935 real wages at epsilon 3, DP seed
-                # 0: the bound 9e-4 at the eighth iteration, its Hessians clipped to 0, the
-                # next step to the prior's move bound, log sigma from -1.19 to -4.11, every
-                # later release whitened by that curvature; over DP seeds 0-3 the result
-                # 51.5 / 48.8 / 48.9 / 49.7 NUTS sds off, flagged, before, and 51.5 / 48.8 /
-                # 6.36 / 49.7 after: seed 2 no longer prior-wide). The last iteration's bound
-                # instead, or the public grid's middle at the first (post-processing either
-                # way: the bounds and the histogram are released)
+                # 0, a dev-only trace: the bound 9e-4 at the eighth iteration, its Hessians
+                # clipped to 0, the next step to the prior's move bound, log sigma from
+                # -1.19 to -4.11, the later releases whitened by that curvature; DP seeds 0-3,
+                # the result 51.5 / 48.8 / 48.9 / 49.7 NUTS sds off, flagged, before, and
+                # 51.5 / 48.8 / 6.36 / 49.7 after: seed 2 no longer prior-wide). The last
+                # iteration's bound instead, or the public grid's middle at the first
+                # (post-processing either way: the bounds and the histogram are released)
                 if info.clip_bounds:
                     b = float(info.clip_bounds[-1])
                 else:
