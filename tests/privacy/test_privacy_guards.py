@@ -115,6 +115,55 @@ def test_likelihood_reading_an_aggregate_of_pm_data_is_refused(name):
         _build(model)
 
 
+@pytest.mark.parametrize("name", sorted(AGGREGATES))
+def test_likelihood_reading_an_aggregate_of_a_numpy_constant_in_the_graph_is_refused(name):
+    """The same aggregates of a numpy array written into the graph (``pt.as_tensor(X)``):
+    PyMC's log-probability folds them into constants, which the per-record check then took
+    for public numbers or per-record data. Before the guard on the observed variables' own
+    graphs, ``mean`` was built and sampled (its gradient sums used the data's mean without
+    noise)."""
+    with pm.Model() as model:
+        t = pm.Normal("t", 0, 1)
+        pm.Normal("y", t + 0.1 * AGGREGATES[name](pt.as_tensor(X)), 1, observed=X)
+    with pytest.raises(pymc_dp.ModelNotSupportedError, match="aggregate of a numpy array"):
+        _build(model)
+
+
+ROW_WISE = {  # (the graph's mean, the same in numpy)
+    "log": lambda c, g, b: b[0] * np.log(c + 10.0),
+    "two columns": lambda c, g, b: (
+        pt.dot(pt.stack([c, c**2], axis=1), b)
+        if isinstance(c, pt.TensorVariable)
+        else np.column_stack([c, c**2]) @ b
+    ),
+    "square": lambda c, g, b: b[0] * c**2 + b[1],
+    "group gather": lambda c, g, b: (
+        b[0]
+        + (
+            pt.as_tensor(np.array([0.0, 1.0, 2.0]))[g]
+            if isinstance(g, pt.TensorVariable)
+            else np.array([0.0, 1.0, 2.0])[g]
+        )
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROW_WISE))
+def test_row_wise_numpy_constants_in_the_graph_are_accepted(name):
+    """Row-wise functions of numpy arrays in the graph (PyMC folds them too) keep record i on
+    row i: accepted, and each record's log-likelihood is its own."""
+    groups = np.arange(40) % 3
+    with pm.Model() as model:
+        b = pm.Normal("b", 0, 1, shape=2)
+        mu = ROW_WISE[name](pt.as_tensor(X), pt.as_tensor(groups), b)  # numpy ufuncs act on it
+        pm.Normal("y", mu, 1, observed=X)
+    fns, _ = _build(model)
+    q = np.array([0.3, -0.2])
+    mu = ROW_WISE[name](X, groups, q)
+    expected = -0.5 * (X - mu) ** 2 - 0.5 * np.log(2 * np.pi)
+    np.testing.assert_allclose(fns.loglik(q), expected, rtol=1e-10)
+
+
 def test_likelihood_reading_the_mean_of_integer_data_is_refused():
     y = (np.arange(40) % 3 == 0).astype("int64")
     with pm.Model() as model:
