@@ -1447,13 +1447,16 @@ def _anchor_whitening(coords, info) -> tuple[np.ndarray, np.ndarray | None]:
     return q, coords.transform(q, np.linalg.inv(info.basis))
 
 
-def _anchor_tail_excess(plan, fns, q, transform, info, rng, spend) -> tuple[np.ndarray, float]:
+def _anchor_tail_excess(
+    plan, fns, q, transform, info, rng, spend, share=ONESHOT_TAIL_SHARE
+) -> tuple[np.ndarray, float]:
     """The released excess of the whitened per-record gradient norms at the warm start's
     last iterate beyond the last releases' bound ``b``, ``2 b`` and ``4 b``
     (`pymc_dp.auto.oneshot.release_tail_excess`: one Gaussian release, replace-one L2
-    sensitivity ``sqrt(J)`` for ``J`` levels), share `ONESHOT_TAIL_SHARE`. Returns the noisy
-    levels and their noise sd. ``q``, ``transform``: as `_anchor_clip_bound`'s."""
-    z = _share_z(plan.mu_total, ONESHOT_TAIL_SHARE)
+    sensitivity ``sqrt(J)`` for ``J`` levels), ``share`` of ``mu`` (`ONESHOT_TAIL_SHARE`).
+    Returns the noisy levels and their noise sd. ``q``, ``transform``: as
+    `_anchor_clip_bound`'s."""
+    z = _share_z(plan.mu_total, share)
     plan.phases.append(Phase(ONESHOT_TAIL_PHASE, z, 1))
     noisy = release_tail_excess(fns, q, info.anchor_bound, transform, z, rng)
     spend.release(ONESHOT_TAIL_PHASE)
@@ -1597,8 +1600,14 @@ def _one_shot(
     if first is None and clip_bound_at is None:
         info.anchor_bound = _anchor_clip_bound(plan, fns, q_anchor, white, info, free, rng, spend)
     # the tail beyond it (`pymc_dp.auto.oneshot.clip_tail`); beyond the declared bounds'
-    # bound it is 0 unless records lie outside ``data_bounds``
-    excess = _anchor_tail_excess(plan, fns, q_anchor, white, info, rng, spend)
+    # bound it is 0 unless records lie outside ``data_bounds``. After the control variate
+    # (whose share a caller may have set up to 0.95 of the chain's rest) at most half of
+    # what is left, so that the last release keeps a budget (data-free)
+    share = ONESHOT_TAIL_SHARE
+    if first is not None:
+        left = 1.0 - sum(p.mu for p in plan.phases) / plan.mu_total
+        share = min(share, 0.5 * left)
+    excess = _anchor_tail_excess(plan, fns, q_anchor, white, info, rng, spend, share)
     mu_left = plan.mu_total - sum(p.mu for p in plan.phases)
     if not mu_left > 0:
         raise ValueError("no budget is left for the one-shot strategy's last releases")
