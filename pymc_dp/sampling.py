@@ -681,9 +681,16 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                     if declared
                     else ""
                 )
-                + "): the bound was moved to "
-                f"{check.clip_scale:g} times the "
-                + ("declared bounds'" if declared else "histogram's")
+                + (
+                    "): the bound was moved to "
+                    f"{check.clip_scale:g} times the "
+                    + ("declared bounds'" if declared else "histogram's")
+                    if check.clip_scale != 1.0
+                    # where the least variance is at the bound, and the chain's one-shot
+                    # fallback, whose first end (the control variate's release) was clipped
+                    # there already (`configure._one_shot`)
+                    else "): the bound was kept"
+                )
                 + " and the intervals include the "
                 "possible bias of the gradients still clipped, up to "
                 f"{check.clip_bias:.3g} posterior sds (wide, not off; attributes "

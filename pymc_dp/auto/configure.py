@@ -1453,13 +1453,16 @@ def _anchor_whitening(coords, info) -> tuple[np.ndarray, np.ndarray | None]:
     return q, coords.transform(q, np.linalg.inv(info.basis))
 
 
-def _anchor_tail_excess(plan, fns, q, transform, info, rng, spend) -> tuple[np.ndarray, float]:
+def _anchor_tail_excess(
+    plan, fns, q, transform, info, rng, spend, share=ONESHOT_TAIL_SHARE
+) -> tuple[np.ndarray, float]:
     """The released excess of the whitened per-record gradient norms at the warm start's
     last iterate beyond the last releases' bound ``b``, ``2 b`` and ``4 b``
     (`pymc_dp.auto.oneshot.release_tail_excess`: one Gaussian release, replace-one L2
-    sensitivity ``sqrt(J)`` for ``J`` levels), share `ONESHOT_TAIL_SHARE`. Returns the noisy
-    levels and their noise sd. ``q``, ``transform``: as `_anchor_clip_bound`'s."""
-    z = _share_z(plan.mu_total, ONESHOT_TAIL_SHARE)
+    sensitivity ``sqrt(J)`` for ``J`` levels), ``share`` of ``mu`` (`ONESHOT_TAIL_SHARE`).
+    Returns the noisy levels and their noise sd. ``q``, ``transform``: as
+    `_anchor_clip_bound`'s."""
+    z = _share_z(plan.mu_total, share)
     plan.phases.append(Phase(ONESHOT_TAIL_PHASE, z, 1))
     noisy = release_tail_excess(fns, q, info.anchor_bound, transform, z, rng)
     spend.release(ONESHOT_TAIL_PHASE)
@@ -1581,38 +1584,49 @@ def _one_shot(
 
     ``first`` (``(released, b, z)``: a gradient sum released at the warm start's last
     iterate already, its clip bound and noise multiplier: the penalty chain's control
-    variate, where the chain gave way after it, `_off_centre`): only the second release is
-    made, with all the budget left, at the same clip bound.
+    variate, where the chain gave way after it, `_off_centre`): no fresh histogram; the
+    excess beyond that bound is released as above, then only the second release is made,
+    with all the budget left, at the same clip bound. The bound does not move (the first
+    end is clipped there already and the two ends must share it): where a tail is detected
+    its bias beyond the bound (`clip_tail` with ``level=0``) widens the result and is said.
+    Before, this path released no excess: a tail clipped there (the Tobit's kind) was
+    unannounced.
 
     The steps' curvature is the average of the warm start's last released curvatures
     (`pymc_dp.auto.curvature.averaged_curvature`: post-processing)."""
     # the warm start's last curvatures, averaged (post-processing): the curvature's error
     # over the steps shrinks with its noise
     plan.curvature_releases = averaged_curvature(info, curvature_mod.CURVATURE_AVERAGE_LAST)
-    excess = None
     if first is not None:
+        # the control variate's release was clipped at the warm start's anchor bound: the
+        # tail's excess below is released beyond that bound, and both ends keep it
+        info.anchor_bound = first[1]
         first = _newton_step_at(info.anchor, first[0], first[1], first[2], coords, info, free)
-    if first is None:
-        q_anchor, white = _anchor_whitening(coords, info)  # once for both releases
-        if clip_bound_at is None:
-            info.anchor_bound = _anchor_clip_bound(
-                plan, fns, q_anchor, white, info, free, rng, spend
-            )
-        # the tail beyond it (`pymc_dp.auto.oneshot.clip_tail`); beyond the declared bounds'
-        # bound it is 0 unless records lie outside ``data_bounds``
-        excess = _anchor_tail_excess(plan, fns, q_anchor, white, info, rng, spend)
+    q_anchor, white = _anchor_whitening(coords, info)  # once for both releases
+    if first is None and clip_bound_at is None:
+        info.anchor_bound = _anchor_clip_bound(plan, fns, q_anchor, white, info, free, rng, spend)
+    # the tail beyond it (`pymc_dp.auto.oneshot.clip_tail`); beyond the declared bounds'
+    # bound it is 0 unless records lie outside ``data_bounds``. After the control variate
+    # (whose share a caller may have set up to 0.95 of the chain's rest) at most half of
+    # what is left, so that the last release keeps a budget (data-free)
+    share = ONESHOT_TAIL_SHARE
+    if first is not None:
+        left = 1.0 - sum(p.mu for p in plan.phases) / plan.mu_total
+        share = min(share, 0.5 * left)
+    excess = _anchor_tail_excess(plan, fns, q_anchor, white, info, rng, spend, share)
     mu_left = plan.mu_total - sum(p.mu for p in plan.phases)
     if not mu_left > 0:
         raise ValueError("no budget is left for the one-shot strategy's last releases")
     releases = 2 if first is None else 1
     z = _last_noise_multiplier(plan, mu_left, releases)
     plan.phases.append(Phase(ONESHOT_PHASE, z, releases))
-    tail, scale = None, 1.0
-    if excess is not None:
-        # the bound moved up past a released tail, and the bias left there (post-processing)
-        tail = clip_tail(info.anchor_bound, excess[0], excess[1], z, releases)
-        scale = tail.bound / info.anchor_bound
-        info.anchor_bound = tail.bound
+    # the bound moved up past a released tail, and the bias left there (post-processing);
+    # with ``first`` its end is already clipped at the anchor bound, and the two ends must
+    # share it: the bound stays, the bias beyond it is the one left (``level=0``)
+    level = None if first is None else 0
+    tail = clip_tail(info.anchor_bound, excess[0], excess[1], z, releases, level=level)
+    scale = tail.bound / info.anchor_bound
+    info.anchor_bound = tail.bound
     b = info.anchor_bound
     m = np.linalg.inv(info.basis)
     steps = [] if first is None else [first]
@@ -1638,7 +1652,7 @@ def _one_shot(
         prior_cov=_prior_cov(coords, at),
         max_move=coords.max_move(),
     )
-    if tail is not None and tail.bias > 0.0:
+    if tail.bias > 0.0:
         # the clipped sums' possible bias, common to both ends (not averaged down by their
         # combination): ``R^2 K K^T``, ``K K^T`` the last step's noise covariance per unit
         # of its release's variance (`newton_step`)

@@ -496,6 +496,7 @@ def clip_tail(
     excess_std: float,
     noise_multiplier: float,
     releases: int = 2,
+    level: int | None = None,
 ) -> ClipTail:
     """The last releases' clip bound and their possible bias, from the released excess.
 
@@ -530,6 +531,11 @@ def clip_tail(
     units, posterior sds where the curvature is right). The caller adds ``R^2 K K^T`` to the
     result's covariance (``K = P^-1 L D``, `newton_step`: a bias of norm ``R`` moves each
     coordinate by at most ``R`` times its row of ``K``). Post-processing of released values.
+
+    ``level`` (``j``): the bound is fixed at ``L_j = 2^j b`` and ``R(L_j)`` returned there
+    (where the tail is detected), not the level of least variance: the penalty chain's
+    one-shot fallback, whose first end (the control variate's release) is already clipped at
+    ``b``, keeps both ends at ``b`` (``level=0``; `pymc_dp.auto.configure._one_shot`).
     """
     excess = np.asarray(excess, dtype=float).ravel()
     levels = float(bound) * 2.0 ** np.arange(excess.size + 1)
@@ -541,7 +547,7 @@ def clip_tail(
     beyond = part[-1]  # the part beyond the top level: as much again
     rest = np.concatenate([np.cumsum(part[::-1])[::-1], [0.0]]) + beyond
     var = (2.0 * levels * float(noise_multiplier)) ** 2 / max(int(releases), 1) + rest**2
-    j = int(np.argmin(var))
+    j = int(np.argmin(var)) if level is None else int(level)
     return ClipTail(float(levels[j]), float(rest[j]), True)
 
 

@@ -277,8 +277,11 @@ def _gdp_mu(epsilon: float, delta: float) -> float:
     return float(brentq(lambda mu: _gdp_epsilon(mu, delta) - epsilon, 1e-3, 50.0, xtol=1e-14))
 
 
-def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float):
-    """``pymc_dp.sample(step=None)`` on a tiny model with every normal draw of its
+def _traced_automatic_run(
+    monkeypatch, method: str, epsilon: float, delta: float, hierarchical: bool = False
+):
+    """``pymc_dp.sample(step=None)`` on a tiny model (``hierarchical``: a normal model of
+    4 group means, 6 coordinates, the penalty chain's kind) with every normal draw of its
     mechanisms traced (`_TracingGenerator`) and each release's sensitivity from the data read
     just before it (spies on the record functions): a histogram's ``sqrt 2``, a clipped sum's
     ``2 b``, an outer-product sum's ``sqrt 2 b'^2``, a sum of per-record Hessians each clipped
@@ -339,7 +342,12 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
     x = np.random.default_rng(0).normal(1.5, 1.0, 500)
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 10.0)
-        pm.Normal("x", mu, 1.0, observed=x)
+        if hierarchical:
+            group = np.arange(x.size) % 4
+            a = pm.Normal("a", mu, pm.HalfNormal("s", 1.0), shape=4)
+            pm.Normal("x", a[group], 1.0, observed=x + 0.5 * (group - 1.5))
+        else:
+            pm.Normal("x", mu, 1.0, observed=x)
         idata = pymc_dp.sample(
             epsilon=epsilon, delta=delta, chains=2, cores=1, random_seed=3, progressbar=False,
             compute_convergence_checks=False,
@@ -371,13 +379,13 @@ def _traced_automatic_run(monkeypatch, method: str, epsilon: float, delta: float
             # the one-shot excess beyond b, 2b, 4b: each record moves each level by at
             # most 1, sensitivity sqrt(J)
             z["tail excess"].append(what["scale"] / np.sqrt(ONESHOT_TAIL_LEVELS))
-        elif shape == (1,):
+        elif len(shape) == 1 and latest == "moments":
             z["gradient sum"].append(what["scale"] / (2.0 * last["moments"][0]))
         elif latest == "hessian":
-            assert shape == (1, 1), shape
+            assert len(shape) == 2 and shape[0] == shape[1], shape
             z["outer-product sum"].append(what["scale"] / (2.0 * last["hessian"]))
         else:
-            assert shape == (1, 1), shape
+            assert len(shape) == 2 and shape[0] == shape[1], shape
             z["outer-product sum"].append(what["scale"] / (SQRT2 * last["moments"][1] ** 2))
     return {k: np.array(v) for k, v in z.items()}, idata, report
 
@@ -471,6 +479,57 @@ def test_one_shot_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
     # (calibrated to the target to 1e-6: its multiplier nudged up until the composition fits)
     np.testing.assert_allclose(z["gradient sum"][k:], np.sqrt(2 / left), rtol=1e-6)
     assert np.all(z["gradient sum"][k:] >= np.sqrt(2 / left) * (1 - 1e-12))
+
+
+def test_chain_fallback_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
+    """The penalty chain's one-shot fallback after its control variate (`configure._one_shot`
+    with ``first``), every release traced, on the hierarchical model the automatic mode
+    gives the chain. The fallback is forced where the run decides it (the independence
+    proposal predicted off the target's mode, `configure._off_centre`: its effective sample
+    size set below the threshold; the releases are the run's own). The excess beyond the
+    control variate's bound must be released once, with its share's multiplier; the last
+    gradient sum (one release, the first end being the control variate's) with all that is
+    left; the report's epsilon the composition of all of them, and the whole budget. Before
+    the fallback released its tail, it made no excess release."""
+    import pymc_dp.auto.configure as configure
+    from pymc_dp.auto.configure import NEWTON_STEPS, ONESHOT_TAIL_SHARE
+    from pymc_dp.auto.predict import Prediction
+
+    real = configure._off_centre
+    forced = []
+
+    def off_centre(pred, best, step, centre):
+        p, b, offset = real(pred, best, step, centre)
+        forced.append(p.proposal)
+        stuck = [Prediction(x.proposal, x.iterations, x.noise_multiplier, 1e3, 0.0, -1.0)
+                 for x in (p, b)]  # fmt: skip
+        return stuck[0], stuck[1], offset
+
+    monkeypatch.setattr(configure, "_off_centre", off_centre)
+    # below every real prediction (>= 0) and above the forced one: only this path gives way
+    monkeypatch.setattr(configure, "ONESHOT_FALLBACK_ESS", -0.5)
+    epsilon, delta = 3.0, 1e-5
+    z, idata, report = _traced_automatic_run(monkeypatch, "auto", epsilon, delta, True)
+    assert forced == ["independent"] and idata.attrs["dp_method"] == "laplace"
+    assert "control variate's release as its first end" in idata.attrs["dp_auto_strategy"]
+    assert report.epsilon == pytest.approx(_composed_epsilon(z, delta), rel=1e-6)
+    assert report.epsilon == pytest.approx(epsilon, rel=1e-6)
+
+    k = NEWTON_STEPS + 1
+    # the chain's warm start (k histograms, gradient and outer-product sums), its clip
+    # selection's histogram, the control variate's sum; then the excess and one last sum
+    assert z["histogram"].size == k + 1 and z["outer-product sum"].size == k
+    assert z["gradient sum"].size == k + 2 and z["penalty test"].size == 0
+    mu2 = _gdp_mu(epsilon, delta) ** 2
+    assert z["tail excess"].size == 1
+    np.testing.assert_allclose(z["tail excess"], np.sqrt(1 / (ONESHOT_TAIL_SHARE * mu2)), rtol=1e-9)
+    used = sum(float(np.sum(v[:-1] ** -2.0)) if name == "gradient sum" else float(np.sum(v**-2.0))
+               for name, v in z.items())  # fmt: skip
+    # the last sum: all that is left (calibrated to the target to 1e-6)
+    np.testing.assert_allclose(z["gradient sum"][-1], np.sqrt(1 / (mu2 - used)), rtol=1e-6)
+    phases = str(idata.attrs["dp_phases"])
+    assert "one-shot: noisy excess of the whitened gradient norms" in phases
+    assert "one-shot: noisy gradient-norm histogram" not in phases  # no fresh histogram
 
 
 def test_stats_strategy_epsilon_is_the_composition_of_the_noise_it_added(monkeypatch):
