@@ -3,7 +3,8 @@
 Everything here is computed from public facts: the budget, the number of records ``n`` and
 parameters ``d`` (shapes only), the model's structure (its hierarchical blocks,
 `pymc_dp.auto.recentre`) and the budget split. The accuracy prediction rests on stated
-assumptions (`FISHER_SHARE` for the one-shot strategy; `ANCHOR_CLIP_RATIO`,
+assumptions (`ONESHOT_CLIP_RATIO`, and `OUTER_CLIP_RATIO` and `WARM_CLIP_RATIO` for the
+released curvature's error over its steps, for the one-shot strategy; `ANCHOR_CLIP_RATIO`,
 `GROUP_SPREAD` and `LLR_STEP_RANGE` for the penalty chain, `chain_forecast`), so it is a
 guide, not a guarantee.
 """
@@ -23,6 +24,8 @@ from pymc_dp._validation import check_positive, check_target
 from pymc_dp.accounting import gaussian_mu_for_epsilon
 from pymc_dp.auto.bounds import check_data_bounds, clip_plan
 from pymc_dp.auto.configure import (
+    GRAD_PHASE,
+    HESSIAN_CURVATURE,
     ONESHOT_CLIP_PHASE,
     ONESHOT_CLIP_SHARE,
     ONESHOT_DRAWS,
@@ -30,6 +33,7 @@ from pymc_dp.auto.configure import (
     ONESHOT_SPLIT,
     ONESHOT_TAIL_PHASE,
     ONESHOT_TAIL_SHARE,
+    OUTER_PHASE,
     WARM_START_GROWTH,
     BudgetSplit,
     Phase,
@@ -47,6 +51,7 @@ __all__ = [
     "Plan",
     "Structure",
     "chain_forecast",
+    "curvature_step_error",
     "model_structure",
     "oneshot_noise_error",
     "oneshot_predicted_error",
@@ -99,19 +104,101 @@ def oneshot_noise_error(n: int, k: int, noise_multiplier: float) -> float:
     return 2.0 * noise_multiplier * ONESHOT_CLIP_RATIO * math.sqrt(k / n)
 
 
-def oneshot_predicted_error(n: int, d: int, noise_multiplier: float, chains: int) -> float:
+def oneshot_predicted_error(
+    n: int, d: int, noise_multiplier: float, chains: int, curvature_error: float = 0.0
+) -> float:
     """Predicted error of the one-shot strategy (``laplace``): the worst of ``d`` posterior
     means, median over runs, in posterior sds.
 
-    Each mean carries the last releases' noise (`oneshot_noise_error`) and the Monte Carlo
-    error of the result's ``chains * ONESHOT_DRAWS`` independent draws (``1 / sqrt(N)``
-    posterior sds), independent of it: ``worst_of(d) sqrt(e^2 + 1 / N)``, as the chain's
-    fallback (`chain_forecast`) counts them. Where the noise is small the draws' error is not
-    negligible: on bench_auto's logistic3 at epsilon 10 (``e = 0.050``, ``1 / sqrt(4000) =
-    0.016``) the prediction without it was 0.49 times the measured median, 0.52 with it.
+    Each mean carries the last releases' noise (`oneshot_noise_error`), the released
+    curvature's error over the two steps (``curvature_error``, `curvature_step_error`) and
+    the Monte Carlo error of the result's ``chains * ONESHOT_DRAWS`` independent draws
+    (``1 / sqrt(N)`` posterior sds), independent of them: ``worst_of(d) sqrt(e^2 + c^2 + 1 /
+    N)``, as the chain's fallback (`chain_forecast`) counts them. Where the noise is small
+    the draws' error is not negligible: on bench_auto's logistic3 at epsilon 10 (``e =
+    0.050``, ``1 / sqrt(4000) = 0.016``) the prediction without it was 0.49 times the
+    measured median, 0.52 with it.
     """
     e = oneshot_noise_error(n, d, noise_multiplier)
-    return worst_of(d) * math.sqrt(e**2 + 1.0 / (max(int(chains), 1) * ONESHOT_DRAWS))
+    return worst_of(d) * math.sqrt(
+        e**2 + curvature_error**2 + 1.0 / (max(int(chains), 1) * ONESHOT_DRAWS)
+    )
+
+
+#: The warm start's clip bound of its outer products (the per-record Hessians' is its
+#: square) over ``sqrt(k / n)``, in its whitened units. Measured (the sixteenth session,
+#: `pymc_dp.sample` on bench_auto's models at epsilon 3, n = 20 000, the warm start's last four
+#: iterations): 2.68-2.72 on logistic3 (seeds 1-2), linear3 (seeds 1-2; 1.93 once) and the
+#: Poisson GLMM (seeds 1, 2, 5; 2.0 once): one point of the histogram's grid.
+OUTER_CLIP_RATIO = 2.68
+
+#: The warm start's gradient clip bound over ``sqrt(k / n)`` (the same runs): 3.73 on linear3
+#: and the GLMM (3 of its 12 iterations 5.18), 2.68 on logistic3. It sets how far from the
+#: mode the warm start leaves its last iterate, the first one-shot step's length.
+WARM_CLIP_RATIO = 3.73
+
+
+def curvature_step_error(
+    n: int, k: int, d: int, release_error: float, warm: list[Phase], hessian: bool
+) -> float:
+    """The released curvature's error over the one-shot strategy's two steps, per posterior
+    mean, in posterior sds (data-free: the warm start's phases ``warm``, shapes).
+
+    The run's own account (`pymc_dp.auto.oneshot.curvature_step_cov`): an end ``m_j`` is off
+    by ``P^-1 B E B^T s_j`` (``E`` the curvature's error, ``s_j`` the step), about ``T
+    |t_j|`` posterior sds a coordinate (``t_j`` the step in whitened units, ``T`` the error
+    sd of one entry). The steps use the average of the warm start's last
+    `pymc_dp.auto.curvature.CURVATURE_AVERAGE_LAST` curvature releases (inverse-variance:
+    noise multiplier ``(sum_i z_i^-2)^-1/2``), each entry's noise ``z S b'^2`` (``S`` the
+    Frobenius sensitivity over ``b'^2``: ``sqrt 2`` for outer products, 2 for per-record
+    Hessians, ``hessian``; ``b' = OUTER_CLIP_RATIO sqrt(k / n)``). An off-diagonal entry
+    below `pymc_dp.kernels.warmstart.offdiag_threshold_sds` noise sds is zeroed, and its
+    error is then its true value, uniform within the threshold (sd ``thr / sqrt 3`` noise
+    sds): most entries where the curvature is sparse (a hierarchy's group effects), so ``T``
+    is taken at that. The first step is from the warm start's last iterate, off the mode by
+    the noise of its last applied gradient release (``2 z b`` a coordinate, ``b =
+    WARM_CLIP_RATIO sqrt(k / n)``, ``z`` the second-last release's): ``|t_1| = sqrt(k) 2 z
+    b``; the second from the first end, off by one release's noise ``release_error`` and
+    ``c_1``. The combination of the ends carries ``(c_1^2 + c_2^2) / 2`` (equal weights; the
+    run's bound for the two ends' correlated parts, `noise_aware_laplace`).
+
+    Measured on bench_auto's Poisson GLMM at epsilon 3 (DP seeds 1, 2, 5; the run's own
+    ``curvature_cov`` of its slope, in NUTS sds): ``T`` 0.072-0.079 (here 0.073), ``|t_1|``
+    5.8-12.9 (6.5), ``c_1`` 0.32-0.64 (0.48), ``c_2`` 0.22-0.43 (0.20). Without this term
+    the plan predicted 0.33 where the measured median was 0.59 (11 seeds) and 0.75 (5); with
+    it 0.41. The run's account is conservative (a zeroed entry whose true value is 0 has no
+    error): `plan` counts it where a likelihood is not normal (`Structure.normal`), and not
+    where every one is: there the measured one-shot error is the release noise's (linear3
+    at epsilon 1, 3 and 10: the plan without the term 1.00-1.09 times the goal table's
+    medians, 1.10-1.82 with it; the normal hierarchy's fallback at epsilon 3, every run
+    giving way: 0.378 measured, 0.37 without the term, 1.21 with it: its 21 coordinates
+    make ``|t_1|`` long). On logistic3 it adds 0.3-18 % (epsilon 10 to 1).
+    """
+    from pymc_dp.auto.curvature import CURVATURE_AVERAGE_LAST
+    from pymc_dp.kernels.warmstart import (
+        HESSIAN_SENSITIVITY,
+        OUTER_SENSITIVITY,
+        offdiag_threshold_sds,
+    )
+
+    def schedule(name: str) -> tuple[float, ...] | None:
+        ph = next((p for p in warm if p.name == name), None)
+        if ph is None:
+            return None
+        return ph.schedule or (ph.noise_multiplier,) * ph.releases
+
+    outer, grad = schedule(OUTER_PHASE), schedule(GRAD_PHASE)
+    if outer is None or grad is None:
+        return 0.0
+    last = np.asarray(outer[-CURVATURE_AVERAGE_LAST:], dtype=float)
+    z_c = 1.0 / math.sqrt(float(np.sum(last**-2.0)))
+    sens = HESSIAN_SENSITIVITY if hessian else OUTER_SENSITIVITY
+    entry = z_c * sens * OUTER_CLIP_RATIO**2 * k / n
+    t = entry * offdiag_threshold_sds(d) / math.sqrt(3.0)
+    z_g = grad[-2] if len(grad) > 1 else grad[-1]
+    c1 = t * math.sqrt(k) * 2.0 * z_g * WARM_CLIP_RATIO * math.sqrt(k / n)
+    c2 = t * math.sqrt(k) * math.sqrt(release_error**2 + c1**2)
+    return math.sqrt(0.5 * (c1**2 + c2**2))
 
 
 def worst_of(d: int) -> float:
@@ -197,6 +284,8 @@ class Structure:
     #: the penalty test's sensitivity range, in ``k / n`` (`LLR_STEP_RANGE` where every
     #: likelihood is normal, `LLR_STEP_RANGE_OTHER` elsewhere)
     llr_range: tuple[float, float] = LLR_STEP_RANGE
+    #: every likelihood is normal (`curvature_step_error` is not counted there)
+    normal: bool = False
 
 
 def model_structure(model: pm.Model, n: int) -> Structure:
@@ -254,6 +343,7 @@ def model_structure(model: pm.Model, n: int) -> Structure:
         np.concatenate([att[v.name] for v in vars]),
         tuple(groups),
         LLR_STEP_RANGE if normal else LLR_STEP_RANGE_OTHER,
+        normal,
     )
 
 
@@ -280,6 +370,10 @@ class ChainForecast:
     #: the noise multiplier of the one-shot strategy's two last releases together, where the
     #: chain gives way (each release's is ``sqrt(2)`` times it)
     fallback_noise_multiplier: float = float("nan")
+    #: the released curvature's error over the one-shot strategy's two steps where the
+    #: chain gives way, per posterior mean read by the likelihood, in posterior sds
+    #: (`curvature_step_error`)
+    fallback_curvature_error: float = float("nan")
 
 
 def chain_forecast(
@@ -338,7 +432,15 @@ def chain_forecast(
     share = mu_rest / mu_total - ONESHOT_CLIP_SHARE - ONESHOT_TAIL_SHARE
     z_f = math.sqrt(1.0 / (2.0 * max(share, 1e-12) * mu_total))
     e_f = oneshot_noise_error(n, k, z_f)
-    fb_sds = np.sqrt((e_f * r) ** 2 + 1.0 / (chains * ONESHOT_DRAWS))
+    # and the released curvature's error over its two steps (`curvature_step_error`): the
+    # chain's warm start releases outer products, whose curvature the steps use
+    warm = presample_phases(mu_total, BudgetSplit(), growth=WARM_START_GROWTH)
+    c_f = (
+        0.0
+        if structure.normal
+        else curvature_step_error(n, k, structure.d, math.sqrt(2.0) * e_f, warm, hessian=False)
+    )
+    fb_sds = np.sqrt((e_f**2 + c_f**2) * r**2 + 1.0 / (chains * ONESHOT_DRAWS))
     fallback = worst_of_sds(fb_sds)
     # where it may give way, the strategy it takes over most of the range: the plan predicts
     # (and warns on) what will run. The larger of the two had the plan warn "not usable" on
@@ -347,7 +449,15 @@ def chain_forecast(
     expected = fallback if p_way > 0.5 else error
     gives_way = "likely" if p_way == 1.0 else "unlikely" if p_way == 0.0 else "possible"
     return ChainForecast(
-        error, fallback, (float(ess[0]), float(ess[1])), gives_way, tilt, p_way, expected, z_f
+        error,
+        fallback,
+        (float(ess[0]), float(ess[1])),
+        gives_way,
+        tilt,
+        p_way,
+        expected,
+        z_f,
+        c_f,
     )
 
 
@@ -576,10 +686,11 @@ def _epsilon_needed(delta: float, error_at) -> float:
     return math.exp(optimize.brentq(err, math.log(1e-4), math.log(1e4), xtol=1e-6))
 
 
-def _largest_usable_d(n: int, d: int, z: float, chains: int) -> int:
-    """The most parameters with a usable predicted error at this ``n`` and noise (0: none)."""
+def _largest_usable_d(d: int, error_of) -> int:
+    """The most parameters (at most ``d``) whose predicted error ``error_of(k)`` is usable
+    (0: none)."""
     k = d
-    while k >= 1 and oneshot_predicted_error(n, k, z, chains) > USABLE_ERROR:
+    while k >= 1 and error_of(k) > USABLE_ERROR:
         k -= 1
     return k
 
@@ -669,9 +780,24 @@ def plan(
         phases.append(Phase(ONESHOT_CLIP_PHASE, math.sqrt(1 / (2 * ONESHOT_CLIP_SHARE * mu)), 1))
         phases.append(Phase(ONESHOT_TAIL_PHASE, math.sqrt(1 / (2 * ONESHOT_TAIL_SHARE * mu)), 1))
     z_of = _oneshot_z
-    laplace_err = oneshot_predicted_error(n, d, z_of(mu), int(chains))
+    oneshot_split = split if one_shot else ONESHOT_SPLIT
+
+    def laplace_at(m: float, dd: int = d) -> float:
+        """The one-shot strategy's predicted error at ``mu = m`` with ``dd`` parameters: its
+        last releases' noise and its warm start's curvature's error over the steps."""
+        z = z_of(m)
+        warm = presample_phases(m, oneshot_split, newton_steps=ONESHOT_NEWTON_STEPS)
+        e_r = math.sqrt(2.0) * oneshot_noise_error(n, dd, z)  # one of the two releases
+        c = (
+            0.0
+            if structure.normal
+            else curvature_step_error(n, dd, dd, e_r, warm, hessian=HESSIAN_CURVATURE)
+        )
+        return oneshot_predicted_error(n, dd, z, int(chains), c)
+
     # the chain's prediction (`chain_forecast`): its own phases, whichever strategy is chosen
     structure = model_structure(model, n)
+    laplace_err = laplace_at(mu)
     chain_phases = (
         phases
         if not one_shot
@@ -758,11 +884,8 @@ def plan(
 
             d_max = 0  # (the statistics grow with the covariates' products: not a count)
         elif one_shot:
-
-            def error_at(m: float) -> float:
-                return oneshot_predicted_error(n, d, z_of(m), int(chains))
-
-            d_max = _largest_usable_d(n, d, z_of(mu), int(chains))
+            error_at = laplace_at
+            d_max = _largest_usable_d(d, lambda dd: laplace_at(mu, dd))
         else:
 
             def error_at(m: float) -> float:
