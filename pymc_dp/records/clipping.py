@@ -179,7 +179,8 @@ class LazyFunction:
         self._args = (list(inputs), outputs, dict(compile_kwargs or {}), kwargs)
         self._f = None
 
-    def __call__(self, *args):
+    def compile(self) -> LazyFunction:
+        """Compile now (if not yet); returns ``self``."""
         if self._f is None:
             inputs, outputs, ck, kw = self._args
             try:
@@ -187,6 +188,11 @@ class LazyFunction:
             except Exception as err:  # compiling reads no data: its error may be shown
                 mark_data_free(err)
                 raise
+        return self
+
+    def __call__(self, *args):
+        if self._f is None:
+            self.compile()
         return self._f(*args)
 
 

@@ -14,6 +14,8 @@ families.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pytensor
 import pytensor.tensor as pt
@@ -42,6 +44,7 @@ from pymc_dp.records.sorted_segments import build_sorted_route
 
 __all__ = [
     "GRADIENT_ROUTES",
+    "GradientRoutes",
     "build_blocks_route",
     "build_glm_route",
     "compile_fused_pass",
@@ -67,7 +70,8 @@ def compile_likelihood(graphs: RecordGraphs, compile_kwargs: dict | None = None)
 
     ``f_ll(q, *chunk)`` gives the ``m`` (tempered) log-likelihoods of a chunk of ``m``
     records; ``f_llr(q_new, q, b, *chunk)`` gives ``(sum_i clip(r_i, -b, b), n_clipped)``
-    with ``r_i = l_i(q_new) - l_i(q)``. A record whose log-likelihood is -inf at both points
+    with ``r_i = l_i(q_new) - l_i(q)`` (a `LazyFunction`: compiled on its first call, since
+    only the penalty tests use it). A record whose log-likelihood is -inf at both points
     gives NaN: it contributes 0 (any value within the bounds keeps the sensitivity
     ``2 b``) and counts as clipped, instead of a NaN that would decide the test without
     noise; +-inf are clipped like any large ratio.
@@ -88,7 +92,9 @@ def compile_likelihood(graphs: RecordGraphs, compile_kwargs: dict | None = None)
     # the rewrites may drop a data array that no longer matters (a check folded away)
     kw = {"kind": "loglik", "on_unused_input": "ignore"}
     f_ll = compile_function([x, *batch], ll_batch, ck, **kw)
-    f_llr = compile_function([x_new, x, bound, *batch], [llr_sum, llr_count], ck, **kw)
+    # compiled on its first call: only the penalty tests use it (not the one-shot
+    # strategies nor the gradient-only chains; issue 26)
+    f_llr = LazyFunction([x_new, x, bound, *batch], [llr_sum, llr_count], ck, **kw)
     return f_ll, f_llr
 
 
@@ -235,21 +241,74 @@ def compile_gradients(graphs: RecordGraphs, compile_kwargs: dict | None = None):
         masked=LazyFunction(ins, [pt.dot(w, mask_rows(grads, finite)), n_clipped], ck),
         graph=(ins, generic_out, ck, {}),
     )
+    # the reference of the checks: the generic per-record gradients, compiled cheaply
+    f_ref = LazyFunction([x, *batch], grads, {"mode": "FAST_COMPILE"})
+    return f_grad, GradientRoutes(generic, graphs, ck, f_ref)
+
+
+def _choose_route(generic: ClipRoute, graphs: RecordGraphs, ck: dict, f_ref) -> ClipRoute:
+    """The first of `GRADIENT_ROUTES` that applies and passes `verify_route`, else
+    ``generic`` (`compile_gradients`)."""
     d = graphs.ndim
-    chosen = generic
-    if d:
-        # the reference of the checks: the generic per-record gradients, compiled cheaply
-        f_ref = LazyFunction([x, *batch], grads, {"mode": "FAST_COMPILE"})
-        for name in GRADIENT_ROUTES:
-            try:
-                route = _BUILDERS[name](graphs, ck)
-                ok = route is not None and verify_route(route, f_ref, batch, d, x.dtype)
-            except Exception:  # noqa: BLE001 - any failure just means: try the next route
-                ok = False
-            if ok:
-                chosen = route
-                break
-    return f_grad, {"generic": generic, "route": chosen}
+    if not d:
+        return generic
+    for name in GRADIENT_ROUTES:
+        try:
+            route = _BUILDERS[name](graphs, ck)
+            ok = route is not None and verify_route(route, f_ref, graphs.batch, d, graphs.x.dtype)
+        except Exception:  # noqa: BLE001 - any failure just means: try the next route
+            ok = False
+        if ok:
+            return route
+    return generic
+
+
+class GradientRoutes(Mapping):
+    """``{"generic": ClipRoute, "route": ClipRoute}`` of `compile_gradients`, the faster
+    route chosen on the first read of ``"route"`` (picklable).
+
+    Choosing builds, compiles and checks (`verify_route`, data-free) up to
+    `GRADIENT_ROUTES` candidates: a few compiled functions that only the clipped-gradient
+    releases use (DP-HMC, DP-SGLD, a gradient release). Callers that need the per-record
+    gradients alone (the gradient-norm counts, the Hessian sums and moments of the one-shot
+    strategies) no longer pay for them (issue 26: 4 of the 19 compiled functions of a
+    one-shot call on a GLM). Pickling chooses first, so a copy shipped to another process
+    carries the compiled route, as before.
+    """
+
+    def __init__(self, generic: ClipRoute, graphs: RecordGraphs, ck: dict, f_ref) -> None:
+        self._generic = generic
+        self._route: ClipRoute | None = None
+        self._pending: tuple | None = (graphs, ck, f_ref)
+
+    def _chosen(self) -> ClipRoute:
+        if self._route is None:
+            graphs, ck, f_ref = self._pending
+            self._route = _choose_route(self._generic, graphs, ck, f_ref)
+            self._pending = None
+        return self._route
+
+    @property
+    def chosen(self) -> bool:
+        """Whether the route has been chosen (its functions built)."""
+        return self._route is not None
+
+    def __getitem__(self, key: str) -> ClipRoute:
+        if key == "generic":
+            return self._generic
+        if key == "route":
+            return self._chosen()
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(("generic", "route"))
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getstate__(self) -> dict:
+        self._chosen()
+        return {"_generic": self._generic, "_route": self._route, "_pending": None}
 
 
 def build_glm_route(

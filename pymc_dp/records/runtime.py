@@ -261,6 +261,11 @@ class _Compiled:
 _F64 = np.dtype(np.float64)
 
 
+def _compiled(f):
+    """``f``, compiled now if it is a `LazyFunction` not compiled yet."""
+    return f.compile() if isinstance(f, LazyFunction) else f
+
+
 def _is_vector(q, shape: tuple) -> bool:
     """Whether ``q`` is a C-contiguous float64 array of ``shape`` (what a compiled
     function called directly takes, `pymc_dp.records.backend.direct_jit`)."""
@@ -712,7 +717,9 @@ class RecordFunctions:
         key = f"{name}:{int(self.counts)}"
         if key not in self._kernels:
             if name == "llr":
-                self._kernels[key] = _LLRSumChunk(self._c.llr_clipped, self.counts)
+                # compiled before it is wrapped (a remote store ships it compiled, as
+                # when `build_record_functions` compiled it up front)
+                self._kernels[key] = _LLRSumChunk(_compiled(self._c.llr_clipped), self.counts)
             elif name == "grad":
                 fs = self._c.grad_clipped
                 self._kernels[key] = _GradSumChunk(fs["route"], fs["generic"], self.counts)
@@ -1336,6 +1343,9 @@ class RecordFunctions:
         self._direct = (jit, whole, args[0].shape, self.counts) if jit is not None else None
 
     def __getstate__(self) -> dict:
+        # the ratio function is compiled on first use (`compile_likelihood`): a pickled
+        # copy (a chain in another process) gets it compiled, as before issue 26
+        _compiled(self._c.llr_clipped)
         # a compiled function's Numba dispatcher is not shipped: set again on first use
         state = dict(self.__dict__)
         for k in (
