@@ -1,0 +1,95 @@
+"""Findings of the issue-26 sixth real-data sweep (helper 228), kept as failing tests.
+
+Each test reproduces one result the sweep found *confidently wrong* (a pair beyond 2 of the
+result's own posterior sds, with no warning and no flag), on the real data the sweep used.
+They are marked ``xfail(strict=True)``: they document the finding until it is fixed, and
+fail (XPASS) once it is, so that the marker is removed with the fix.
+"""
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+
+import pymc_dp
+
+FLAGS = ("OneShotWarning", "NoiseDominatedWarning", "PriorDominatedWarning", "ConvergenceWarning")
+
+
+def _randhie():
+    sm = pytest.importorskip("statsmodels.api")
+    df = sm.datasets.randhie.load_pandas().data
+
+    def scale(x, lo, hi):
+        return np.clip(2 * (np.asarray(x, float) - lo) / (hi - lo) - 1, -1, 1)
+
+    def pm1(x):
+        return np.asarray(x, float) * 2.0 - 1.0
+
+    # the RAND health-insurance experiment (20 190 person-years): codebook ranges, not the
+    # data's; hlthp (poor health) is a rare binary (1.5 % ones); disea (chronic diseases,
+    # 0-100 declared) fills little of its box (scaled mean -0.78, sd 0.14)
+    x = np.column_stack(
+        [
+            scale(df.lncoins, 0, np.log(101)),
+            pm1(df.idp),
+            scale(df.lpi, 0, 8),
+            scale(df.fmde, 0, 10),
+            pm1(df.physlm),
+            scale(df.disea, 0, 100),
+            pm1(df.hlthg),
+            pm1(df.hlthf),
+            pm1(df.hlthp),
+        ]
+    )
+    return x, np.log1p(df.mdvis.values)
+
+
+def _conditional_posterior(x, y):
+    """The exact posterior of (a, b) given sigma at its least-squares value (n = 20 190:
+    sigma's posterior sd is 0.5 % of it), with the model's Normal priors."""
+    z = np.column_stack([np.ones(len(y)), x])
+    coef, *_ = np.linalg.lstsq(z, y, rcond=None)
+    s2 = float(np.sum((y - z @ coef) ** 2)) / (len(y) - z.shape[1])
+    prior_mean = np.r_[1.0, np.zeros(x.shape[1])]
+    prior_prec = np.diag(np.r_[1 / 2.0**2, np.ones(x.shape[1])])
+    prec = z.T @ z / s2 + prior_prec
+    cov = np.linalg.inv(prec)
+    mean = cov @ (z.T @ y / s2 + prior_prec @ prior_mean)
+    return mean, np.sqrt(np.diag(cov))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="sweep 6 finding: the one-shot result of a log-transformed linear regression "
+    "(randhie, epsilon 1, seed 4) is 4.7 of its own sds off in the intercept, unwarned",
+)
+def test_sweep6_loglin_epsilon1_not_confidently_wrong():
+    x, y = _randhie()
+    mean, sd = _conditional_posterior(x, y)
+    with pm.Model():
+        a = pm.Normal("a", 1, 2)
+        b = pm.Normal("b", 0, 1, shape=x.shape[1])
+        s = pm.HalfNormal("sigma", 2)
+        pm.Normal("lmdvis", a + pm.math.dot(x, b), s, observed=y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pymc_dp.sample(
+                epsilon=1.0,
+                delta=1e-6,
+                random_seed=4,
+                progressbar=False,
+                data_bounds={"lmdvis": (0.0, 6.0)},
+            )
+    post = idata.posterior
+    draws = np.column_stack(
+        [np.asarray(post["a"]).reshape(-1), np.asarray(post["b"]).reshape(-1, x.shape[1])]
+    )
+    own = np.abs(draws.mean(0) - mean) / draws.std(0)
+    flagged = any(type(w.message).__name__ in FLAGS for w in caught)
+    # the reference is exact to ~1 % of a posterior sd (sigma fixed at its estimate); 4 000
+    # independent draws put the DP mean within 0.05 own sds of the result's own mean
+    assert flagged or np.max(own) <= 2.0, (np.round(own, 2), draws.mean(0) - mean, sd)
