@@ -753,9 +753,7 @@ def privacy_report(
             total_var = float(np.mean(both**2))
     report = PrivacyReport(
         method=str(idata.attrs.get("dp_method", posterior.attrs.get("dp_method", ""))),
-        convergence=str(
-            idata.attrs.get("dp_convergence", posterior.attrs.get("dp_convergence", ""))
-        ),
+        convergence=_convergence_line(idata, posterior, stats),
         owners=owners,
         owner_epsilons=tuple([float(epsilon) if not reasons else float("inf")] * owners),
         noise_variance_factor=max(owners, 1),
@@ -815,3 +813,19 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+def _convergence_line(idata, posterior, stats) -> str:
+    """The run's convergence line: ``pymc_dp.sample``'s ``dp_convergence`` attribute, or,
+    for a result of ``pm.sample(step=pymc_dp....)`` (which writes none), the same diagnostics
+    computed here from its draws and its steps' ``accepted`` stat
+    (`pymc_dp.diagnostics.check_convergence`: post-processing of the DP outputs). Empty
+    where the result has no ``accepted`` stat to judge a frozen chain by."""
+    line = idata.attrs.get("dp_convergence", posterior.attrs.get("dp_convergence", None))
+    if line is not None:
+        return str(line)
+    if stats is None or "accepted" not in stats:
+        return ""
+    from pymc_dp.diagnostics import check_convergence
+
+    return check_convergence(idata, warn=False).summary()

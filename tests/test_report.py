@@ -45,6 +45,29 @@ def test_report_counts_every_chain_and_warmup(discard):
     assert idata["posterior"].attrs["dp_iterations"] == k
 
 
+def test_report_of_a_pm_sample_result_says_whether_the_chains_converged():
+    """``pm.sample(step=pymc_dp....)`` writes no convergence attribute; the report computes
+    it from the draws (post-processing) and says NOT CONVERGED first where the chains
+    disagree (before: no convergence line, R-hat 2.98 on the sixth sweep)."""
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        step = pymc_dp.DPPenaltyMetropolis(clip_bound=5.0, noise_multiplier=3.0)
+        idata = pm.sample(200, tune=0, chains=2, cores=1, step=step, random_seed=1, **SAMPLE)
+    name = next(iter(idata["posterior"].data_vars))
+    sd = float(idata["posterior"][name].std())
+    rep = pymc_dp.privacy_report(idata, delta=1e-6)
+    assert rep.convergence and "R-hat" in rep.convergence
+    # chain 0 moved 50 posterior sds away: the chains disagree
+    shifted = idata["posterior"][name].values.copy()
+    shifted[0] += 50.0 * sd
+    idata["posterior"][name] = (idata["posterior"][name].dims, shifted)
+    rep = pymc_dp.privacy_report(idata, delta=1e-6)
+    assert rep.convergence.startswith("NOT CONVERGED") and "R-hat" in rep.convergence
+    # (after the lines that the result holds the observed data, which pm.sample keeps)
+    head = [line.strip() for line in str(rep).splitlines()[:3]]
+    assert head[0].startswith("NOT DIFFERENTIALLY PRIVATE") and head[2].startswith("NOT CONVERGED")
+
+
 def test_report_survives_netcdf_round_trip(tmp_path):
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
