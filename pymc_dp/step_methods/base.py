@@ -226,9 +226,11 @@ class DPStep(ArrayStepShared):
         if uncovered:
             warnings.warn(
                 f"{type(self).__name__} samples {[v.name for v in vars]} only; the free "
-                f"variables {uncovered} must be sampled by pymc_dp steps too, otherwise PyMC "
-                "assigns them a non-private sampler that reads the data without noise "
-                "(pymc_dp.sample refuses such a run)",
+                f"variables {uncovered} must be sampled by pymc_dp steps too (in a "
+                "CompoundStep of pymc_dp steps that cover them all, as step=[...], this is "
+                "met), otherwise PyMC assigns them a non-private sampler that reads the data "
+                "without noise (pymc_dp.sample refuses such a run; pymc_dp.privacy_report "
+                "with model=... checks a pm.sample result)",
                 UserWarning,
                 stacklevel=stacklevel,
             )
