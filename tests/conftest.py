@@ -136,3 +136,41 @@ def penalty_sample(**kw):
         step_kwargs={"clip_bound": 3.0},
         **kw,
     )
+
+
+def glmm_model(n: int, groups: int = 10, seed: int = 0):
+    """bench_auto's Poisson GLMM: a non-centred random intercept and one slope."""
+    rng = np.random.default_rng(seed)
+    g = rng.integers(groups, size=n)
+    x = rng.normal(size=n)
+    y = rng.poisson(np.exp(0.3 + 0.5 * x + rng.normal(0, 0.4, groups)[g]))
+    with pm.Model() as m:
+        b0 = pm.Normal("b0", 0, 2)
+        b1 = pm.Normal("b1", 0, 2)
+        sd = pm.HalfNormal("sd", 1)
+        z = pm.Normal("z", 0, 1, shape=groups)
+        pm.Poisson("y", pm.math.exp(b0 + b1 * x + sd * z[g]), observed=y)
+    return m
+
+
+def exact_laplace(model, n, *, z_hist=1e-12, seed=0, newton_steps=10, **kwargs):
+    """`private_laplace` with clipping inactive (quantile 1) and the sums' noise 1e-12;
+    ``z_hist`` the histograms' noise multiplier (per iteration, or one for all); ``kwargs``
+    passed on (e.g. ``centred``)."""
+    from pymc_dp.kernels.warmstart import clip_grid, private_laplace
+    from pymc_dp.records import build_record_functions
+
+    ip = model.initial_point()
+    fns, _ = build_record_functions(model, model.value_vars, ip)
+    q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
+    return private_laplace(
+        q0=q0, n=n, prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
+        clipped_moments=lambda q, b, b2, m, c=None: fns.clipped_grad_moments(
+            q, b, m, outer_bound=b2, centre=c
+        ),
+        grad_counts_above=lambda q, g, m: fns.grad_norm_counts(q, g, m),
+        grid=clip_grid(1e-3, 1e4, 40), quantile=1.0 - 1e-9, outer_quantile=1.0 - 1e-9,
+        grad_noise_multiplier=1e-12, outer_noise_multiplier=1e-12,
+        hist_noise_multiplier=z_hist, newton_steps=newton_steps,
+        rng=np.random.default_rng(seed), **kwargs,
+    )  # fmt: skip

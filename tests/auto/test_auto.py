@@ -7,6 +7,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import exact_laplace
 from scipy import stats
 
 import pymc_dp
@@ -159,24 +160,6 @@ def test_private_laplace_without_noise_is_the_exact_posterior_of_a_conjugate_mod
     assert info.anchor_bound >= info.clip_bounds[-1]
 
 
-def _laplace_without_noise(model, n, *, centred, newton_steps=10):
-    """`private_laplace` with clipping inactive (quantile 1) and noise 1e-12."""
-    ip = model.initial_point()
-    fns, _ = build_record_functions(model, model.value_vars, ip)
-    q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
-    return private_laplace(
-        q0=q0, n=n, prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
-        clipped_moments=lambda q, b, b2, m, c=None: fns.clipped_grad_moments(
-            q, b, m, outer_bound=b2, centre=c
-        ),
-        grad_counts_above=lambda q, g, m: fns.grad_norm_counts(q, g, m),
-        grid=clip_grid(1e-3, 1e4, 40), quantile=1.0 - 1e-9, outer_quantile=1.0 - 1e-9,
-        grad_noise_multiplier=1e-12, outer_noise_multiplier=1e-12,
-        hist_noise_multiplier=1e-12, newton_steps=newton_steps,
-        rng=np.random.default_rng(0), centred=centred,
-    )  # fmt: skip
-
-
 def test_centred_newton_steps_reach_a_far_posterior_of_a_quadratic_log_likelihood():
     """Normal mean, known sd, data 40 record sds from the start (800 posterior sds): the
     log-likelihood is quadratic, the centred outer products are its curvature wherever the
@@ -191,9 +174,9 @@ def test_centred_newton_steps_reach_a_far_posterior_of_a_quadratic_log_likelihoo
         pm.Normal("x", mu, 1.0, observed=x)
     v = 1.0 / (x.size + 1e-4)
     post_mean, post_sd = v * x.sum(), np.sqrt(v)
-    info = _laplace_without_noise(model, x.size, centred=True)
+    info = exact_laplace(model, x.size, centred=True)
     assert info.mean[0] == pytest.approx(post_mean, abs=1e-6)
-    slow = _laplace_without_noise(model, x.size, centred=False)
+    slow = exact_laplace(model, x.size, centred=False)
     assert abs(slow.mean[0] - post_mean) > 100 * post_sd
 
 
@@ -209,8 +192,8 @@ def test_a_newton_step_that_raises_the_released_gradient_is_undone():
         mu = pm.Normal("mu", 0.0, 10.0)
         s = pm.HalfNormal("s", 5.0)
         pm.Normal("x", mu, s, observed=x)
-    newton = _laplace_without_noise(model, x.size, centred=True)
-    damped = _laplace_without_noise(model, x.size, centred=False)
+    newton = exact_laplace(model, x.size, centred=True)
+    damped = exact_laplace(model, x.size, centred=False)
     assert newton.newton_rejected == 1 and damped.newton_rejected is None
     assert len(newton.path) == len(damped.path) - 1
     np.testing.assert_allclose(newton.path, damped.path[:-1], atol=1e-6)

@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import glmm_model
 from scipy import stats
 
 from pymc_dp.auto import plan
@@ -197,21 +198,6 @@ def test_the_one_shot_prediction_counts_its_draws_monte_carlo_error():
     assert e * worst_of(d) < 0.97 * mc  # the noise alone
 
 
-def _glmm(n: int, groups: int = 10, seed: int = 0) -> pm.Model:
-    """bench_auto's Poisson GLMM: a non-centred random intercept and one slope."""
-    rng = np.random.default_rng(seed)
-    g = rng.integers(groups, size=n)
-    x = rng.normal(size=n)
-    y = rng.poisson(np.exp(0.3 + 0.5 * x + rng.normal(0, 0.4, groups)[g]))
-    with pm.Model() as m:
-        b0 = pm.Normal("b0", 0, 2)
-        b1 = pm.Normal("b1", 0, 2)
-        sd = pm.HalfNormal("sd", 1)
-        z = pm.Normal("z", 0, 1, shape=groups)
-        pm.Poisson("y", pm.math.exp(b0 + b1 * x + sd * z[g]), observed=y)
-    return m
-
-
 def test_the_plan_predicts_the_strategy_the_glmm_run_returns():
     """bench_auto's Poisson GLMM (n = 20 000): every measured run gave way to the one-shot
     strategy at epsilon 1 and 3 (5 of 5 DP seeds each, `dp_method` "laplace"; the penalty
@@ -219,7 +205,7 @@ def test_the_plan_predicts_the_strategy_the_glmm_run_returns():
     The plan says so (`Plan.returns`) and predicts that strategy's error. Before, with the
     normal hierarchy's sensitivity range (20-85) for every likelihood, it gave way over 41 %
     of the range at epsilon 3 and the chain's error (0.48) was predicted."""
-    with _glmm(20_000):
+    with glmm_model(20_000):
         by_eps = {e: plan(epsilon=e, delta=1e-6, verbose=False) for e in (1.0, 3.0, 10.0)}
     for e, want in ((1.0, "laplace"), (3.0, "laplace"), (10.0, "chain")):
         p = by_eps[e]
@@ -249,7 +235,7 @@ def test_the_chains_fallback_is_planned_with_the_budget_the_run_gives_it():
         seen.append(z)
         return real(fns, q, b, m, z, rng)
 
-    model = _glmm(1_000, groups=4, seed=1)
+    model = glmm_model(1_000, groups=4, seed=1)
     with model:
         p = plan(epsilon=1.0, delta=1e-6, chains=2, verbose=False)
         assert p.returns == "laplace"
@@ -289,7 +275,7 @@ def test_the_one_shot_prediction_counts_the_released_curvatures_error_over_its_s
         seen.append(float(np.sqrt(np.mean(c2[data]))))
         return real(first, second, data, **kw)
 
-    with _glmm(5_000, groups=10, seed=1):
+    with glmm_model(5_000, groups=10, seed=1):
         p = plan(epsilon=3.0, delta=1e-6, chains=2, verbose=False)
         assert p.returns == "laplace"
         for seed in (1, 2):

@@ -6,26 +6,11 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import pymc as pm
 import pytest
+from conftest import glmm_model
 
 import pymc_dp
 import pymc_dp.auto.configure as configure
-
-
-def _glmm(n: int, groups: int, seed: int) -> pm.Model:
-    """bench_auto's Poisson GLMM: a non-centred random intercept and one slope."""
-    rng = np.random.default_rng(seed)
-    g = rng.integers(groups, size=n)
-    x = rng.normal(size=n)
-    y = rng.poisson(np.exp(0.3 + 0.5 * x + rng.normal(0, 0.4, groups)[g]))
-    with pm.Model() as m:
-        b0 = pm.Normal("b0", 0, 2)
-        b1 = pm.Normal("b1", 0, 2)
-        sd = pm.HalfNormal("sd", 1)
-        z = pm.Normal("z", 0, 1, shape=groups)
-        pm.Poisson("y", pm.math.exp(b0 + b1 * x + sd * z[g]), observed=y)
-    return m
 
 
 def _slope_noise_ratio(whiten: bool, seed: int) -> float:
@@ -39,7 +24,7 @@ def _slope_noise_ratio(whiten: bool, seed: int) -> float:
         seen.setdefault("step", (out, kw["noise_std"]))
         return out
 
-    with _glmm(3_000, 6, 1), warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
+    with glmm_model(3_000, 6, 1), warnings.catch_warnings(), pytest.MonkeyPatch.context() as mp:
         warnings.simplefilter("ignore")
         mp.setattr(configure, "newton_step", spy)
         if not whiten:

@@ -8,15 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import exact_laplace
 
 from pymc_dp.kernels import warmstart
 from pymc_dp.kernels.warmstart import (
     _Curvature,
-    clip_grid,
-    private_laplace,
     step_merit_check,
 )
-from pymc_dp.records import build_record_functions
 
 
 def _normal_mean(seed: int = 3, n: int = 400):
@@ -28,25 +26,6 @@ def _normal_mean(seed: int = 3, n: int = 400):
         pm.Normal("x", mu, 1.0, observed=x)
     v = 1.0 / (x.size + 1e-4)
     return model, x, v * x.sum(), np.sqrt(v)
-
-
-def _laplace(model, n, z_hist, seed=0, newton_steps=10):
-    """`private_laplace` with clipping inactive (quantile 1) and the sums' noise 1e-12;
-    ``z_hist`` the histograms' noise multiplier per iteration."""
-    ip = model.initial_point()
-    fns, _ = build_record_functions(model, model.value_vars, ip)
-    q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
-    return private_laplace(
-        q0=q0, n=n, prior_grad=lambda q: fns.prior_logp_and_grad(q)[1],
-        clipped_moments=lambda q, b, b2, m, c=None: fns.clipped_grad_moments(
-            q, b, m, outer_bound=b2, centre=c
-        ),
-        grad_counts_above=lambda q, g, m: fns.grad_norm_counts(q, g, m),
-        grid=clip_grid(1e-3, 1e4, 40), quantile=1.0 - 1e-9, outer_quantile=1.0 - 1e-9,
-        grad_noise_multiplier=1e-12, outer_noise_multiplier=1e-12,
-        hist_noise_multiplier=z_hist, newton_steps=newton_steps,
-        rng=np.random.default_rng(seed),
-    )  # fmt: skip
 
 
 def test_a_histogram_that_says_nothing_keeps_the_last_clip_bound(monkeypatch):
@@ -61,7 +40,7 @@ def test_a_histogram_that_says_nothing_keeps_the_last_clip_bound(monkeypatch):
     model, x, post_mean, post_sd = _normal_mean()
     z = np.full(11, 1e-12)
     z[10] = 1e6
-    info = _laplace(model, x.size, z)
+    info = exact_laplace(model, x.size, z_hist=z)
     assert info.empty_histograms == 1  # the seeded noise passed no threshold
     assert info.clip_bounds[10] == info.clip_bounds[9]
     assert abs(info.mean[0] - post_mean) < 1e-3 * post_sd
@@ -69,7 +48,7 @@ def test_a_histogram_that_says_nothing_keeps_the_last_clip_bound(monkeypatch):
     assert info.cov[0, 0] == pytest.approx(var, rel=1e-3)
     # the same releases, the grid's smallest bound taken: the failure the rule is for
     monkeypatch.setattr(warmstart, "EMPTY_HISTOGRAM_KEEPS_BOUND", False)
-    old = _laplace(model, x.size, z)
+    old = exact_laplace(model, x.size, z_hist=z)
     assert old.clip_bounds[10] < 1e-2 * old.clip_bounds[9]
     assert old.cov[0, 0] > 100 * var
 
@@ -116,6 +95,6 @@ def test_the_noise_free_damped_path_far_from_the_mode_is_not_checked(monkeypatch
         s = pm.HalfNormal("s", 5.0)
         pm.Normal("x", mu, s, observed=x)
     monkeypatch.setattr(warmstart, "CHECK_AFTER_REJECTION", True)  # off by default
-    info = _laplace(model, x.size, 1e-12)
+    info = exact_laplace(model, x.size, z_hist=1e-12)
     assert info.newton_rejected == 1 and info.steps_undone == 0
     assert abs(info.path[-1][0] - x.mean()) < 0.1 * x.std() / np.sqrt(x.size)
