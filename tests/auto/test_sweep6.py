@@ -68,6 +68,17 @@ def _conditional_posterior(x, y):
     "(randhie, epsilon 1, seed 4) is 4.7 of its own sds off in the intercept, unwarned",
 )
 def test_sweep6_loglin_epsilon1_not_confidently_wrong():
+    # Diagnosed (helper 233, dev-only decomposition of each one-shot end against the exact
+    # mode): not the clipping (the clipped and unclipped sums' difference moves the ends
+    # 0.01-0.06 posterior sds; 8-14 records beyond the bound, none beyond twice it) and not
+    # the release noise (at most 1.87 posterior sds, chi-square 0.33 in the result's noise
+    # covariance), but the released curvature's error over the steps: -15.4 posterior sds
+    # in the intercept, -12.9 in disea's coefficient. The steps' averaged curvature zeroed
+    # the whitened Hessian's off-diagonal entries below the 3.74-sd threshold (a x disea
+    # -0.399, 2.86 noise sds): its eigenvalues 0.69-1.14 against the Hessian's 0.10-1.90,
+    # 7.7 times it along a + b[5], so each step goes a seventh of the way there from a warm
+    # start that approached from below, and `curvature_step_cov` (first order, along the
+    # short step) puts that error at 2.9-3.5 posterior sds where it is 14.5-16.2.
     x, y = _randhie()
     mean, sd = _conditional_posterior(x, y)
     with pm.Model():
