@@ -57,7 +57,6 @@ from pymc_dp.auto.predict import Prediction, best_independent_length, random_wal
 from pymc_dp.diagnostics import MIN_ACCEPT, MIN_ESS, ConvergenceWarning
 from pymc_dp.kernels import warmstart as warmstart_kernel
 from pymc_dp.kernels.warmstart import (
-    EMPTY_HISTOGRAM_KEEPS_BOUND,
     HESSIAN_FD_STEP,
     HISTOGRAM_SENSITIVITY,
     clip_grid,
@@ -1437,11 +1436,6 @@ def _anchor_clip_bound(plan, fns, q, transform, info, free, rng, spend) -> float
     std = z * HISTOGRAM_SENSITIVITY
     noisy = histogram_from_counts(n, counts) + rng.normal(size=grid.size + 1) * std
     sds = bonferroni_sds(noisy.size, 1e-3)
-    if not np.any(noisy >= sds * std) and info.clip_bounds and EMPTY_HISTOGRAM_KEEPS_BOUND:
-        # no bin passed its threshold: the quantile would be the grid's smallest bound and
-        # clip every record to about 0 (as in the warm start, `EMPTY_HISTOGRAM_KEEPS_BOUND`);
-        # the warm start's last released bound instead (post-processing)
-        return float(info.clip_bounds[-1])
     return histogram_quantile(noisy, grid, ONESHOT_CLIP_QUANTILE, n, std, sds, ONESHOT_EXTEND_SDS)
 
 
