@@ -669,6 +669,23 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 NoiseDominatedWarning,
                 stacklevel=3,
             )
+        if (
+            check is not None
+            and check.zeroed_widening > CURVATURE_WIDENING_WARN
+            and not check.curvature_widening > CURVATURE_WIDENING_WARN
+        ):
+            # DP outputs (`pymc_dp.auto.oneshot.zeroed_damping`)
+            warnings.warn(
+                "the released curvature's off-diagonal entries below their noise threshold "
+                "were set to 0; their possible true values would make its intervals up to "
+                f"{check.zeroed_widening:.3g} times as wide (attribute "
+                "dp_oneshot_zeroed_widening): the curvature may overstate the posterior's "
+                "along a direction the Newton steps then fall short in, by more than the "
+                "intervals say (they may be too narrow or off); a larger epsilon or more "
+                "records would help",
+                NoiseDominatedWarning,
+                stacklevel=3,
+            )
         if check is not None and check.clip_bias > CLIP_BIAS_WARN:
             # DP outputs (`pymc_dp.auto.oneshot.clip_tail`)
             declared = plan.clip_sources.get("warm-start gradient clip") == "data_bounds"

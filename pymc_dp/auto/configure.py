@@ -325,6 +325,8 @@ class AutoPlan:
             out["dp_oneshot_step_chi2"] = self.oneshot.step_chi2
             out["dp_oneshot_converged"] = int(self.oneshot.converged)
             out["dp_oneshot_curvature_widening"] = float(self.oneshot.curvature_widening)
+            # DP output: the same with the curvature's thresholded entries' possible truth
+            out["dp_oneshot_zeroed_widening"] = float(self.oneshot.zeroed_widening)
             # DP outputs: which parameters the data could not tell from the noise
             out["dp_oneshot_prior_wide"] = ", ".join(self.prior_wide)
             out["dp_oneshot_trust_cut"] = int(self.oneshot.cut)

@@ -21,6 +21,7 @@ from pymc_dp.auto.oneshot import (
     newton_step,
     noise_aware_laplace,
     release_gradient_sum,
+    zeroed_damping,
 )
 from pymc_dp.auto.recentre import find_recentring
 from pymc_dp.records import build_record_functions
@@ -464,6 +465,67 @@ def test_a_noisy_curvature_far_from_the_mode_is_covered_where_the_check_passes()
     assert pairs > 600, passed
     assert beyond / pairs <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / pairs), beyond / pairs
     assert bare_beyond / pairs > 0.07, bare_beyond / pairs
+
+
+def test_zeroed_damping_is_the_row_norm_of_the_thresholded_entries_sds():
+    """Closed form: per row the root sum of squares of its thresholded entries' sds (those
+    ``thr / sqrt 3`` times the noise's), none from the kept entries or the diagonal, mapped
+    by the release's whitening ``B diag(r) B^T``."""
+    sd = 0.35
+    t = np.full((3, 3), sd)
+    t[0, 1] = t[1, 0] = t[0, 2] = t[2, 0] = 3.0 / np.sqrt(3.0) * sd  # zeroed
+    basis = np.array([[2.0, 0.0, 0.0], [0.5, 1.0, 0.0], [0.1, -0.3, 1.5]])
+    r = np.array([np.sqrt(2.0), 1.0, 1.0]) * np.sqrt(3.0) * sd
+    assert np.allclose(zeroed_damping(t, basis), basis @ np.diag(r) @ basis.T, atol=1e-12)
+    assert np.all(zeroed_damping(np.full((3, 3), sd), basis) == 0.0)
+
+
+def test_a_thresholded_curvature_that_overstates_the_hessian_is_flagged():
+    """Closed form (helper 234; the sixth sweep's log-linear cell in two coordinates): the
+    Hessian ``H = [[1, -0.9], [-0.9, 1]]`` (whitened; eigenvalue 0.1 along ``(1, 1)``), its
+    release with entry noise sd 0.35: the off-diagonal -0.9 is below the 3-sd threshold
+    (1.05), zeroed, and the released ``P = I`` is 10 times ``H`` along ``(1, 1)``. From an
+    anchor 30 units out along it, exact gradients: each step goes a tenth of the way
+    (``m1 = 0.9 a``, ``m2 = 0.81 a``), the two ends agree within their noise, and the result
+    is off by ``0.855 a``, beyond 2 of its sds in both coordinates, with ``curvature_widening``
+    below `CURVATURE_WIDENING_WARN` (unwarned before). With the zeroed entry's possible truth
+    in the damping (`zeroed_damping`, sd ``sqrt 3 * 0.35`` per row) ``P_c`` falls to the floor
+    (``1 - 0.7 - 0.606 < 0``): ``zeroed_widening`` is ``sqrt(1 / 1e-3)`` and flags it, and
+    ``cov_zeroed`` covers each end's known shortfall where ``cov_c`` does not. The same
+    Hessian released with the entry kept: nothing zeroed, ``zeroed_widening`` equals
+    ``curvature_widening``, and the result covers the mode."""
+    from pymc_dp.auto.oneshot import CURVATURE_WIDENING_WARN
+
+    sd, floor = 0.35, 1e-3
+    hessian = np.array([[1.0, -0.9], [-0.9, 1.0]])
+    anchor = -30.0 * np.ones(2) / np.sqrt(2.0)  # the mode at 0
+    data = np.ones(2, dtype=bool)
+
+    def run(curvature, entry_std):
+        kw = dict(
+            prior_grad=np.zeros(2), precision=curvature, damping=2.0 * sd * np.eye(2),
+            basis=np.eye(2), data=data, noise_std=2.0, prior_precision_floor=floor,
+            curvature_entry_std=entry_std, curvature_basis=np.eye(2),
+        )  # fmt: skip
+        first = newton_step(anchor=anchor, released_grad=-hessian @ anchor, **kw)
+        second = newton_step(anchor=first.mean, released_grad=-hessian @ first.mean, **kw)
+        return first, second, noise_aware_laplace(first, second, data)
+
+    zeroed = np.full((2, 2), sd)
+    zeroed[0, 1] = zeroed[1, 0] = 3.0 / np.sqrt(3.0) * sd
+    first, second, res = run(np.eye(2), zeroed)
+    assert np.allclose(first.mean, 0.9 * anchor) and np.allclose(second.mean, 0.81 * anchor)
+    assert res.converged
+    assert np.all(np.abs(res.mean) > 2.0 * np.sqrt(np.diag(res.cov)))  # confidently off
+    assert res.curvature_widening < CURVATURE_WIDENING_WARN
+    assert res.zeroed_widening == pytest.approx(np.sqrt(1.0 / floor), rel=1e-9)
+    for end in (first, second):
+        assert np.all(np.abs(end.mean) > 2.0 * np.sqrt(np.diag(end.cov_c)))
+        assert np.all(np.abs(end.mean) < 2.0 * np.sqrt(np.diag(end.cov_zeroed)))
+    _, kept_second, kept = run(hessian, np.full((2, 2), sd))
+    assert kept_second.cov_zeroed is None
+    assert kept.zeroed_widening == kept.curvature_widening
+    assert np.all(np.abs(kept.mean) < 2.0 * np.sqrt(np.diag(kept.cov)))
 
 
 def test_the_check_counts_the_curvature_error_of_each_end():
