@@ -141,8 +141,9 @@ class PrivacyReport:
         return out
 
     def __str__(self) -> str:
-        # first line: NOT DIFFERENTIALLY PRIVATE, else NOT CONVERGED, else the guarantee
-        unconverged = self.convergence.startswith("NOT CONVERGED")
+        # first line: NOT DIFFERENTIALLY PRIVATE, else NOT CONVERGED / NOT USABLE / IN
+        # DOUBT (`pymc_dp.sampling`'s ``dp_convergence``), else the guarantee
+        unconverged = self.convergence.startswith(UNUSABLE_PREFIXES)
         lines = []
         if self.not_private_reasons:
             lines += [
@@ -813,6 +814,11 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
+
+
+#: the convergence lines the report's first line repeats: the chains did not converge, the
+#: one-shot strategy gave way, or its released curvature may hide a shortfall
+UNUSABLE_PREFIXES = ("NOT CONVERGED", "NOT USABLE", "IN DOUBT")
 
 
 def _convergence_line(idata, posterior, stats) -> str:

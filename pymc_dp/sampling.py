@@ -509,6 +509,20 @@ def _run(run: _Request, step, presample=None):
             f"beyond their noise: chi-square {attrs['dp_oneshot_step_chi2']:.4g}; its "
             "intervals were widened)"
         )
+    if (
+        attrs.get("dp_converged") != 0
+        and attrs.get("dp_oneshot_zeroed_widening", 0.0) > CURVATURE_WIDENING_WARN
+        and not attrs.get("dp_oneshot_curvature_widening", 0.0) > CURVATURE_WIDENING_WARN
+    ):
+        # the released curvature's zeroed entries could hide a shortfall of its Newton
+        # steps that its intervals do not cover (`pymc_dp.auto.oneshot.zeroed_damping`)
+        attrs["dp_converged"] = 0
+        attrs["dp_convergence"] = (
+            "IN DOUBT (the one-shot approximation's released curvature had off-diagonal "
+            "entries below their noise threshold set to 0; their possible values would make "
+            f"its intervals up to {attrs['dp_oneshot_zeroed_widening']:.3g} times as wide: "
+            "they may be too narrow or off)"
+        )
     if attrs.get("dp_groupstats_converged") == 0:
         # the resampled draws always mix; the noise-aware posterior's own NUTS run did not
         attrs["dp_converged"] = 0
@@ -683,7 +697,7 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 "along a direction the Newton steps then fall short in, by more than the "
                 "intervals say (they may be too narrow or off); a larger epsilon or more "
                 "records would help",
-                NoiseDominatedWarning,
+                OneShotWarning,
                 stacklevel=3,
             )
         if check is not None and check.clip_bias > CLIP_BIAS_WARN:

@@ -68,6 +68,32 @@ def test_report_of_a_pm_sample_result_says_whether_the_chains_converged():
     assert head[0].startswith("NOT DIFFERENTIALLY PRIVATE") and head[2].startswith("NOT CONVERGED")
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "NOT USABLE (the chain gave way)",
+        "IN DOUBT (the one-shot approximation's released curvature had off-diagonal entries "
+        "below their noise threshold set to 0)",
+    ],
+)
+def test_report_puts_an_unusable_or_doubtful_result_first(line):
+    """``pymc_dp.sample`` writes ``NOT USABLE`` (the one-shot fallback) and ``IN DOUBT``
+    (the zeroed curvature entries, `pymc_dp.auto.oneshot.zeroed_damping`) convergence lines;
+    the report's first line repeats them as it does NOT CONVERGED (before: only NOT
+    CONVERGED came first, the others sat below the guarantee)."""
+    model, *_ = normal_mean_model(n=20, d=1)
+    with model:
+        idata = pymc_dp.sample(
+            step=pymc_dp.DPPenaltyMetropolis,
+            epsilon=1.0, delta=1e-5, step_kwargs={"clip_bound": 3.0},
+            draws=20, tune=10, chains=1, cores=1, random_seed=2, **SAMPLE,
+        )  # fmt: skip
+    idata.attrs["dp_convergence"] = line
+    head = str(pymc_dp.privacy_report(idata, delta=1e-5, model=model)).splitlines()
+    assert head[0].strip().startswith(line.split(" (")[0]), head[:2]
+    assert any(h.strip().startswith("(epsilon, delta) = (") for h in head[1:4]), head[:4]
+
+
 def test_report_survives_netcdf_round_trip(tmp_path):
     model, *_ = normal_mean_model(n=20, d=1)
     with model:
