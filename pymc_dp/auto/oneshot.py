@@ -662,7 +662,13 @@ def newton_step(
     step, cut = trust_region(full, max_move)
     pc = p - np.asarray(damping, dtype=float)
     w, v = np.linalg.eigh(0.5 * (pc + pc.T))
-    w = np.maximum(w, max(prior_precision_floor, 1e-12 * float(np.max(np.abs(w)))))
+    # floored at the prior's curvature, and (conditioning) at 1e-12 of the largest
+    # *positive* eigenvalue: where the damping takes every direction below 0 the released
+    # curvature is noise only and ``P_c`` is the floor. Before, 1e-12 of the largest in
+    # absolute value: a noise-only curvature of 1e28 (the warm start's floors fed back into
+    # its whitening, `pymc_dp.kernels.warmstart.curvature_cap`), all of it damped below 0,
+    # gave ``P_c`` 3.5e16 and a result with sds of 5e-9 (30 records at epsilon 0.05)
+    w = np.maximum(w, max(prior_precision_floor, 1e-12 * float(np.max(w, initial=0.0))))
     k = cov_p @ (basis * data[None, :].astype(float))
     curv = np.zeros_like(p)
     if curvature_entry_std is not None and curvature_basis is not None:
