@@ -45,9 +45,8 @@ def test_a_histogram_that_says_nothing_keeps_the_last_clip_bound(monkeypatch):
     model, x, post_mean, post_sd = _normal_mean()
     z = np.full(11, 1e-12)
     z[10] = 1e6
-    # the rule is off by default (a noise-dominated run's result came out confidently
-    # narrow with it: `EMPTY_HISTOGRAM_KEEPS_BOUND`); its mechanism, switched on
-    monkeypatch.setattr(warmstart, "EMPTY_HISTOGRAM_KEEPS_BOUND", True)
+    # the rule is on by default (`EMPTY_HISTOGRAM_KEEPS_BOUND`, seventeenth session)
+    assert warmstart.EMPTY_HISTOGRAM_KEEPS_BOUND
     info = exact_laplace(model, x.size, z_hist=z)
     assert info.empty_histograms == 1  # the seeded noise passed no threshold
     # the last bound, carried to this iteration's whitening (``||B10^-1 B9||_2``; here
