@@ -113,7 +113,10 @@ def averaged_curvature(
     mean gradient), about ``|g|^2 / n`` near the mode (measured on the GLMM of bench_auto:
     about 0.003 against entries about 1 and noise sds 0.03-0.05). ``info.precision``,
     ``damping``, ``curvature_entry_std`` and ``cov`` are replaced; returns how many
-    releases were averaged (1: nothing changed). Post-processing of released values.
+    releases were averaged (1: nothing changed). The average's eigenvalues are capped at the
+    largest of the releases' caps (`pymc_dp.kernels.warmstart.curvature_cap`, ``c_k``) in
+    the last release's coordinates, ``c_k ||T_k||_2^2``: what the records could contribute
+    at any of the iterates. Post-processing of released values.
     """
     entries = list(info.curvatures)
     if len(entries) < 2 or last < 2:
@@ -143,8 +146,10 @@ def averaged_curvature(
     dd = np.ix_(data, data)
     total = np.zeros((int(data.sum()),) * 2)
     weight = np.zeros_like(total)
+    cap = 0.0  # the releases' largest cap in the last one's coordinates (`curvature_cap`)
     for curv in used:
         t = (b_inv @ curv.basis)[dd]
+        cap = max(cap, float(getattr(curv, "cap", np.inf)) * float(np.linalg.norm(t, 2)) ** 2)
         s2 = np.nan_to_num(np.asarray(curv.s2, dtype=float), nan=0.0, posinf=0.0, neginf=0.0)
         moved = t @ s2[dd] @ t.T
         var = float(curv.outer_std) ** 2 * transformed_entry_var(t)
@@ -164,7 +169,7 @@ def averaged_curvature(
         hub = np.zeros(d, dtype=bool)
         hub[data] = hub_rows(s2[dd] / std, HUB_FAMILY_WISE)
         keep[hub, :] = keep[:, hub] = True
-    curv = _Curvature(s2, std, data, ref.basis, ref.p_hess, keep=keep)
+    curv = _Curvature(s2, std, data, ref.basis, ref.p_hess, keep=keep, cap=cap)
     scale = float(info.curvature_scale)
     info.precision = scale * curv.prec
     info.damping = scale * np.asarray(curv.damping, dtype=float)

@@ -52,6 +52,7 @@ __all__ = [
     "HISTOGRAM_THRESHOLD_SDS",
     "LaplaceInfo",
     "clip_grid",
+    "curvature_cap",
     "histogram_from_counts",
     "histogram_quantile",
     "OUTER_SENSITIVITY",
@@ -240,14 +241,39 @@ class LaplaceInfo:
 PD_RELATIVE_FLOOR = 1e-12
 
 
-def _pd_floor(h: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+def _pd_floor(
+    h: np.ndarray, floor: float, cap: float = float("inf")
+) -> tuple[np.ndarray, np.ndarray]:
     """``(precision, covariance)`` of a symmetrised Hessian whose eigenvalues are floored
-    (at ``floor``, and at `PD_RELATIVE_FLOOR` of the largest)."""
+    (at ``floor``, and at `PD_RELATIVE_FLOOR` of the largest) and capped at ``cap`` (the
+    floor itself at most ``cap``: `curvature_cap`)."""
     h = 0.5 * (h + h.T)
     w, v = np.linalg.eigh(h)
     w = np.maximum(w, max(floor, PD_RELATIVE_FLOOR * float(np.max(np.abs(w), initial=0.0))))
+    if cap < float(np.max(w, initial=0.0)):
+        w = np.minimum(w, cap)
     prec, cov = (v * w) @ v.T, (v / w) @ v.T
     return 0.5 * (prec + prec.T), 0.5 * (cov + cov.T)
+
+
+def curvature_cap(n: int, per_record: float) -> float:
+    """The largest eigenvalue a released curvature's exact sum can have, in the whitened
+    coordinates of its release: ``n`` records each contributing a symmetric matrix of
+    spectral norm at most ``per_record`` (a per-record Hessian clipped to Frobenius norm
+    ``B``: ``B``; an outer product of a gradient clipped to norm ``b'``: ``b'^2``), so the
+    sum's spectral norm is at most ``n per_record`` (the triangle inequality). Public: ``n``
+    and the clip bound are. ``inf`` where it is not a positive finite number.
+
+    Why. A release whose noise is far above what its records can contribute is floored at
+    its noise level (`_Curvature`), and that level can be orders of magnitude above the
+    cap: measured (dev-only), a normal model of 30 records at epsilon 0.05 with every
+    histogram noise only and the clip bound kept (`EMPTY_HISTOGRAM_KEEPS_BOUND`), the
+    per-record Hessians' bound 10 (cap 300) and the noise level 2.1e4; each iteration's
+    floor became the next iteration's whitening, and the precision grew ~1e4-fold an
+    iteration, to 2.5e39 at the tenth.
+    """
+    c = float(n) * float(per_record)
+    return c if np.isfinite(c) and c > 0.0 else float("inf")
 
 
 #: A Newton step's secant ratio (`secant_ratio`) whose upper bound, at
@@ -356,13 +382,19 @@ def move_bounded(step: np.ndarray, max_move: np.ndarray | None) -> tuple[np.ndar
 
 
 #: A warm-start histogram none of whose bins passed its threshold keeps the last
-#: iteration's clip bound (`private_laplace`), instead of its quantile, the grid's smallest.
-#: **Off**: on a normal model of 30 records at epsilon 0.05 (`tests/auto/test_trust_region.py`'s
+#: iteration's clip bound (`private_laplace`), carried to the new whitening, instead of its
+#: quantile, the grid's smallest. On since the seventeenth session. Off in the sixteenth: on a
+#: normal model of 30 records at epsilon 0.05 (`tests/auto/test_trust_region.py`'s
 #: noise-dominated run, DP seed 5) it made the one-shot result confidently narrow, ``mu``'s sd
-#: 3.9e-07 and ``sigma``'s 1.2e-07 at the prior's start, where with the grid's smallest bound
-#: the result is prior-wide and says so (sds 5.92 and 1.23); it had lowered a Lognormal
-#: regression of 935 real wages at epsilon 3, DP seed 2, from 48.9 to 6.36 NUTS sds.
-EMPTY_HISTOGRAM_KEEPS_BOUND = False
+#: 3.9e-07: the bound was kept as a number while the whitening grew with each curvature's
+#: floored noise (the precision to 2.5e39), and the one-shot step's ``P_c`` was floored at
+#: 1e-12 of it. With the bound carried, the curvature capped (`curvature_cap`) and ``P_c``
+#: floored at the prior's where the damping leaves no positive direction, that run is
+#: prior-wide and warned with the rule as without it; measured (DP seeds 0-3, max error in
+#: NUTS sds), a Lognormal regression of 935 real wages at epsilon 3: 51.5 / 48.8 / 48.9 / 49.7
+#: without, 51.5 / 5.93 / 2.4 / 49.7 with (epsilon 10 unchanged); bench_auto's logistic3,
+#: linear3 and glmm at epsilon 1 / 3 / 10 (5 seeds) unchanged to the digit.
+EMPTY_HISTOGRAM_KEEPS_BOUND = True
 
 
 #: Trust region of the uncentred (damped) Fisher-scoring steps, in standard deviations of
@@ -405,16 +437,22 @@ class _Curvature:
     prior's curvature carries them, undamped). Eigenvalues of the
     data block are floored at the noise level of the released curvature: the thresholded
     noise is sparse where the curvature is, about 2 sqrt(k) sds for k entries kept in the
-    fullest row (sqrt(d) when the released matrix is dense); half of that.
+    fullest row (sqrt(d) when the released matrix is dense); half of that. ``cap``
+    (`curvature_cap`: ``n`` times the per-record bound, public): no eigenvalue of the data
+    block exceeds what the records clipped at the release's bound can contribute, the
+    floor included (a release whose noise is beyond the cap is noise only there).
     """
 
     #: whether ``s2`` is the per-record Hessians' sum (``clipped_hessians``), not the outer
     #: products': `pymc_dp.auto.curvature.averaged_curvature` averages one kind only
     hessian: bool = False
 
-    def __init__(self, s2, outer_std, data, basis, p_hess, keep=None) -> None:
+    def __init__(self, s2, outer_std, data, basis, p_hess, keep=None, cap=None) -> None:
         self.s2, self.outer_std, self.data, self.basis = s2, outer_std, data, basis
         self.p_hess = p_hess
+        #: the most the records can contribute to an eigenvalue of the data block, in ``w``
+        #: (`curvature_cap`; ``inf``: not given): the floored eigenvalues are capped there
+        self.cap = float("inf") if cap is None else float(cap)
         d = s2.shape[0]
         fisher = np.nan_to_num(s2, nan=0.0, posinf=0.0, neginf=0.0)
         off = ~np.eye(d, dtype=bool)
@@ -435,7 +473,12 @@ class _Curvature:
         noise_level = np.sqrt(max(kept, 1)) * outer_std
         f_w = np.zeros((d, d))
         if data.any():
-            f_w[np.ix_(data, data)] = _pd_floor(fisher[np.ix_(data, data)], noise_level)[0]
+            # floored at the noise level, capped at what the records can contribute: a
+            # release whose noise is beyond the cap says nothing the cap does not
+            with np.errstate(divide="ignore"):
+                f_w[np.ix_(data, data)] = _pd_floor(
+                    fisher[np.ix_(data, data)], min(noise_level, self.cap), self.cap
+                )[0]
         self.f_data = basis @ f_w @ basis.T
         self.p_floor = max(1e-8, float(np.linalg.eigvalsh(p_hess).min()))
         self.prec, self.cov = _pd_floor(self.f_data + p_hess, self.p_floor)
@@ -451,7 +494,8 @@ class _Curvature:
         released centre): far from the mode the mean part damps the step along the
         gradient, as in Levenberg-Marquardt."""
         s2 = self.s2 + n * np.outer(centre, centre)
-        out = _Curvature(s2, self.outer_std, self.data, self.basis, self.p_hess)
+        cap = self.cap + n * float(np.dot(centre, centre))
+        out = _Curvature(s2, self.outer_std, self.data, self.basis, self.p_hess, cap=cap)
         out.hessian = self.hessian
         out.metric = self.metric
         return out
@@ -896,6 +940,7 @@ def private_laplace(
     # each parameter about the same share of its own information, where in the model's
     # coordinates the coordinate with the largest per-record gradients sets the bound for all
     basis = np.eye(d)  # gradients in w: basis^{-1} g; sums back in y: basis @ s
+    last_basis = basis  # the whitening of the last iteration's clip bounds
     # whitened gradients have sum_i g_i g_i^T ~ I, so norms ~ sqrt(d / n): once whitened, the
     # histograms use a public grid around that scale (a wide grid's many empty bins each add
     # a chance that noise passes for a count at the top)
@@ -921,11 +966,19 @@ def private_laplace(
                 # clipped to 0, the next step to the prior's move bound, log sigma from
                 # -1.19 to -4.11, the later releases whitened by that curvature; DP seeds 0-3,
                 # the result 51.5 / 48.8 / 48.9 / 49.7 NUTS sds off, flagged, before, and
-                # 51.5 / 48.8 / 6.36 / 49.7 after: seed 2 no longer prior-wide). The last
-                # iteration's bound instead, or the public grid's middle at the first
-                # (post-processing either way: the bounds and the histogram are released)
+                # 51.5 / 48.8 / 6.36 / 49.7 after: seed 2 no longer prior-wide; with the
+                # bound carried as below, 51.5 / 5.93 / 2.4 / 49.7). The last iteration's
+                # bound instead, or the public grid's middle at the first (post-processing
+                # either way: the bounds and the histogram are released).
+                # The last bound is carried to this iteration's whitening: ``||M' g|| <=
+                # ||M' M^-1||_2 ||M g||``, so that it keeps the records it kept (public).
+                # Kept as a number while the whitening grew, it was a bound in ever smaller
+                # units: a noise-only run (every histogram empty, 30 records at epsilon
+                # 0.05) released each curvature at a bound ~1e4 times its records' reach,
+                # the floored noise whitened the next iteration, and the precision grew to
+                # 2.5e39 (dev-only trace; `curvature_cap`)
                 if info.clip_bounds:
-                    b = float(info.clip_bounds[-1])
+                    b = float(info.clip_bounds[-1]) * float(np.linalg.norm(m @ last_basis, 2))
                 else:
                     b = float(grid_it[grid_it.size // 2])
                 info.empty_histograms += 1
@@ -934,6 +987,7 @@ def private_laplace(
             b = float(clip_bound_at(q)) * float(np.linalg.norm(m, 2))
             b = b if np.isfinite(b) and b > 0 else float(grid[-1])
         info.clip_bounds.append(b)
+        last_basis = basis  # the whitening of this iteration's bounds
         # the outer products get their own, lower clip bound from the same released
         # histogram (post-processing): their noise grows like b^2, and a curvature biased
         # low only widens the approximation
@@ -980,6 +1034,7 @@ def private_laplace(
             centre = np.where(data, np.nan_to_num(s1), 0.0) / n
             s2 = clipped_hessians(q, b_hess, m)
             outer_std = hessian_noise_std(z_outer[it], b_hess)
+            curv_cap = curvature_cap(n, b_hess)
         elif newton:
             # release the gradient sum first; its noisy mean (public) centres the outer
             # products, whose clip bound grows by the centre's norm (``||c_i - cbar|| <=
@@ -995,19 +1050,22 @@ def private_laplace(
             s1 = np.asarray(s1, dtype=float) + rng.normal(size=d) * z_grad[it] * 2.0 * b
         if not hessian_now:
             outer_std = z_outer[it] * OUTER_SENSITIVITY * b_outer * b_outer
+            curv_cap = curvature_cap(n, b_outer * b_outer)
         s2 = np.asarray(s2, dtype=float) + _sym_noise(d, outer_std, rng)
         info.grad_releases += 2
         # -- post-processing of the three releases ---------------------------------------------
         s1w = s1
         s1 = basis @ np.where(data, np.nan_to_num(s1), 0.0)
         p_hess = np.nan_to_num(prior_hessian(q))
-        curv = _Curvature(s2, outer_std, data, basis, p_hess)
+        curv = _Curvature(s2, outer_std, data, basis, p_hess, cap=curv_cap)
         curv.hessian = hessian_now
         if checked and not newton and not hessian_now:
             # uncentred outer products: the merit's metric from them centred on the released
             # mean (``S2 - n cbar cbar^T``, both released: post-processing)
             cw = np.where(data, np.nan_to_num(s1w), 0.0) / n
-            curv.metric = _Curvature(s2 - n * np.outer(cw, cw), outer_std, data, basis, p_hess)
+            curv.metric = _Curvature(
+                s2 - n * np.outer(cw, cw), outer_std, data, basis, p_hess, cap=curv_cap
+            )
         prev_curvature = (np.where(np.isfinite(s2), s2, 0.0), basis, float(outer_std), hessian_now)
         g = s1 + prior_grad(q)
         grad_sd = float(z_grad[it]) * 2.0 * b

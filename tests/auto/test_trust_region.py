@@ -26,6 +26,7 @@ from pymc_dp.auto.oneshot import (
     trust_region,
     widen_to_prior,
 )
+from pymc_dp.kernels import warmstart
 from pymc_dp.records import build_record_functions
 from pymc_dp.step_methods.laplace import PriorBlock
 
@@ -229,7 +230,8 @@ def test_a_non_finite_result_is_never_drawn():
     assert not plan2.oneshot_fallback and plan2.prior_wide == [] and plan2.prior_block is None
 
 
-def test_a_noise_dominated_run_is_no_wider_than_its_prior():
+@pytest.mark.parametrize("keeps_bound", [False, True])
+def test_a_noise_dominated_run_is_no_wider_than_its_prior(keeps_bound, monkeypatch):
     """End to end: 30 records at epsilon 0.05 (the releases are mostly noise). The draws are
     finite; no parameter's sd in the model's transformed coordinates exceeds
     `PRIOR_WIDE_SDS` times the prior's spread about the draws' mean by more than their
@@ -239,7 +241,13 @@ def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     sigma, a log scale in ``y``, is **on its own scale** no wider than its prior (drawn from
     the prior, `pymc_dp.step_methods.laplace.PriorBlock`). Before, its Gaussian in ``log
     sigma`` held the prior's mean plus or minus 4 prior sds: at this seed sigma's sd
-    (``HalfNormal(2)``, prior sd 1.21) came out 560; now 1.23."""
+    (``HalfNormal(2)``, prior sd 1.21) came out 560; now 1.23. With and without
+    `EMPTY_HISTOGRAM_KEEPS_BOUND` (``keeps_bound``): with it every histogram of this run is
+    noise only and keeps its bound, and the result came out confidently narrow (``mu``'s
+    sd 3.9e-07, then 5.2e-09: the floored noise of each curvature whitened the next, to a
+    precision of 2.5e39, and the damped noise-only curvature's floor was 1e-12 of it;
+    `pymc_dp.kernels.warmstart.curvature_cap`, `newton_step`)."""
+    monkeypatch.setattr(warmstart, "EMPTY_HISTOGRAM_KEEPS_BOUND", keeps_bound)
     x = np.random.default_rng(2).normal(0.5, 1.0, size=30)
     with pm.Model() as model:
         pm.Normal("mu", 0.0, 3.0)
@@ -277,6 +285,36 @@ def test_a_noise_dominated_run_is_no_wider_than_its_prior():
     psd = 2.0 * np.sqrt(1 - 2 / np.pi)
     tol = 4 * np.sqrt((3.87 - 1) / 4 * (1 / 4000 + 1 / k))
     assert np.std(sigma) <= psd * (1 + tol), (np.std(sigma), psd)
+
+
+def test_a_noise_only_curvature_never_narrows_the_step_below_the_prior():
+    """The state the noise-dominated run with `EMPTY_HISTOGRAM_KEEPS_BOUND` reached (dev-only
+    trace, 30 records at epsilon 0.05): a released curvature ``P`` of 1e26-1e28, noise only,
+    its damping (two noise levels) above it in every direction. ``P_c = P - damping`` has
+    no positive eigenvalue: the releases say nothing of the curvature, and ``P_c`` is the
+    prior's floor, ``cov_c = I / floor``. Before, ``P_c`` was floored at 1e-12 of its largest
+    eigenvalue *in absolute value*, 3.5e16 there: ``cov_c`` 2.8e-17, a result with sds of
+    5e-9 and no prior-wide flag."""
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(2, 2))
+    p = 1e26 * (a @ a.T + np.eye(2))
+    damping = 2.0 * np.linalg.eigvalsh(p).max() * np.eye(2)
+    floor = 1.0 / 9.0
+    step = newton_step(
+        anchor=np.zeros(2), released_grad=np.array([0.3, -1.2]), prior_grad=np.zeros(2),
+        precision=p, damping=damping, basis=np.eye(2), data=np.ones(2, dtype=bool),
+        noise_std=0.65, prior_precision_floor=floor,
+    )  # fmt: skip
+    np.testing.assert_allclose(step.cov_c, np.eye(2) / floor, rtol=1e-9, atol=1e-9)
+    # a curvature the damping leaves positive in one direction keeps it (and the other at
+    # the floor): ``P_c`` from the data where they tell it from 0
+    p2 = np.diag([1e3, 1e28])
+    step2 = newton_step(
+        anchor=np.zeros(2), released_grad=np.zeros(2), prior_grad=np.zeros(2),
+        precision=p2, damping=np.diag([10.0, 2e28]), basis=np.eye(2),
+        data=np.ones(2, dtype=bool), noise_std=0.65, prior_precision_floor=floor,
+    )  # fmt: skip
+    np.testing.assert_allclose(np.diag(step2.cov_c), [1.0 / 990.0, 1.0 / floor], rtol=1e-9)
 
 
 # -- a warm start lost far out: the coordinates the curvature's noise dominates -----------
