@@ -564,9 +564,15 @@ class _Coordinates:
         self.spend = PresampleSpend() if spend is None else spend
         self.model, self.vars, self.point = model, vars, point
         self._prior_in_y: PriorInY | None = None
-        #: the phase an iteration's curvature release spends (`HESSIAN_PHASE` where the
-        #: per-record Hessians' sum takes the outer products' place)
-        self.curvature_phase = OUTER_PHASE
+
+    @property
+    def curvature_phase(self) -> str:
+        """The phase an iteration's curvature release spends: `HESSIAN_PHASE` where the plan
+        (``spend.phases``, `presample_phases`) has the per-record Hessians' sum in the outer
+        products' place, else `OUTER_PHASE`. Data-free."""
+        if any(p.name == HESSIAN_PHASE for p in self.spend.phases):
+            return HESSIAN_PHASE
+        return OUTER_PHASE
 
     def prior(self) -> PriorInY | None:
         """The prior's moments in ``y`` (`prior_in_y`, cached; None without the model)."""
@@ -1036,8 +1042,6 @@ def auto_configure(
         fns, Recentring(model, blocks, vars, ip) if blocks else None, spend, model, vars, ip
     )
     hessian_phase = hessian_curvature_phase(method)
-    if hessian_phase:
-        coords.curvature_phase = HESSIAN_PHASE
     plan.recentred = [b.describe() for b in blocks]
     plan.clip_sources = sources
     grad_derived = sources.get("warm-start gradient clip") == "data_bounds"
@@ -1503,7 +1507,7 @@ def _release_whitening(coords, info, free: np.ndarray) -> np.ndarray | None:
     d = info.basis.shape[0]
     group = np.zeros(d, dtype=bool)
     weight = np.ones(d)
-    for block, sl in zip(rp.blocks, getattr(rp, "_slices", ()), strict=False):
+    for block, sl in zip(rp.blocks, rp.slices, strict=True):
         if block.shift:
             continue
         group[sl] = True
@@ -1815,7 +1819,7 @@ def _on_model_scale(coords) -> np.ndarray:
             out.append(np.zeros(size, dtype=bool))
     own = np.concatenate(out) if out else np.zeros(0, dtype=bool)
     if coords.rp is not None:
-        for sl in getattr(coords.rp, "_slices", []):
+        for sl in coords.rp.slices:
             own[sl] = False
     return own
 

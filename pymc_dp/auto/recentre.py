@@ -614,6 +614,12 @@ class Recentring:
         k = np.asarray(k, dtype=float)
         return k.T @ expected @ k + np.asarray(hess, dtype=float)
 
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """Where each of `blocks` sits in the flat vector ``q`` (and ``y``), in the same
+        order: ``q[slices[k]]`` is ``blocks[k]``'s value variable. Data-free."""
+        return tuple(self._slices)
+
     def describe(self) -> list[str]:
         """The recentred blocks, e.g. ``["z -> mu + tau * z"]`` (names only)."""
         return [b.describe() for b in self.blocks]
