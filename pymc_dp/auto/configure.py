@@ -32,6 +32,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import scipy.stats
 
+from pymc_dp import callscope
 from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
 from pymc_dp.auto import curvature as curvature_mod
 from pymc_dp.auto.curvature import averaged_curvature
@@ -980,10 +981,10 @@ def auto_configure(
     from pymc_dp.auto.suffstats import linear_stats_model
     from pymc_dp.records import build_record_functions
 
-    ip = model.initial_point()
+    ip = callscope.initial_point(model)
     vars = model.value_vars
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
-    blocks = find_recentring(model, vars) if recentre else []
+    blocks = find_recentring(model, vars, ip) if recentre else []
     requested = method
     if method == "auto" and not warm_start_only and records is None:
         # public: the graph and the declared range of the response (before any data read)
@@ -2121,7 +2122,7 @@ def _groupstats_plan(
             "covariates, and the response's range declared (data_bounds={'y': (lo, hi)}); "
             f"here: {why}"
         )
-    ip = model.initial_point()
+    ip = callscope.initial_point(model)
     n, d = st.n, int(sum(np.size(ip[v.name]) for v in model.value_vars))
     mu_total = gaussian_mu_for_epsilon(epsilon, delta)
     plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method="groupstats")
