@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pymc_dp import callscope
 from pymc_dp.accounting import (
     ApproxDPEvent,
     DataSharingGaussianEvent,
@@ -476,7 +477,7 @@ def _model_reasons(idata, stats, model, posterior) -> list[str]:
     from pymc_dp.records import deterministics_reading_data
 
     reasons = []
-    total = int(sum(np.size(v) for v in model.initial_point().values()))
+    total = int(sum(np.size(v) for v in callscope.initial_point(model).values()))
     ndim = _per_iteration(stats, "dp_ndim")
     if ndim is not None:
         covered = int(ndim.min()) if ndim.size else 0

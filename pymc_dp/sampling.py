@@ -21,6 +21,7 @@ import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
 from pymc_dp.auto.oneshot import CLIP_BIAS_WARN, CURVATURE_WIDENING_WARN, TRUST_PRIOR_SDS
+from pymc_dp.callscope import call_scope
 from pymc_dp.diagnostics import (
     PRIOR_CLOSE,
     ConvergenceWarning,
@@ -308,7 +309,10 @@ def sample(
                     "(its warm start and clip selection use the central scheme); give "
                     "DaskRecords without owners=, or step=pymc_dp.DPPenaltyMetropolis"
                 )
-        return _sample_auto(run, {**(auto_kwargs or {}), "data_bounds": data_bounds})
+        # the model's initial point and the model guard once for the whole call (each
+        # `model.initial_point()` compiles a function; the guard walks the graph)
+        with call_scope(model):
+            return _sample_auto(run, {**(auto_kwargs or {}), "data_bounds": data_bounds})
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
     if inspect.isclass(step) and issubclass(step, DPStep) and step_kwargs:

@@ -32,6 +32,7 @@ import pymc as pm
 import pytensor.tensor as pt
 import scipy.stats
 
+from pymc_dp import callscope
 from pymc_dp.accounting import GaussianEvent, compose_epsilon, gaussian_mu_for_epsilon
 from pymc_dp.auto import curvature as curvature_mod
 from pymc_dp.auto.curvature import averaged_curvature
@@ -566,9 +567,15 @@ class _Coordinates:
         self.spend = PresampleSpend() if spend is None else spend
         self.model, self.vars, self.point = model, vars, point
         self._prior_in_y: PriorInY | None = None
-        #: the phase an iteration's curvature release spends (`HESSIAN_PHASE` where the
-        #: per-record Hessians' sum takes the outer products' place)
-        self.curvature_phase = OUTER_PHASE
+
+    @property
+    def curvature_phase(self) -> str:
+        """The phase an iteration's curvature release spends: `HESSIAN_PHASE` where the plan
+        (``spend.phases``, `presample_phases`) has the per-record Hessians' sum in the outer
+        products' place, else `OUTER_PHASE`. Data-free."""
+        if any(p.name == HESSIAN_PHASE for p in self.spend.phases):
+            return HESSIAN_PHASE
+        return OUTER_PHASE
 
     def prior(self) -> PriorInY | None:
         """The prior's moments in ``y`` (`prior_in_y`, cached; None without the model)."""
@@ -976,10 +983,10 @@ def auto_configure(
     from pymc_dp.auto.suffstats import linear_stats_model
     from pymc_dp.records import build_record_functions
 
-    ip = model.initial_point()
+    ip = callscope.initial_point(model)
     vars = model.value_vars
     q0 = DictToArrayBijection.map({v.name: ip[v.name] for v in vars}).data
-    blocks = find_recentring(model, vars) if recentre else []
+    blocks = find_recentring(model, vars, ip) if recentre else []
     requested = method
     if method == "auto" and not warm_start_only and records is None:
         # public: the graph and the declared range of the response (before any data read)
@@ -1038,8 +1045,6 @@ def auto_configure(
         fns, Recentring(model, blocks, vars, ip) if blocks else None, spend, model, vars, ip
     )
     hessian_phase = hessian_curvature_phase(method)
-    if hessian_phase:
-        coords.curvature_phase = HESSIAN_PHASE
     plan.recentred = [b.describe() for b in blocks]
     plan.clip_sources = sources
     grad_derived = sources.get("warm-start gradient clip") == "data_bounds"
@@ -1505,7 +1510,7 @@ def _release_whitening(coords, info, free: np.ndarray) -> np.ndarray | None:
     d = info.basis.shape[0]
     group = np.zeros(d, dtype=bool)
     weight = np.ones(d)
-    for block, sl in zip(rp.blocks, getattr(rp, "_slices", ()), strict=False):
+    for block, sl in zip(rp.blocks, rp.slices, strict=True):
         if block.shift:
             continue
         group[sl] = True
@@ -1817,7 +1822,7 @@ def _on_model_scale(coords) -> np.ndarray:
             out.append(np.zeros(size, dtype=bool))
     own = np.concatenate(out) if out else np.zeros(0, dtype=bool)
     if coords.rp is not None:
-        for sl in getattr(coords.rp, "_slices", []):
+        for sl in coords.rp.slices:
             own[sl] = False
     return own
 
@@ -2119,7 +2124,7 @@ def _groupstats_plan(
             "covariates, and the response's range declared (data_bounds={'y': (lo, hi)}); "
             f"here: {why}"
         )
-    ip = model.initial_point()
+    ip = callscope.initial_point(model)
     n, d = st.n, int(sum(np.size(ip[v.name]) for v in model.value_vars))
     mu_total = gaussian_mu_for_epsilon(epsilon, delta)
     plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method="groupstats")

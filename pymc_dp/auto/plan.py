@@ -20,6 +20,7 @@ import pymc as pm
 import scipy.stats
 from scipy import optimize
 
+from pymc_dp import callscope
 from pymc_dp._validation import check_positive, check_target
 from pymc_dp.accounting import gaussian_mu_for_epsilon
 from pymc_dp.auto.bounds import check_data_bounds, clip_plan
@@ -307,14 +308,14 @@ def model_structure(model: pm.Model, n: int) -> Structure:
     """
     from pymc_dp.auto.recentre import find_recentring
 
-    ip = model.initial_point()
+    ip = callscope.initial_point(model)
     vars = model.value_vars
     sizes = {v.name: int(np.size(ip[v.name])) for v in vars}
     rv_of = {model.rvs_to_values[rv].name: rv.name for rv in model.free_RVs}
     att = {name: np.ones(size) for name, size in sizes.items()}
     free: set[str] = set()
     groups = []
-    for b in find_recentring(model, vars):
+    for b in find_recentring(model, vars, ip):
         if b.shift:
             continue
         g = next((v for v, rv in rv_of.items() if rv == b.name), None)
@@ -751,10 +752,11 @@ def plan(
         stats_predicted_error,
     )
 
-    hierarchical = bool(find_recentring(model, model.value_vars))
+    ip = callscope.initial_point(model)
+    hierarchical = bool(find_recentring(model, model.value_vars, ip))
     fm, why = (None, "a hierarchical or shifted block")
     if not hierarchical:
-        fm, why = linear_stats_model(model, model.value_vars, model.initial_point(), bounds)
+        fm, why = linear_stats_model(model, model.value_vars, ip, bounds)
     mu = gaussian_mu_for_epsilon(epsilon, delta)
     groupstats = _groupstats_candidate(model, bounds, mu, epsilon, delta)
     method = choose_method(
@@ -764,7 +766,6 @@ def plan(
     one_shot = method in ("laplace", "stats", "groupstats")
     split = split or (ONESHOT_SPLIT if one_shot else BudgetSplit())
     n = count_records(model)
-    ip = model.initial_point()
     d = int(sum(np.size(v) for v in ip.values()))
     q0 = np.concatenate([np.ravel(ip[v.name]) for v in model.value_vars])
     _, sources = clip_plan(model, model.value_vars, ip, bounds, q0, derive_clips)

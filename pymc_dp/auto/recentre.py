@@ -53,6 +53,7 @@ from pytensor.tensor import subtensor as _st
 from pytensor.tensor.elemwise import DimShuffle, Elemwise
 from pytensor.tensor.random.basic import NormalRV
 
+from pymc_dp import callscope
 from pymc_dp.records.graph_facts import count_records, static_leading_length
 
 __all__ = ["RecentredBlock", "Recentring", "find_recentring"]
@@ -162,7 +163,7 @@ def _standard_normal(rv) -> bool:
     return _constant(mu) == 0.0 and _constant(sigma) == 1.0
 
 
-def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
+def find_recentring(model: pm.Model, vars=None, point: dict | None = None) -> list[RecentredBlock]:
     """Non-centred blocks of ``model`` that `Recentring` can recentre (structure only).
 
     Parameters
@@ -171,6 +172,9 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
     vars : list, optional
         The value variables sampled (default: all); a block and its ``scale`` and ``loc``
         must all be among them.
+    point : dict, optional
+        The model's initial point (``model.initial_point()``, shapes only; computed when
+        not given).
 
     Returns
     -------
@@ -254,7 +258,7 @@ def find_recentring(model: pm.Model, vars=None) -> list[RecentredBlock]:
     for p in params:
         direct[p].append((None, 0))
     blocks += _centred_blocks(model, sampled, direct, {b.name for b in blocks})
-    blocks += _shift_blocks(model, sampled, direct, blocks)
+    blocks += _shift_blocks(model, sampled, direct, blocks, point)
     return blocks
 
 
@@ -288,7 +292,7 @@ def _negates(t, loc, deps, point: dict, rng: np.random.Generator) -> bool:
     return True
 
 
-def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
+def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list, ip=None) -> list:
     """Shifted blocks ``v ~ Normal(loc(w), s)`` that the likelihood reads only as
     ``v - loc(w)``: every use of ``v`` is an addition ``v + t(w)`` with ``t = -loc``
     (checked numerically at random points: both are graphs of free variables and constants,
@@ -301,7 +305,7 @@ def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
     free = set(model.free_RVs)
     n = count_records(model)
     taken = {b.name for b in blocks} | {n for b in blocks for n in (b.scale, b.loc) if n}
-    point = {rv.name: np.asarray(v) for rv, v in _rv_point(model).items()}
+    point = {rv.name: np.asarray(v) for rv, v in _rv_point(model, ip).items()}
     rng = np.random.default_rng(0)  # data-free: random points of the free variables
     out = []
     for v in _plain_normals(model, sampled, taken):
@@ -329,9 +333,9 @@ def _shift_blocks(model: pm.Model, sampled: set, clients, blocks: list) -> list:
     return out
 
 
-def _rv_point(model: pm.Model) -> dict:
-    """``{free RV: a value of its shape}`` (the initial point, shapes only)."""
-    ip = model.initial_point()
+def _rv_point(model: pm.Model, ip: dict | None = None) -> dict:
+    """``{free RV: a value of its shape}`` (the initial point ``ip``, shapes only)."""
+    ip = callscope.initial_point(model) if ip is None else ip
     return {rv: ip[model.rvs_to_values[rv].name] for rv in model.free_RVs}
 
 
@@ -456,7 +460,7 @@ class Recentring:
     vars : list
         The value variables, in the order of the flat vector ``q``.
     point : dict
-        A point (shapes only), e.g. ``model.initial_point()``.
+        A point (shapes only), e.g. ``callscope.initial_point(model)``.
     compile_kwargs : dict, optional
         Passed to ``pytensor.function``.
     """
@@ -613,6 +617,12 @@ class Recentring:
             at += b.shape[0]
         k = np.asarray(k, dtype=float)
         return k.T @ expected @ k + np.asarray(hess, dtype=float)
+
+    @property
+    def slices(self) -> tuple[slice, ...]:
+        """Where each of `blocks` sits in the flat vector ``q`` (and ``y``), in the same
+        order: ``q[slices[k]]`` is ``blocks[k]``'s value variable. Data-free."""
+        return tuple(self._slices)
 
     def describe(self) -> list[str]:
         """The recentred blocks, e.g. ``["z -> mu + tau * z"]`` (names only)."""

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from pymc_dp import callscope
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
 from pymc_dp.auto.configure import (
     SAMPLING_PHASE,
@@ -180,7 +181,7 @@ def _precheck_hmc(cls, model, epsilon, delta, chains, draws, tune, step_kwargs, 
     if draws is not None:
         return
     n = count_records(model) if n is None else int(n)
-    d = int(sum(np.size(v) for v in model.initial_point().values()))
+    d = int(sum(np.size(v) for v in callscope.initial_point(model).values()))
     split = BudgetSplit()
     left = 1.0 - split.warm_start - split.histograms - split.clip_selection
     frac = float(step_kwargs.get("grad_budget_fraction", 0.5))

@@ -58,7 +58,6 @@ __all__ = [
     "OUTER_SENSITIVITY",
     "HESSIAN_SENSITIVITY",
     "secant_ratio",
-    "step_merit_check",
     "laplace_releases",
     "noisy_histogram_quantile",
     "bonferroni_sds",
@@ -224,8 +223,6 @@ class LaplaceInfo:
     curvature_scale: float = 1.0
     #: warm-start steps shortened by the public ``max_move`` bound (`private_laplace`)
     move_cuts: int = 0
-    #: steps after the first rejected Newton step that `step_merit_check` undid
-    steps_undone: int = 0
     #: histograms no bin of which passed its threshold (`EMPTY_HISTOGRAM_KEEPS_BOUND`)
     empty_histograms: int = 0
     #: every iteration's released curvature with its iterate and whether its outer products
@@ -314,55 +311,6 @@ def secant_ratio(
     act = float(s @ (np.asarray(grad_before) - np.asarray(grad_after)))
     var = sum(sd**2 * float(np.sum((b.T @ s) ** 2)) for sd, b in zip(noise_sds, bases, strict=True))
     return act / pred, float(np.sqrt(var)) / pred
-
-
-#: Check every warm-start step after the first rejected Newton step (`step_merit_check`)
-#: once a released gradient was within its noise: its chi-square (`gradient_chi2`) below
-#: `LANDED_CHI2` per coordinate the likelihood reads. Off: measured (sixteenth session, DP
-#: seeds 0-3, max error in NUTS sds) on a StudentT, a Beta and a Lognormal regression of
-#: 935-1 534 real records at epsilon 3 and 10, 20 of 24 runs unchanged (the per-record
-#: Hessians' steps no longer swing there); the Lognormal at epsilon 3 6.36 -> 108 on one
-#: seed (with `EMPTY_HISTOGRAM_KEEPS_BOUND`; prior-wide), bench_auto's logistic3 at epsilon 1
-#: median 0.7649 -> 0.8029 (one step undone on one seed of three). Checked from the start
-#: instead of once landed, the damped steps of a far start are undone where they converge
-#: unchecked.
-CHECK_AFTER_REJECTION = False
-LANDED_CHI2 = 4.0
-#: A checked step is accepted where its merit is below the old one plus this many times the
-#: two releases' noise expectation in the merit (`step_merit_check`).
-MERIT_NOISE_ALLOWANCE = 2.0
-
-
-def step_merit_check(prev: dict, g: np.ndarray, grad_sd: float, basis: np.ndarray) -> bool:
-    """Whether a warm-start step after the first rejected Newton step is kept.
-
-    The merit of a point is its released gradient in the old precision's metric, ``g^T
-    P^-1 g`` (the merit function of trust-region methods for nonlinear equations, Nocedal &
-    Wright 2006, Sec. 11.2; ``P`` the old curvature's ``metric``: centred outer products or
-    Hessians, the uncentred ones' mean part ``n cbar cbar^T`` would put every merit near
-    ``n``). Each released gradient carries ``N(0, s^2 B B^T)`` noise
-    (``s`` its sd, ``B`` its release's whitening), which adds ``s^2 tr(B^T P^-1 B)`` to the
-    merit's expectation: the step is kept where the new merit is below the old one plus
-    `MERIT_NOISE_ALLOWANCE` times the sum of the two (without the allowance a noisy step
-    near the mode is undone on noise alone, and the warm start never leaves its start:
-    measured, a Lognormal regression of 935 real wages at epsilon 3). ``prev`` holds the old
-    point's ``g``, ``curv``, ``grad_sd`` and ``basis``. Post-processing of released values.
-    """
-    try:
-        cov = np.linalg.inv(prev["curv"].metric.prec)
-        old = float(prev["g"] @ cov @ prev["g"])
-        new = float(g @ cov @ g)
-    except np.linalg.LinAlgError:
-        return True
-    noise = sum(
-        sd**2 * float(np.trace(b.T @ cov @ b))
-        for sd, b in ((grad_sd, basis), (prev["grad_sd"], prev["basis"]))
-    )
-    if not np.isfinite(new):
-        return False
-    if not (np.isfinite(old) and np.isfinite(noise)):
-        return True
-    return new < old + MERIT_NOISE_ALLOWANCE * noise
 
 
 def move_bounded(step: np.ndarray, max_move: np.ndarray | None) -> tuple[np.ndarray, bool]:
@@ -484,10 +432,6 @@ class _Curvature:
         self.prec, self.cov = _pd_floor(self.f_data + p_hess, self.p_floor)
         # Levenberg-Marquardt damping: the noise level, in w, on the data block
         self.damping = 2.0 * noise_level * (basis @ np.diag(data.astype(float)) @ basis.T)
-        #: the curvature whose inverse is the merit's metric (`step_merit_check`): this one,
-        #: or for uncentred outer products the centred ones (the mean part ``n cbar cbar^T``
-        #: puts a released gradient's merit near ``n`` whatever its size)
-        self.metric: _Curvature = self
 
     def uncentred(self, centre: np.ndarray, n: int) -> _Curvature:
         """The same from the uncentred outer products ``s2 + n cbar cbar^T`` (``cbar`` the
@@ -497,7 +441,6 @@ class _Curvature:
         cap = self.cap + n * float(np.dot(centre, centre))
         out = _Curvature(s2, self.outer_std, self.data, self.basis, self.p_hess, cap=cap)
         out.hessian = self.hessian
-        out.metric = self.metric
         return out
 
     def next_basis(self) -> np.ndarray:
@@ -927,9 +870,6 @@ def private_laplace(
     cov = None
     max_sd = max(UNCENTRED_MAX_STEP_SD, 3.0 * np.sqrt(n)) if max_step_sd is None else max_step_sd
     newton, prev = centred, None
-    shrink = 1.0  # the step's length after undone steps (`step_merit_check`)
-    checked = centred  # the steps after a rejected Newton step are checked (centred only)
-    landed = False  # a released gradient was within its noise (`LANDED_CHI2`)
     scale = 1.0  # the curvature's scale from the secants (`secant_ratio`)
     keep_basis = False  # the whitening kept from here on (``whiten_until_chi2``)
     hessians_begun = False  # the curvature released is the per-record Hessians' sum
@@ -1054,18 +994,10 @@ def private_laplace(
         s2 = np.asarray(s2, dtype=float) + _sym_noise(d, outer_std, rng)
         info.grad_releases += 2
         # -- post-processing of the three releases ---------------------------------------------
-        s1w = s1
         s1 = basis @ np.where(data, np.nan_to_num(s1), 0.0)
         p_hess = np.nan_to_num(prior_hessian(q))
         curv = _Curvature(s2, outer_std, data, basis, p_hess, cap=curv_cap)
         curv.hessian = hessian_now
-        if checked and not newton and not hessian_now:
-            # uncentred outer products: the merit's metric from them centred on the released
-            # mean (``S2 - n cbar cbar^T``, both released: post-processing)
-            cw = np.where(data, np.nan_to_num(s1w), 0.0) / n
-            curv.metric = _Curvature(
-                s2 - n * np.outer(cw, cw), outer_std, data, basis, p_hess, cap=curv_cap
-            )
         prev_curvature = (np.where(np.isfinite(s2), s2, 0.0), basis, float(outer_std), hessian_now)
         g = s1 + prior_grad(q)
         grad_sd = float(z_grad[it]) * 2.0 * b
@@ -1087,27 +1019,6 @@ def private_laplace(
                 grad_sd, g_basis = prev["grad_sd"], prev["basis"]
                 iterates.pop()
                 info.path.pop()
-        elif CHECK_AFTER_REJECTION and not newton and prev is not None and checked and landed:
-            # after the first rejection, once a released gradient was within its noise
-            # (`LANDED_CHI2`), every step keeps a check (`step_merit_check`): one whose
-            # released gradient grew beyond what the two releases' noise explains is undone
-            # and the next one from the old point halved; an accepted step restores the full
-            # length. Unchecked, the steps swung (measured, docs: a StudentT's log nu 3.21,
-            # 2.61, 0.57, 2.90, ...; a Lognormal's log sigma from -1.28 to -4.20 in one step,
-            # whose curvature then whitened the last releases). Not before it landed: far
-            # from the mode the damped steps' merit may rise and fall on a path that
-            # converges (a normal with its sd started 16 times too wide, noise-free: checked
-            # from the start, 6 of 9 steps undone and the warm start ended 0.25 off in mu, 0.46
-            # in log sd; unchecked, at the mode). Post-processing.
-            if not step_merit_check(prev, g, grad_sd, basis):
-                q, g, curv = prev["q"], prev["g"], prev["curv"]
-                grad_sd, g_basis = prev["grad_sd"], prev["basis"]
-                shrink *= 0.5
-                info.steps_undone += 1
-                iterates.pop()
-                info.path.pop()
-            else:
-                shrink = 1.0
         if prev is not None and it < newton_steps:
             # the secant along the last step (released gradients at both ends): where it
             # says the curvature overstated the Hessian beyond its noise, scale the next
@@ -1171,9 +1082,6 @@ def private_laplace(
             step *= cap / maha
         step, cut = move_bounded(step, max_move)
         info.move_cuts += int(cut)
-        # halved after undone steps (`step_merit_check`), after the cuts: a step cut to
-        # ``max_move`` and halved before would be cut to the same point again
-        step = shrink * step
         # stay where the prior is finite (a data-free check): halve the step until it is
         for _ in range(30):
             if np.all(np.isfinite(prior_grad(q + step))) and np.all(np.isfinite(step)):
@@ -1197,9 +1105,6 @@ def private_laplace(
         if not keep_basis:
             basis = curv.next_basis()
         keep_basis = keep_basis or near
-        landed = landed or gradient_chi2(g, g_basis, grad_sd, data) < LANDED_CHI2 * max(
-            int(data.sum()), 1
-        )
     if info.anchor is None:
         # the steps stopped early (a step that is not finite, or one the prior's support
         # would not take): the last iterate is the anchor, with its iteration's clip bound

@@ -16,6 +16,7 @@ from pytensor.compile.sharedvalue import SharedVariable
 from pytensor.graph.basic import Constant
 from pytensor.graph.replace import clone_replace
 
+from pymc_dp.callscope import mark_model_checked, model_checked
 from pymc_dp.records.errors import ModelNotSupportedError
 from pymc_dp.records.fakes import fake_rows
 from pymc_dp.records.graph_facts import (
@@ -43,7 +44,24 @@ def check_model_supported(
     vars : sequence of value variables the step samples.
     data_free_potentials : bool
         The user declares that every ``pm.Potential`` in the model is free of the data.
+
+    Inside a `pymc_dp.callscope.call_scope` (one `pymc_dp.sample` call) the model's checks
+    run once: a later check of the same model with the same or a looser
+    ``data_free_potentials`` checks only ``vars``.
     """
+    if not model_checked(model, data_free_potentials):
+        _check_model(model, data_free_potentials)
+        mark_model_checked(model, data_free_potentials)
+    for v in vars:
+        if v.dtype in pm.vartypes.discrete_types:
+            raise ModelNotSupportedError(
+                f"free variable {v.name!r} is discrete; pymc_dp's step methods sample continuous "
+                "parameters only (marginalise the discrete variable out of the model)"
+            )
+
+
+def _check_model(model: pm.Model, data_free_potentials: bool) -> None:
+    """`check_model_supported`'s checks of the model itself (its graph; no data value)."""
     imputed = imputed_variables(model)
     if imputed:
         raise ModelNotSupportedError(
@@ -87,12 +105,6 @@ def check_model_supported(
                 "public initial value (initvals=..., or the default)"
             )
     _refuse_folded_aggregates(model, n)
-    for v in vars:
-        if v.dtype in pm.vartypes.discrete_types:
-            raise ModelNotSupportedError(
-                f"free variable {v.name!r} is discrete; pymc_dp's step methods sample continuous "
-                "parameters only (marginalise the discrete variable out of the model)"
-            )
 
 
 def _is_record_constant(var, n: int) -> bool:

@@ -20,6 +20,7 @@ from pymc.step_methods.arraystep import ArrayStepShared
 from pymc.step_methods.compound import Competence
 from pymc.util import get_value_vars_from_user_vars
 
+from pymc_dp import callscope
 from pymc_dp._validation import check_positive as _check_positive
 from pymc_dp._validation import check_target, check_unit_interval, resolve_noise_or_target
 from pymc_dp.records import build_record_functions, count_records, deterministics_reading_data
@@ -217,7 +218,7 @@ class DPStep(ArrayStepShared):
         model = pm.modelcontext(model)
         _check_records(type(self), records, nonprivate_diagnostics)
         if initial_point is None:
-            initial_point = model.initial_point()
+            initial_point = callscope.initial_point(model)
         if vars is None:
             vars = model.value_vars
         else:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pymc as pm
 
+from pymc_dp import callscope
 from pymc_dp.accounting import GaussianEvent, calibrate_noise_multiplier
 from pymc_dp.kernels.expfam import (
     correlated_log_acceptance,
@@ -520,7 +521,7 @@ class DPExpFamilyPenalty(ScaleAdaptation, DPStep):
         else:
             structure.check_data_finite()
         if initial_point is None:
-            initial_point = model.initial_point()
+            initial_point = callscope.initial_point(model)
         self._setup(
             vars, privacy, likelihood, plan, delta, model=model, rng=rng,
             initial_point=initial_point, compile_kwargs=compile_kwargs, blocked=blocked,

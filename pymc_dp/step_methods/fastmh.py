@@ -26,6 +26,7 @@ import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
 from scipy import stats
 
+from pymc_dp import callscope
 from pymc_dp._validation import check_positive, check_target, check_unit_interval
 from pymc_dp.accounting import ApproxDPEvent
 from pymc_dp.kernels.fastmh import (
@@ -66,7 +67,7 @@ _BRANCHING = ("independent", "paper")
 
 def _dimension(model: pm.Model, vars, initial_point) -> int:
     """Length of the flat parameter vector the step samples (from shapes; no data)."""
-    point = model.initial_point() if initial_point is None else initial_point
+    point = callscope.initial_point(model) if initial_point is None else initial_point
     vs = model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
     return int(sum(np.size(point[v.name]) for v in vs))
 

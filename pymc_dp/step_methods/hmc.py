@@ -22,6 +22,7 @@ import numpy as np
 import pymc as pm
 from pymc.util import get_value_vars_from_user_vars
 
+from pymc_dp import callscope
 from pymc_dp._validation import (
     check_positive,
     check_positive_vector,
@@ -310,7 +311,7 @@ class DPHMC(DPStep):
         # Dimension from the initial point only (shapes of the parameters, no data).
         model = pm.modelcontext(model)
         if initial_point is None:
-            initial_point = model.initial_point()
+            initial_point = callscope.initial_point(model)
         value_vars = (
             model.value_vars if vars is None else get_value_vars_from_user_vars(vars, model)
         )

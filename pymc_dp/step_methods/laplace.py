@@ -22,6 +22,7 @@ from pymc.blocking import RaveledVars
 from pymc.pytensorf import make_shared_replacements
 from pymc.step_methods.arraystep import ArrayStepShared
 
+from pymc_dp import callscope
 from pymc_dp.kernels.warmstart import conditional_prior_draw
 from pymc_dp.step_methods.base import DPStep, RunPlan
 
@@ -190,7 +191,7 @@ class DPLaplaceDraws(DPStep):
     ) -> None:
         model = pm.modelcontext(model)
         vars = model.value_vars
-        ip = model.initial_point()
+        ip = callscope.initial_point(model)
         d = int(sum(np.size(ip[v.name]) for v in vars))
         mean = np.asarray(mean, dtype=float)
         cov = np.asarray(cov, dtype=float)

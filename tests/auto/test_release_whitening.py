@@ -67,7 +67,7 @@ def _fake(groups: int, seed: int):
     p[1, 3:] = p[3:, 1] = rng.uniform(0.1, 0.3, groups)
     p += 0.05 * np.diag(rng.uniform(size=d))
     block = SimpleNamespace(shift=False)
-    coords = SimpleNamespace(rp=SimpleNamespace(blocks=[block], _slices=[slice(3, d)]))
+    coords = SimpleNamespace(rp=SimpleNamespace(blocks=[block], slices=(slice(3, d),)))
     info = SimpleNamespace(basis=np.eye(d), precision=p)
     free = np.zeros(d, dtype=bool)
     free[[0, 2]] = True

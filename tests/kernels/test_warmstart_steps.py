@@ -1,8 +1,8 @@
 """The warm start's steps (`pymc_dp.kernels.warmstart.private_laplace`): a histogram that says
 nothing keeps the last clip bound (carried to the next whitening), a released curvature no
-larger than its records can make it (`curvature_cap`), and the check of the steps after a
-rejected Newton step once the warm start has landed (`step_merit_check`, off by default:
-`CHECK_AFTER_REJECTION`). Issue 26, sixteenth and seventeenth sessions."""
+larger than its records can make it (`curvature_cap`), and the damped steps after a rejected
+Newton step. Issue 26, sixteenth and seventeenth sessions (the check of the steps after a
+rejected Newton step, measured to hurt, was removed in the seventeenth)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pymc_dp.kernels.warmstart import (
     clip_grid,
     curvature_cap,
     private_laplace,
-    step_merit_check,
 )
 from pymc_dp.records import build_record_functions
 
@@ -64,50 +63,18 @@ def test_a_histogram_that_says_nothing_keeps_the_last_clip_bound(monkeypatch):
     assert old.cov[0, 0] > 100 * var
 
 
-def _prev(g, prec, sd, basis):
-    d = g.size
-    curv = _Curvature(
-        np.asarray(prec, dtype=float), 1e-12, np.ones(d, dtype=bool), np.eye(d), np.zeros((d, d))
-    )
-    return {"g": np.asarray(g, dtype=float), "curv": curv, "grad_sd": sd, "basis": basis}
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_the_step_check_keeps_noise_and_undoes_a_swing(seed):
-    """Near the mode of a quadratic log-likelihood (precision ``P``) a released gradient is
-    ``N(0, s^2 B B^T)``: a step between two such points is kept in at least 99 % of 2 000
-    draws (its merit's rise is noise; without the noise allowance about half would be
-    undone), and a step whose gradient is 10 noise sds along the stiffest direction, from
-    a point at the mode, is undone in every draw."""
-    rng = np.random.default_rng(seed)
-    d, s = 4, 3.0
-    a = rng.normal(size=(d, d))
-    prec = a @ a.T + d * np.eye(d)
-    basis = np.linalg.cholesky(prec)  # the release's whitening: noise N(0, s^2 B B^T)
-    kept = undone = 0
-    for _ in range(2000):
-        g0 = basis @ rng.normal(size=d) * s
-        g1 = basis @ rng.normal(size=d) * s
-        kept += step_merit_check(_prev(g0, prec, s, basis), g1, s, basis)
-        swing = basis @ (rng.normal(size=d) * s + 10.0 * s * np.sqrt(d) * np.eye(d)[0])
-        undone += not step_merit_check(_prev(g0, prec, s, basis), swing, s, basis)
-    assert kept >= 0.99 * 2000
-    assert undone == 2000
-
-
-def test_the_noise_free_damped_path_far_from_the_mode_is_not_checked(monkeypatch):
-    """Normal with unknown sd started 16 times too wide, noise-free: the damped steps after
-    the rejected Newton step raise the merit on their way (never within the noise: the warm
-    start has not landed) and converge; checked from the start, 6 of 9 were undone and the
-    warm start stopped 0.25 off in mu. Not checked: the exact mode."""
+def test_the_noise_free_damped_path_far_from_the_mode_reaches_the_mode():
+    """Normal with unknown sd started 16 times too wide, noise-free: the first Newton step
+    is rejected, and the damped steps after it raise the merit on their way and converge to
+    the exact mode (a check of those steps, measured in the sixteenth session, undid 6 of 9
+    from the start and the warm start stopped 0.25 off in mu)."""
     x = np.random.default_rng(0).normal(0.5, 0.3, 400)
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 10.0)
         s = pm.HalfNormal("s", 5.0)
         pm.Normal("x", mu, s, observed=x)
-    monkeypatch.setattr(warmstart, "CHECK_AFTER_REJECTION", True)  # off by default
     info = exact_laplace(model, x.size, z_hist=1e-12)
-    assert info.newton_rejected == 1 and info.steps_undone == 0
+    assert info.newton_rejected == 1
     assert abs(info.path[-1][0] - x.mean()) < 0.1 * x.std() / np.sqrt(x.size)
 
 
