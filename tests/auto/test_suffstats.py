@@ -813,6 +813,7 @@ def test_a_small_normal_sample_is_not_prior_wide_when_the_whitening_fails():
                 data_bounds={"x": (-20.0, 20.0)},
             )  # fmt: skip
     assert idata.attrs["dp_method"] == "stats"
+    assert "gave more noise" in idata.attrs["dp_auto_clip_sources"]
     m, s = float(idata["posterior"]["mu"].mean()), float(idata["posterior"]["mu"].std())
     assert s < 1.0, s
     assert abs(m - x.mean()) < 3 * s, (m, s)
