@@ -2010,6 +2010,13 @@ def _stats_plan(
         "statistics' centre clip (each statistic's range in the box)": "data_bounds",
         "standardised statistics' clip": f"DP histogram (quantile {STATS_QUANTILE:g})",
     }
+
+    def box_clip() -> None:  # the whitened clip's noise was larger than the box's
+        plan.clip_sources["standardised statistics' clip"] = (
+            "data_bounds (the box's, as the centre's: the DP histogram's clip, "
+            f"quantile {STATS_QUANTILE:g}, gave more noise)"
+        )
+
     stats, standard = release_linear_stats(
         fm,
         C,
@@ -2025,6 +2032,7 @@ def _stats_plan(
         on_tail_release=lambda: spend.release(STATS_TAIL_PHASE),
         on_release=lambda: spend.release(STATS_PHASE),
         chunk_size=chunk_size,
+        on_box_clip=box_clip,
     )
     post = fit_stats_posterior(fm, stats, model, vars, ip, standard)
     if post is None:

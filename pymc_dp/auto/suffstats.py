@@ -94,6 +94,7 @@ __all__ = [
     "Standardisation",
     "STATS_ERROR_SCALE",
     "StatsPosterior",
+    "box_whitening",
     "fit_stats_posterior",
     "importance_moments",
     "linear_stats_model",
@@ -406,6 +407,7 @@ def release_linear_stats(
     on_tail_release: Callable[[], None] | None = None,
     on_release: Callable[[], None] | None = None,
     chunk_size: int | None = None,
+    on_box_clip: Callable[[], None] | None = None,
 ) -> tuple[LinearStats, Standardisation]:
     """Steps 1 and 2 of the module docstring: the released statistics and their noise.
 
@@ -418,7 +420,8 @@ def release_linear_stats(
     ``||T(u_i, v_i) - c_u||`` (noisy histogram); the sum ``sum_i clip_b(T(u_i, v_i) - c_u)``
     (sensitivity ``2 b``). Returns the standardised statistics (noise covariance
     ``(2 b z)^2 I``) and the map. Every release is counted by its callback as soon as its
-    exact input reached the driver.
+    exact input reached the driver. Where the box's own clip (`box_whitening`) gives the
+    last release less noise than the whitened clip, it is used and ``on_box_clip`` called.
     """
     from pymc_dp.kernels.expfam import private_whitening
 
@@ -476,6 +479,12 @@ def release_linear_stats(
             on_tail_release()
         clip = tail_clip_bound(wh.clip, max(top_w, wh.clip), excess, n, noise_multiplier)
         wh = replace(wh, clip=clip)
+    # the box's own clip (release 1's query at the last release's multiplier) where its noise
+    # is smaller than the whitened one's (post-processing of the releases' outputs)
+    chosen = _smaller_noise(wh, box_whitening(st, box))
+    if chosen is not wh and on_box_clip is not None:
+        on_box_clip()
+    wh = chosen
     # -- release 8: the clipped whitened standardised deviations' sum --------------------------
     noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
     if on_release is not None:
@@ -484,6 +493,47 @@ def release_linear_stats(
     W_inv = np.linalg.inv(wh.scale)
     S_u = W_inv @ noisy + n * wh.centre
     return linear_stats_from_sum(S_u, n, k, std * std * (W_inv @ W_inv.T)), st
+
+
+def box_whitening(st: Standardisation, box: tuple[np.ndarray, np.ndarray]):
+    """The first release's clip as a whitening of the standardised statistics (data-free).
+
+    Each statistic's deviation from the middle of its range in the declared box, over its
+    half-width (`release_box_centre`), written in the standardised coordinates ``T_u = M T +
+    t0``: centre ``M mid + t0``, scale ``diag(1 / half) M^-1``, clip ``C = sqrt(D)``. No
+    record inside the box is clipped (the sum is unbiased there).
+    """
+    from pymc_dp.kernels.expfam import Whitening
+
+    lo, hi = (np.asarray(a, dtype=float) for a in box)
+    mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
+    w = 1.0 / np.where(half > 0, half, 1.0)
+    scale = w[:, None] * np.linalg.inv(st.M)
+    return Whitening(st.M @ mid + st.t0, scale, float(np.sqrt(mid.size)), 0)
+
+
+def _smaller_noise(wh, box_wh):
+    """``box_wh`` (with ``wh``'s release count) where its noise is nowhere larger than
+    ``wh``'s, else ``wh`` (post-processing of DP outputs).
+
+    The last release's noise covariance in the standardised statistics is ``(2 b z)^2 W^-1
+    W^-T``; the box's is at most ``wh``'s in every direction (Loewner order) iff ``b_box
+    ||W W_box^-1||_2 <= b``. At small ``n`` the whitening's histograms can be noise only:
+    measured on 400 records ``x ~ N(1, 2)`` at epsilon 3 (random_seed 2), the first quantile
+    fell to its grid's bottom, the whitening scaled the deviations up some 1000 times, the
+    clip bound's histogram located nothing and the bound went to the top of the whitened
+    box: the last release's noise sds were 27 and 6.5 times the box clip's and the
+    posterior was prior-wide. (A comparison of the noises' volumes took the box on
+    regressions of 4000 and 20 000 records too, where the whitened noise was smaller for
+    ``sigma``: ``dp_predicted_error`` 8.2 against 2.0, 6.0 against 1.5.)
+    """
+    try:
+        ratio = float(np.linalg.norm(wh.scale @ np.linalg.inv(box_wh.scale), 2))
+    except np.linalg.LinAlgError:
+        return wh
+    if np.isfinite(ratio) and float(box_wh.clip) * ratio <= float(wh.clip):
+        return replace(box_wh, releases=wh.releases)
+    return wh
 
 
 @dataclass(frozen=True)
