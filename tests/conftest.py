@@ -174,3 +174,41 @@ def exact_laplace(model, n, *, z_hist=1e-12, seed=0, newton_steps=10, **kwargs):
         hist_noise_multiplier=z_hist, newton_steps=newton_steps,
         rng=np.random.default_rng(seed), **kwargs,
     )  # fmt: skip
+
+
+#: the warnings by which a result says it may be wide or off
+FLAGS = ("OneShotWarning", "NoiseDominatedWarning", "PriorDominatedWarning", "ConvergenceWarning")
+
+
+def assert_not_confidently_wrong(idata, model, caught, draws, mean, sd) -> None:
+    """A sweep cell's check (issue 26, "never confidently wrong"): the result's means
+    ``draws.mean(0)`` within 2 of its own sds of the exact reference ``mean``, or the run
+    warned (one of `FLAGS` in ``caught``); where it is beyond, its ``dp_converged`` is 0 and
+    the privacy report's first line says so (`pymc_dp.report.UNUSABLE_PREFIXES`)."""
+    import pymc_dp
+    from pymc_dp.report import UNUSABLE_PREFIXES
+
+    own = np.abs(draws.mean(0) - mean) / draws.std(0)
+    flagged = any(type(w.message).__name__ in FLAGS for w in caught)
+    assert flagged or np.max(own) <= 2.0, (np.round(own, 2), draws.mean(0) - mean, sd)
+    if np.max(own) > 2.0:
+        assert idata.attrs["dp_converged"] == 0
+        first = str(pymc_dp.privacy_report(idata, model=model)).splitlines()[0]
+        assert first.startswith(UNUSABLE_PREFIXES), first
+
+
+def oneshot_call(model, *, epsilon: float = 3.0, seed: int = 1):
+    """One automatic call with the one-shot Laplace strategy forced (2 chains, warnings of
+    the run's usability ignored): for tests that count what a call does."""
+    import warnings
+
+    import pymc_dp
+
+    with model, warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        idata = pymc_dp.sample(
+            epsilon=epsilon, delta=1e-6, chains=2, random_seed=seed, progressbar=False,
+            auto_kwargs={"method": "laplace"},
+        )  # fmt: skip
+    assert idata.attrs["dp_method"] == "laplace"
+    return idata

@@ -7,13 +7,11 @@ the per-record functions are built, before ``pm.sample``)."""
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pymc as pm
 import pytest
+from conftest import oneshot_call
 
-import pymc_dp
 import pymc_dp.records.guards as guards
 from pymc_dp.callscope import call_scope, initial_point
 from pymc_dp.records import ModelNotSupportedError, check_model_supported
@@ -38,13 +36,7 @@ def test_one_automatic_call_checks_the_model_and_builds_its_initial_point_once(
     # the guard's last graph check, run once per check of the model
     walks = _counting(monkeypatch, guards, "_refuse_folded_aggregates")
     points = _counting(monkeypatch, pm.Model, "initial_point")
-    with model, warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        idata = pymc_dp.sample(
-            epsilon=3.0, delta=1e-6, chains=2, random_seed=1, progressbar=False,
-            auto_kwargs={"method": "laplace"},
-        )  # fmt: skip
-    assert idata.attrs["dp_method"] == "laplace"
+    oneshot_call(model)
     assert len(walks) == 1  # before: 3
     assert len(points) == 1  # before: 4 (pm.sample builds its own initial-point function)
     # outside a call the guard checks every time, as before

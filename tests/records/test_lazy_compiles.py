@@ -10,12 +10,11 @@ use; a pickled copy (a chain in another process) gets them compiled, as before.
 from __future__ import annotations
 
 import pickle
-import warnings
 
 import numpy as np
 import pytest
+from conftest import oneshot_call
 
-import pymc_dp
 import pymc_dp.records.backend as backend
 from pymc_dp.records import build_record_functions
 from pymc_dp.records.clipping import LazyFunction
@@ -54,13 +53,7 @@ def compiled(monkeypatch):
 
 def test_one_shot_compiles_only_what_it_calls(logistic_model, compiled):
     model, *_ = logistic_model
-    with model, warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        idata = pymc_dp.sample(
-            epsilon=3.0, delta=1e-6, chains=2, random_seed=1, progressbar=False,
-            auto_kwargs={"method": "laplace"},
-        )  # fmt: skip
-    assert idata.attrs["dp_method"] == "laplace"
+    oneshot_call(model)
     unused = [i for i, f in enumerate(compiled) if f.calls == 0]
     assert not unused, f"compiled but never called: functions {unused} of {len(compiled)}"
     # prior and gradient, per-record log-likelihoods, per-record gradients (before issue
