@@ -20,7 +20,12 @@ import pymc as pm
 import scipy.stats
 
 from pymc_dp.accounting import GaussianEvent, compose_epsilon
-from pymc_dp.auto.oneshot import CLIP_BIAS_WARN, CURVATURE_WIDENING_WARN, TRUST_PRIOR_SDS
+from pymc_dp.auto.oneshot import (
+    CLIP_BIAS_WARN,
+    CURVATURE_WIDENING_WARN,
+    TRUST_PRIOR_SDS,
+    zeroed_in_doubt,
+)
 from pymc_dp.callscope import call_scope
 from pymc_dp.diagnostics import (
     PRIOR_CLOSE,
@@ -513,10 +518,9 @@ def _run(run: _Request, step, presample=None):
             f"beyond their noise: chi-square {attrs['dp_oneshot_step_chi2']:.4g}; its "
             "intervals were widened)"
         )
-    if (
-        attrs.get("dp_converged") != 0
-        and attrs.get("dp_oneshot_zeroed_widening", 0.0) > CURVATURE_WIDENING_WARN
-        and not attrs.get("dp_oneshot_curvature_widening", 0.0) > CURVATURE_WIDENING_WARN
+    if attrs.get("dp_converged") != 0 and zeroed_in_doubt(
+        attrs.get("dp_oneshot_zeroed_widening", 0.0),
+        attrs.get("dp_oneshot_curvature_widening", 0.0),
     ):
         # the released curvature's zeroed entries could hide a shortfall of its Newton
         # steps that its intervals do not cover (`pymc_dp.auto.oneshot.zeroed_damping`)
@@ -687,11 +691,7 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 NoiseDominatedWarning,
                 stacklevel=3,
             )
-        if (
-            check is not None
-            and check.zeroed_widening > CURVATURE_WIDENING_WARN
-            and not check.curvature_widening > CURVATURE_WIDENING_WARN
-        ):
+        if check is not None and zeroed_in_doubt(check.zeroed_widening, check.curvature_widening):
             # DP outputs (`pymc_dp.auto.oneshot.zeroed_damping`)
             warnings.warn(
                 "the released curvature's off-diagonal entries below their noise threshold "

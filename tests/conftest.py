@@ -110,14 +110,7 @@ def logistic_model():
 def laplace_draws(model, name: str, seed: int, epsilon: float = 10.0) -> np.ndarray:
     """The draws of ``name`` from the automatic mode's one-shot strategy (``method
     "laplace"``, delta 1e-6, 2 chains, the run's UserWarnings silenced), flattened."""
-    import pymc_dp
-
-    with model, warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        idata = pymc_dp.sample(
-            epsilon=epsilon, delta=1e-6, chains=2, random_seed=seed, progressbar=False,
-            auto_kwargs={"method": "laplace"},
-        )  # fmt: skip
+    idata = oneshot_call(model, epsilon=epsilon, seed=seed)
     return np.asarray(idata["posterior"][name].values).ravel()
 
 
@@ -200,8 +193,6 @@ def assert_not_confidently_wrong(idata, model, caught, draws, mean, sd) -> None:
 def oneshot_call(model, *, epsilon: float = 3.0, seed: int = 1):
     """One automatic call with the one-shot Laplace strategy forced (2 chains, warnings of
     the run's usability ignored): for tests that count what a call does."""
-    import warnings
-
     import pymc_dp
 
     with model, warnings.catch_warnings():

@@ -87,6 +87,7 @@ __all__ = [
     "choose_method",
     "curvature_step_cov",
     "zeroed_damping",
+    "zeroed_in_doubt",
     "noise_aware_laplace",
     "release_gradient_sum",
     "release_tail_excess",
@@ -708,6 +709,15 @@ def _floored_inverse(pc: np.ndarray, floor: float) -> np.ndarray:
 #: (`pymc_dp.kernels.warmstart._Curvature`: its sd is ``thr / sqrt 3 >= sqrt 3`` times a kept
 #: entry's, ``thr >= 3`` noise sds; kept entries and the diagonal have the noise's sd)
 ZEROED_RATIO = 1.5
+
+
+def zeroed_in_doubt(zeroed_widening: float, curvature_widening: float) -> bool:
+    """Whether the released curvature's thresholded entries put a one-shot result in doubt:
+    their possible truth would widen it beyond `CURVATURE_WIDENING_WARN` where the curvature's
+    noise alone does not (that case is warned as noise-dominated already). DP outputs."""
+    return zeroed_widening > CURVATURE_WIDENING_WARN and not (
+        curvature_widening > CURVATURE_WIDENING_WARN
+    )
 
 
 def zeroed_damping(entry_std: np.ndarray, basis: np.ndarray) -> np.ndarray:
