@@ -521,15 +521,19 @@ def _run(run: _Request, step, presample=None):
     if attrs.get("dp_converged") != 0 and zeroed_in_doubt(
         attrs.get("dp_oneshot_zeroed_widening", 0.0),
         attrs.get("dp_oneshot_curvature_widening", 0.0),
+        attrs.get("dp_oneshot_zeroed_step_widening", 0.0),
     ):
         # the released curvature's zeroed entries could hide a shortfall of its Newton
-        # steps that its intervals do not cover (`pymc_dp.auto.oneshot.zeroed_damping`)
+        # steps that its intervals do not cover (`pymc_dp.auto.oneshot.zeroed_damping`,
+        # `pymc_dp.auto.oneshot.zeroed_step_widening`)
         attrs["dp_converged"] = 0
         attrs["dp_convergence"] = (
             "IN DOUBT (the one-shot approximation's released curvature had off-diagonal "
             "entries below their noise threshold set to 0; their possible values would make "
-            f"its intervals up to {attrs['dp_oneshot_zeroed_widening']:.3g} times as wide: "
-            "they may be too narrow or off)"
+            f"its intervals up to {attrs['dp_oneshot_zeroed_widening']:.3g} times as wide, "
+            "and their error over its Newton steps, which still moved far, widens them "
+            f"{attrs['dp_oneshot_zeroed_step_widening']:.3g} times: they may be too narrow "
+            "or off)"
         )
     if attrs.get("dp_groupstats_converged") == 0:
         # the resampled draws always mix; the noise-aware posterior's own NUTS run did not
@@ -691,16 +695,20 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 NoiseDominatedWarning,
                 stacklevel=3,
             )
-        if check is not None and zeroed_in_doubt(check.zeroed_widening, check.curvature_widening):
-            # DP outputs (`pymc_dp.auto.oneshot.zeroed_damping`)
+        if check is not None and zeroed_in_doubt(
+            check.zeroed_widening, check.curvature_widening, check.zeroed_step_widening
+        ):
+            # DP outputs (`pymc_dp.auto.oneshot.zeroed_damping`, `.zeroed_step_widening`)
             warnings.warn(
                 "the released curvature's off-diagonal entries below their noise threshold "
                 "were set to 0; their possible true values would make its intervals up to "
                 f"{check.zeroed_widening:.3g} times as wide (attribute "
-                "dp_oneshot_zeroed_widening): the curvature may overstate the posterior's "
-                "along a direction the Newton steps then fall short in, by more than the "
-                "intervals say (they may be too narrow or off); a larger epsilon or more "
-                "records would help",
+                "dp_oneshot_zeroed_widening), and their error over the Newton steps, which "
+                f"still moved far, widens them {check.zeroed_step_widening:.3g} times "
+                "(attribute dp_oneshot_zeroed_step_widening): the curvature may overstate the "
+                "posterior's along a direction the Newton steps then fall short in, by more "
+                "than the intervals say (they may be too narrow or off); a larger epsilon or "
+                "more records would help",
                 OneShotWarning,
                 stacklevel=3,
             )

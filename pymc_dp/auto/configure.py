@@ -328,6 +328,9 @@ class AutoPlan:
             out["dp_oneshot_curvature_widening"] = float(self.oneshot.curvature_widening)
             # DP output: the same with the curvature's thresholded entries' possible truth
             out["dp_oneshot_zeroed_widening"] = float(self.oneshot.zeroed_widening)
+            # DP output: how much their first-order error over the steps widens the result
+            # beyond its other parts (`pymc_dp.auto.oneshot.zeroed_step_widening`)
+            out["dp_oneshot_zeroed_step_widening"] = float(self.oneshot.zeroed_step_widening)
             # DP outputs: which parameters the data could not tell from the noise
             out["dp_oneshot_prior_wide"] = ", ".join(self.prior_wide)
             out["dp_oneshot_trust_cut"] = int(self.oneshot.cut)

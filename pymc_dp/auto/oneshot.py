@@ -87,7 +87,9 @@ __all__ = [
     "choose_method",
     "curvature_step_cov",
     "zeroed_damping",
+    "zeroed_entries",
     "zeroed_in_doubt",
+    "zeroed_step_widening",
     "noise_aware_laplace",
     "release_gradient_sum",
     "release_tail_excess",
@@ -204,6 +206,10 @@ class NewtonStep:
     #: ``P_c^-1`` with the released curvature's thresholded entries' possible truth taken
     #: off ``P`` as well (`zeroed_damping`; ``None`` where none was thresholded)
     cov_zeroed: np.ndarray | None = None
+    #: the part of ``curvature_cov`` from the thresholded entries alone (`curvature_step_cov`
+    #: with their sds, the kept entries' set to 0; ``None`` where none was thresholded):
+    #: `zeroed_step_widening`
+    zeroed_cov: np.ndarray | None = None
 
 
 @dataclass
@@ -246,9 +252,14 @@ class NoiseAwareLaplace:
     clip_scale: float = 1.0
     #: ``curvature_widening`` with the thresholded entries' possible truth in the damping
     #: (`zeroed_damping`, ``NewtonStep.cov_zeroed``): above `CURVATURE_WIDENING_WARN` the
-    #: released curvature may overstate the Hessian along a direction the steps then fall
-    #: short in, by more than the result's covariance says
+    #: released curvature cannot bound how far it overstates the Hessian; the result is in
+    #: doubt where ``zeroed_step_widening`` says the steps still moved far (`zeroed_in_doubt`)
     zeroed_widening: float = 1.0
+    #: how much the thresholded entries' first-order error over the two steps widens the
+    #: result beyond its other parts (`zeroed_step_widening`; 1 where none was thresholded):
+    #: with it and ``zeroed_widening`` above `CURVATURE_WIDENING_WARN` (and
+    #: ``curvature_widening`` not), the result is in doubt (`zeroed_in_doubt`)
+    zeroed_step_widening: float = 1.0
 
 
 def trust_region(step: np.ndarray, max_move: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -673,13 +684,17 @@ def newton_step(
     step, cut = trust_region(full, max_move)
     damping = np.asarray(damping, dtype=float)
     cov_c = _floored_inverse(p - damping, prior_precision_floor)
-    cov_z = None
+    cov_z = zeroed_cov = None
     k = cov_p @ (basis * data[None, :].astype(float))
     curv = np.zeros_like(p)
     if curvature_entry_std is not None and curvature_basis is not None:
         curv = curvature_step_cov(step, cov_p, curvature_basis, curvature_entry_std)
         zeroed = zeroed_damping(curvature_entry_std, curvature_basis)
         if np.any(zeroed != 0.0):
+            # the thresholded entries' own part of ``curv`` (`zeroed_step_widening`)
+            entry_std = np.asarray(curvature_entry_std, dtype=float)
+            only = np.where(zeroed_entries(entry_std), entry_std, 0.0)
+            zeroed_cov = curvature_step_cov(step, cov_p, curvature_basis, only)
             # for the warning only (`NoiseAwareLaplace.zeroed_widening`). Taken off ``P_c``
             # as well (the result widened, not only flagged), it made every one-shot cell of
             # the sixth sweep that had a zeroed entry prior-wide: the switching regression
@@ -687,7 +702,15 @@ def newton_step(
             # came out 16 NUTS sds off with sds 14-50 times NUTS's, flagged
             cov_z = _floored_inverse(p - damping - zeroed, prior_precision_floor)
     return NewtonStep(
-        anchor + step, step, noise_std**2 * (k @ k.T), cov_c, p, curv, cut=cut, cov_zeroed=cov_z
+        anchor + step,
+        step,
+        noise_std**2 * (k @ k.T),
+        cov_c,
+        p,
+        curv,
+        cut=cut,
+        cov_zeroed=cov_z,
+        zeroed_cov=zeroed_cov,
     )
 
 
@@ -711,13 +734,82 @@ def _floored_inverse(pc: np.ndarray, floor: float) -> np.ndarray:
 ZEROED_RATIO = 1.5
 
 
-def zeroed_in_doubt(zeroed_widening: float, curvature_widening: float) -> bool:
-    """Whether the released curvature's thresholded entries put a one-shot result in doubt:
-    their possible truth would widen it beyond `CURVATURE_WIDENING_WARN` where the curvature's
-    noise alone does not (that case is warned as noise-dominated already). DP outputs."""
-    return zeroed_widening > CURVATURE_WIDENING_WARN and not (
-        curvature_widening > CURVATURE_WIDENING_WARN
+def zeroed_in_doubt(
+    zeroed_widening: float,
+    curvature_widening: float,
+    zeroed_step_widening: float = float("inf"),
+) -> bool:
+    """Whether the released curvature's thresholded entries put a one-shot result in doubt.
+
+    Their possible truth would widen it beyond `CURVATURE_WIDENING_WARN` (``zeroed_widening``:
+    the released curvature cannot bound how far the Hessian is below it) where the
+    curvature's noise alone does not (that case is warned as noise-dominated already), *and*
+    their first-order error over the two steps widens the result beyond the same factor
+    (``zeroed_step_widening``, `zeroed_step_widening`: the steps still moved far where the
+    curvature may be wrong; where they landed, the error a wrong curvature causes is small
+    beside the result's other parts). ``zeroed_step_widening`` left out: the first two
+    conditions alone (before helper 240). DP outputs.
+    """
+    return (
+        zeroed_widening > CURVATURE_WIDENING_WARN
+        and not (curvature_widening > CURVATURE_WIDENING_WARN)
+        and zeroed_step_widening > CURVATURE_WIDENING_WARN
     )
+
+
+def zeroed_entries(entry_std: np.ndarray) -> np.ndarray:
+    """Which entries of the released curvature were thresholded to 0 (boolean ``(d, d)``):
+    those whose error sd is more than `ZEROED_RATIO` times the geometric mean of their row's
+    and column's diagonal ones (`pymc_dp.kernels.warmstart._Curvature`). Public given the
+    released curvature's error sds."""
+    t = np.asarray(entry_std, dtype=float)
+    d = t.shape[0]
+    diag = np.sqrt(np.abs(np.outer(np.diag(t), np.diag(t))))
+    return ~np.eye(d, dtype=bool) & (t > ZEROED_RATIO * diag)
+
+
+def zeroed_step_widening(first: NewtonStep, second: NewtonStep, weights, cov: np.ndarray) -> float:
+    """How much the thresholded curvature entries' error over the two steps widens a one-shot
+    result beyond its other parts, in its worst coordinate (post-processing of DP outputs).
+
+    A Newton step ``s = P^-1 g`` with the released curvature ``P = H + B E B^T`` ends
+    ``-H^-1 B E B^T s`` from where the Hessian ``H`` would take it: the error is the step
+    times the curvature's error. `curvature_step_cov` counts it to first order (``P^-1``
+    for ``H^-1``; ``NewtonStep.zeroed_cov`` is the thresholded entries' part, with their
+    uniform sds), and the result's covariance holds it. How far ``H^-1`` can exceed
+    ``P^-1`` the released curvature cannot say where ``zeroed_widening`` is large (their
+    possible truth takes ``P`` to the floor). Where the steps still had far to go along the
+    directions the zeroed entries couple, that first-order part is long (it grows with the
+    step) and the result's width is mostly made of it: a Hessian a few times below ``P``
+    then puts the mean beyond its intervals (measured: a log-linear regression at epsilon 1,
+    the curvature 7.7 times the Hessian along one direction, this widening 4.24, the result
+    4.67 own sds off). Where the steps landed (short beside the release noise), it is a
+    small part and the result has room for it to be several times larger (the sixth and
+    seventh sweeps' runs at epsilon 10 that the zeroed check flagged: 1.05-1.42, all within
+    0.92 own sds). Returns ``max_j sqrt((R_jj + Z_jj) / R_jj)``, ``Z`` the thresholded
+    entries' part of the result's covariance and ``R`` the covariance less its whole
+    curvature part (the conservative curvature's inverse, the releases' noise, the
+    widening along the steps). ``weights``: ``(w1, w2)``, the ends' weights in the result's
+    mean, the parts bounded by ``2 (w1 Z1 w1^T + w2 Z2 w2^T)`` (the same curvature moves both
+    ends) as `noise_aware_laplace` bounds the curvature's; ``None``: the result is the
+    second end moved, ``2 (Z1 + Z2)``. 1 where no entry was thresholded.
+    """
+    z1, z2 = first.zeroed_cov, second.zeroed_cov
+    if z1 is None or z2 is None:
+        return 1.0
+
+    def part(c1, c2):
+        if weights is None:
+            return np.diag(2.0 * (c1 + c2))
+        w1, w2 = weights
+        return np.diag(2.0 * (w1 @ c1 @ w1.T + w2 @ c2 @ w2.T))
+
+    zeroed = part(z1, z2)
+    rest = np.diag(cov) - part(first.curvature_cov, second.curvature_cov)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.sqrt((rest + zeroed) / rest)
+    ratio = np.where(np.isfinite(ratio), ratio, np.inf)
+    return float(np.max(ratio, initial=1.0))
 
 
 def zeroed_damping(entry_std: np.ndarray, basis: np.ndarray) -> np.ndarray:
@@ -739,9 +831,7 @@ def zeroed_damping(entry_std: np.ndarray, basis: np.ndarray) -> np.ndarray:
     given the released curvature's error sds (public constants and DP outputs).
     """
     t = np.asarray(entry_std, dtype=float)
-    d = t.shape[0]
-    diag = np.sqrt(np.abs(np.outer(np.diag(t), np.diag(t))))
-    zeroed = ~np.eye(d, dtype=bool) & (t > ZEROED_RATIO * diag)
+    zeroed = zeroed_entries(t)
     r = np.sqrt(np.sum(np.where(zeroed, t * t, 0.0), axis=1))
     return basis @ np.diag(r) @ basis.T
 
@@ -922,6 +1012,7 @@ def noise_aware_laplace(
     # Aitken's extrapolation put b[1] 5.7 NUTS sds off and the prior's covariance made the
     # result the prior (31-61 NUTS sds off, sds 300-345 times NUTS's)
     undetermined = a - CONTRACTION_UPPER_SDS * a_sd <= 0.0 and a_hi >= 1.0 and not cuts
+    weights = None  # the ends' weights in the mean (`zeroed_step_widening`; None: the second end's)
     if (chi2 <= limit or not moving or undetermined) and not crawling:
         # the combination by the release noise (weighting by the whole errors ``V_j``
         # instead was measured: bench_auto's GLMM at epsilon 3 median 1.05 -> 0.74, but its
@@ -930,6 +1021,7 @@ def noise_aware_laplace(
         mean = first.mean + n1 @ nj @ diff
         w2 = n1 @ nj
         w1 = np.eye(diff.size) - w2
+        weights = (w1, w2)
         # the curvature's error moves both ends (correlated: the same curvature); the
         # combination's covariance from it is bounded by twice the sum of the parts'
         noise = n1 - n1 @ nj @ n1 + 2.0 * (w1 @ c1 @ w1.T + w2 @ c2 @ w2.T)
@@ -991,9 +1083,10 @@ def noise_aware_laplace(
         with np.errstate(divide="ignore", invalid="ignore"):
             z = np.sqrt(np.diag(second.cov_zeroed) / released)
         zeroed = max(widening, float(np.max(np.where(np.isfinite(z), z, np.inf))))
+    cov = 0.5 * (cov + cov.T)
     return NoiseAwareLaplace(
         mean,
-        0.5 * (cov + cov.T),
+        cov,
         noise,
         err,
         chi2,
@@ -1004,4 +1097,5 @@ def noise_aware_laplace(
         drift,
         crawling,
         zeroed_widening=zeroed,
+        zeroed_step_widening=zeroed_step_widening(first, second, weights, cov),
     )
