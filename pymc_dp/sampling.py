@@ -520,7 +520,6 @@ def _run(run: _Request, step, presample=None):
         )
     if attrs.get("dp_converged") != 0 and zeroed_in_doubt(
         attrs.get("dp_oneshot_zeroed_widening", 0.0),
-        attrs.get("dp_oneshot_curvature_widening", 0.0),
         attrs.get("dp_oneshot_zeroed_step_widening", 0.0),
     ):
         # the released curvature's zeroed entries could hide a shortfall of its Newton
@@ -686,18 +685,24 @@ def _sample_auto(run: _Request, auto_kwargs: dict[str, Any]):
                 NoiseDominatedWarning,
                 stacklevel=3,
             )
+        in_doubt = check is not None and zeroed_in_doubt(
+            check.zeroed_widening, check.zeroed_step_widening
+        )
         if check is not None and check.curvature_widening > CURVATURE_WIDENING_WARN:
             warnings.warn(
                 "the release noise dominates this result's curvature: its intervals are up to "
                 f"{check.curvature_widening:.3g} times as wide as the released curvature alone "
-                "gives (they include its noise: wide, not off); a larger epsilon or more "
-                "records would help",
+                + (
+                    "gives (they include its noise; but see the OneShotWarning: they may "
+                    "still be off)"
+                    if in_doubt
+                    else "gives (they include its noise: wide, not off)"
+                )
+                + "; a larger epsilon or more records would help",
                 NoiseDominatedWarning,
                 stacklevel=3,
             )
-        if check is not None and zeroed_in_doubt(
-            check.zeroed_widening, check.curvature_widening, check.zeroed_step_widening
-        ):
+        if in_doubt:
             # DP outputs (`pymc_dp.auto.oneshot.zeroed_damping`, `.zeroed_step_widening`)
             warnings.warn(
                 "the released curvature's off-diagonal entries below their noise threshold "

@@ -81,7 +81,8 @@ def _laplace_reference(x, year, y):
 
 
 @pytest.mark.slow
-def test_sweep7_gamma_glm_epsilon3_not_confidently_wrong():
+@pytest.mark.parametrize("epsilon", [3.0, 1.0])
+def test_sweep7_gamma_glm_not_confidently_wrong(epsilon):
     # Diagnosed (helper 237, helper 233's dev-only decomposition of each one-shot end against
     # the exact mode): not the clipping (8 records beyond the clip bound at the first end, none
     # at the second; the clipped sums move the ends <= 0.19 posterior sds) and not the release
@@ -100,6 +101,10 @@ def test_sweep7_gamma_glm_epsilon3_not_confidently_wrong():
     # check's second condition (helper 240, `pymc_dp.auto.oneshot.zeroed_step_widening`:
     # the zeroed entries' first-order error over the steps widens the result 3.57 times
     # beyond its other parts, above 2; `dp_oneshot_zeroed_widening` 193).
+    # At epsilon 1 (DP seed 1) the same cause left the result 4.6 of its own sds off (5 of 8
+    # coordinates beyond 2) with only the noise-dominated warning ("wide, not off",
+    # ``dp_converged`` 1): the check exempted runs whose curvature widening was above 2
+    # (helper 240 found it; step widening 4.27). Not exempt since: IN DOUBT.
     x, year, y = _airfare()
     mean, sd = _laplace_reference(x, year, y)
     with pm.Model(coords={"year": [1997, 1998, 1999, 2000]}) as model:
@@ -112,7 +117,7 @@ def test_sweep7_gamma_glm_epsilon3_not_confidently_wrong():
             warnings.simplefilter("always")
             idata = pymc_dp.sample(
                 step=None,
-                epsilon=3.0,
+                epsilon=epsilon,
                 delta=1e-6,
                 random_seed=1,
                 progressbar=False,
