@@ -57,6 +57,7 @@ References
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -105,6 +106,7 @@ __all__ = [
     "stats_last_share",
     "stats_predicted_error",
     "tail_clip_bound",
+    "whitening_locates",
 ]
 
 #: Shares of the budget (``mu``) of the release of the statistics' centre (whence the
@@ -165,6 +167,99 @@ STATS_TAIL_LEVELS = 3
 #: statistic (``sqrt(n + (2 L z)^2)``: the sampling sd of a sum of ``n`` whitened
 #: deviations and the release's noise at that bound).
 STATS_TAIL_KAPPA = 0.5
+
+
+#: Share of the records the plain DP quantiles of the whitening (its releases 2 and 4,
+#: `pymc_dp.kernels.expfam.private_whitening`) must be expected to locate (in bins above
+#: their noise threshold) for `whitening_locates`: the quantile among the located bins is
+#: then at least the median deviation. Where none is located the quantile is the grid's
+#: bottom and the whitening scales the deviations up ~1000 times (docs/auto-measured.md,
+#: the 400-record normal model).
+STATS_PLAIN_LOCATED_SHARE = 0.5
+
+#: Data-free stand-in records of `whitening_locates` (standard normal response and
+#: covariates, ``numpy.random.default_rng(0)``).
+STATS_STAND_IN_RECORDS = 20_000
+
+
+@functools.lru_cache(maxsize=8)
+def _stand_in_norms(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Norms of the deviations of data-free stand-in records' statistics (standard normal
+    ``e`` and ``v``, `pymc_dp.kernels.expfam.normal_linear_stats`) from their mean: as
+    released 2 (standardised), 4 (over their mean absolute deviation) and 6 (whitened by
+    their covariance) by `pymc_dp.kernels.expfam.private_whitening` on ideal data."""
+    from pymc_dp.kernels.expfam import normal_linear_stats
+
+    gen = np.random.default_rng(0)
+    e = gen.normal(size=STATS_STAND_IN_RECORDS)
+    v = gen.normal(size=(STATS_STAND_IN_RECORDS, int(k)))
+    dev = normal_linear_stats(e, v)
+    dev -= dev.mean(axis=0)
+    lam, U = np.linalg.eigh(np.cov(dev.T).reshape(dev.shape[1], dev.shape[1]))
+    W = (U * np.maximum(lam, 1e-12) ** -0.5) @ U.T
+    return (
+        np.linalg.norm(dev, axis=1),
+        np.linalg.norm(dev / np.abs(dev).mean(axis=0), axis=1),
+        np.linalg.norm(dev @ W.T, axis=1),
+    )
+
+
+def _best_located_share(norms: np.ndarray, n: int, bar: float) -> float:
+    """The largest share of ``n`` records distributed as ``norms`` that the quantiles' log
+    grid (`pymc_dp.kernels.expfam.private_clip_bound`) holds in bins of at least ``bar``
+    expected records, over eight alignments of the grid (data-free)."""
+    from pymc_dp.kernels.expfam import CLIP_GRID_BINS, CLIP_GRID_DECADES
+
+    per_decade = (CLIP_GRID_BINS - 1.0) / CLIP_GRID_DECADES
+    best = 0.0
+    for offset in np.arange(8) / 8.0:
+        _, counts = np.unique(
+            np.floor(np.log10(np.maximum(norms, 1e-300)) * per_decade + offset), return_counts=True
+        )
+        expected = counts * (float(n) / norms.size)
+        best = max(best, float(expected[expected >= bar].sum()) / float(n))
+    return best
+
+
+def whitening_locates(
+    n: int, k: int, whitening_noise_multiplier: float, clip_noise_multiplier: float
+) -> bool:
+    """Whether the whitening's noisy histograms can locate ``n`` records (data-free).
+
+    Public facts only: ``n``, the covariates' count ``k`` and the releases' multipliers. The
+    histograms of `pymc_dp.kernels.expfam.private_whitening` (releases 2, 4 and 6 of
+    `release_linear_stats`) count the records' deviation norms in log bins of 1/16 decade
+    with noise sd ``sqrt(2) z`` per bin; a bin counts where it passes its threshold (4.2
+    sds for the plain quantiles, `pymc_dp.kernels.expfam.QUANTILE_FAMILY_WISE`, 3 for the
+    clip bound's, `pymc_dp.kernels.warmstart.HISTOGRAM_THRESHOLD_SDS`). Ideal data
+    (standard normal response and covariates, `_stand_in_norms`) spread over some 15-20
+    bins; at small ``n`` each holds less than the threshold and, whatever the data, the
+    clip bound's histogram then locates less than `STATS_LOCATED_SHARE` and its bound is
+    the box's (`pymc_dp.kernels.expfam.private_clip_bound`), or the plain quantiles
+    locate nothing and the whitening is noise. True where the expected histograms of ideal
+    data (the best of eight grid alignments) locate at least `STATS_PLAIN_LOCATED_SHARE`
+    (releases 2 and 4) and `STATS_LOCATED_SHARE` (release 6) of the records. Measured on
+    400 records ``x ~ N(1, 2)`` (docs/auto-measured.md): False at epsilon 1 and 3, where
+    the whitening fell back to the box on 4 and 5 of 5 seeds, True at epsilon 10, where
+    it located on 4 of 5; on 1000 records True at epsilon 3 (located on 2 of 3 seeds),
+    False at epsilon 1 (0 of 3).
+    """
+    from pymc_dp.kernels.expfam import CLIP_GRID_BINS, QUANTILE_FAMILY_WISE
+    from pymc_dp.kernels.warmstart import (
+        HISTOGRAM_SENSITIVITY,
+        HISTOGRAM_THRESHOLD_SDS,
+        bonferroni_sds,
+    )
+
+    r2, r4, r6 = _stand_in_norms(int(k))
+    plain = bonferroni_sds(CLIP_GRID_BINS + 1, QUANTILE_FAMILY_WISE) * HISTOGRAM_SENSITIVITY
+    plain *= float(whitening_noise_multiplier)
+    clip = HISTOGRAM_THRESHOLD_SDS * HISTOGRAM_SENSITIVITY * float(clip_noise_multiplier)
+    return (
+        _best_located_share(r2, n, plain) >= STATS_PLAIN_LOCATED_SHARE
+        and _best_located_share(r4, n, plain) >= STATS_PLAIN_LOCATED_SHARE
+        and _best_located_share(r6, n, clip) >= STATS_LOCATED_SHARE
+    )
 
 
 def stats_last_share() -> float:
@@ -395,8 +490,8 @@ def release_linear_stats(
     box: tuple[np.ndarray, np.ndarray],
     *,
     centre_noise_multiplier: float,
-    whitening_noise_multiplier: float,
-    clip_noise_multiplier: float,
+    whitening_noise_multiplier: float | None,
+    clip_noise_multiplier: float | None,
     noise_multiplier: float,
     rng: np.random.Generator,
     tail_noise_multiplier: float | None = None,
@@ -422,6 +517,9 @@ def release_linear_stats(
     ``(2 b z)^2 I``) and the map. Every release is counted by its callback as soon as its
     exact input reached the driver. Where the box's own clip (`box_whitening`) gives the
     last release less noise than the whitened clip, it is used and ``on_box_clip`` called.
+    ``whitening_noise_multiplier=None`` (planned from public facts where the whitening's
+    histograms cannot locate the records, `whitening_locates`): releases 2-7 are not made
+    and the last release takes the box's clip.
     """
     from pymc_dp.kernels.expfam import private_whitening
 
@@ -446,6 +544,10 @@ def release_linear_stats(
         if callback is not None:
             callback()
 
+    if whitening_noise_multiplier is None:
+        # -- planned (data-free) without the whitening: release 1's box clip, then the sum --
+        wh = box_whitening(st, box)
+        return _last_release(std_passes, wh, n, k, noise_multiplier, rng, on_release), st
     reach = np.maximum(np.abs(lo - c), np.abs(hi - c))  # the largest deviations in the box
     top = float(np.linalg.norm(st.M, 2) * np.linalg.norm(reach))
     # -- releases 2-6: whitening and clip bound of the standardised statistics ----------------
@@ -484,15 +586,19 @@ def release_linear_stats(
     chosen = _smaller_noise(wh, box_whitening(st, box))
     if chosen is not wh and on_box_clip is not None:
         on_box_clip()
-    wh = chosen
-    # -- release 8: the clipped whitened standardised deviations' sum --------------------------
+    return _last_release(std_passes, chosen, n, k, noise_multiplier, rng, on_release), st
+
+
+def _last_release(std_passes, wh, n: int, k: int, noise_multiplier: float, rng, on_release):
+    """Release 8: the clipped whitened standardised deviations' sum, as the released
+    standardised statistics and their noise covariance."""
     noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
     if on_release is not None:
         on_release()
     std = float(noise_multiplier) * 2.0 * wh.clip
     W_inv = np.linalg.inv(wh.scale)
     S_u = W_inv @ noisy + n * wh.centre
-    return linear_stats_from_sum(S_u, n, k, std * std * (W_inv @ W_inv.T)), st
+    return linear_stats_from_sum(S_u, n, k, std * std * (W_inv @ W_inv.T))
 
 
 def box_whitening(st: Standardisation, box: tuple[np.ndarray, np.ndarray]):

@@ -814,6 +814,11 @@ def private_whitening(
     return Whitening(centre=c, scale=W, clip=b, releases=made)
 
 
+#: The log grid of `private_clip_bound`: ``CLIP_GRID_BINS`` bounds over ``CLIP_GRID_DECADES``
+#: decades below the largest deviation inside the box.
+CLIP_GRID_BINS = 80
+CLIP_GRID_DECADES = 5
+
 #: Family-wise chance that noise alone passes the threshold of some empty bin of a plain DP
 #: quantile's histogram (`private_clip_bound` without ``extend_sds`` / ``located_share``).
 QUANTILE_FAMILY_WISE = 1e-3
@@ -846,7 +851,7 @@ def private_clip_bound(
     (`scan_tail`): a tail spread thinly over many bins, each below the noise threshold,
     is located by its sum.
     """
-    grid = clip_grid(top * 1e-5, top, 80)
+    grid = clip_grid(top * 10.0**-CLIP_GRID_DECADES, top, CLIP_GRID_BINS)
     hist = histogram_from_counts(n, passes.deviation_counts(centre, grid, scale))
     if extend_sds is None and located_share is None:
         # a bin counts as empty below Bonferroni's level over the grid's 81 bins (1e-3 that
