@@ -1993,9 +1993,11 @@ def _stats_plan(
     """The sufficient-statistics strategy (`pymc_dp.auto.suffstats`): its releases and the
     noise-aware posterior's Gaussian summary, drawn from independently."""
     from pymc_dp.auto.suffstats import (
+        STATS_GRID_BINS,
         STATS_QUANTILE,
         fit_stats_posterior,
         release_linear_stats,
+        whitening_grid_bins,
     )
 
     n, d = fm.n_records, int(sum(np.size(ip[v.name]) for v in vars))
@@ -2009,10 +2011,20 @@ def _stats_plan(
     whiten = by_name.get(STATS_WHITENING_PHASE)
     clip, tail = by_name.get(STATS_CLIP_PHASE), by_name.get(STATS_TAIL_PHASE)
     z = last.noise_multiplier
+    bins = None
+    if whiten is not None:  # the finest grid that locates n records (public facts)
+        bins = whitening_grid_bins(
+            n, fm.n_covariates, whiten.noise_multiplier, clip.noise_multiplier
+        )
     plan.clip_sources = {
         "statistics' centre clip (each statistic's range in the box)": "data_bounds",
         "standardised statistics' clip": f"DP histogram (quantile {STATS_QUANTILE:g})",
     }
+    if bins is not None and bins != STATS_GRID_BINS[0]:
+        plan.clip_sources["standardised statistics' clip"] = (
+            f"DP histogram (quantile {STATS_QUANTILE:g}; a grid of {bins} bounds: the finer "
+            f"grid's bins cannot hold enough of n = {n} records to pass their noise)"
+        )
     if whiten is None:  # planned from public n and epsilon: no whitening releases at all
         plan.clip_sources["standardised statistics' clip"] = (
             f"data_bounds (the box's, as the centre's: at n = {n} and this epsilon the DP "
@@ -2042,6 +2054,7 @@ def _stats_plan(
         on_release=lambda: spend.release(STATS_PHASE),
         chunk_size=chunk_size,
         on_box_clip=box_clip,
+        grid_bins=bins,
     )
     post = fit_stats_posterior(fm, stats, model, vars, ip, standard)
     if post is None:
@@ -2186,8 +2199,8 @@ def stats_phases(
     the composition fits the target (data-free).
 
     Given the records' count ``n`` and the covariates' ``k`` (public), where the whitening's
-    histograms cannot locate ``n`` records at their multipliers
-    (`pymc_dp.auto.suffstats.whitening_locates`) the whitening, clip bound and tail phases
+    histograms cannot locate ``n`` records at their multipliers on any of their grids
+    (`pymc_dp.auto.suffstats.whitening_grid_bins`) the whitening, clip bound and tail phases
     are left out (never run): the last sum takes the box's clip (the centre's,
     `pymc_dp.auto.suffstats.box_whitening`) and everything the centre leaves."""
     from pymc_dp.auto.suffstats import (
@@ -2195,7 +2208,7 @@ def stats_phases(
         STATS_CLIP_SHARE,
         STATS_TAIL_SHARE,
         STATS_WHITENING_SHARE,
-        whitening_locates,
+        whitening_grid_bins,
     )
 
     centre = Phase(STATS_CENTRE_PHASE, _share_z(mu_total, STATS_CENTRE_SHARE), 1)
@@ -2206,7 +2219,8 @@ def stats_phases(
         Phase(STATS_TAIL_PHASE, _share_z(mu_total, STATS_TAIL_SHARE), 1),
     ]
     if n is not None and k is not None:
-        if not whitening_locates(n, k, phases[1].noise_multiplier, phases[2].noise_multiplier):
+        zw, zc = phases[1].noise_multiplier, phases[2].noise_multiplier
+        if whitening_grid_bins(n, k, zw, zc) is None:
             phases = [centre]
     probe = AutoPlan(epsilon, delta, 0, 0, 1, mu_total, phases=list(phases))
     z = _last_noise_multiplier(probe, mu_total - sum(p.mu for p in phases), 1)

@@ -870,6 +870,16 @@ def plan(
                 "data_bounds (the box's, as the centre's: the whitening's DP histograms "
                 f"cannot locate n = {n} records at this epsilon; not run)"
             )
+        elif stats is not None:
+            from pymc_dp.auto.suffstats import STATS_GRID_BINS, whitening_grid_bins
+
+            zw, zc = stats[1].noise_multiplier, stats[2].noise_multiplier
+            bins = whitening_grid_bins(n, fm.n_covariates, zw, zc)
+            if bins != STATS_GRID_BINS[0]:
+                out.clip_sources["whitened statistics' clip"] = (
+                    f"DP histogram (a grid of {bins} bounds: the finer grid's bins cannot "
+                    f"hold enough of n = {n} records to pass their noise)"
+                )
     if err > USABLE_ERROR:
         if method == "groupstats":
             from pymc_dp.auto.groupstats import (
