@@ -1996,9 +1996,11 @@ def _stats_plan(
     """The sufficient-statistics strategy (`pymc_dp.auto.suffstats`): its releases and the
     noise-aware posterior's Gaussian summary, drawn from independently."""
     from pymc_dp.auto.suffstats import (
+        STATS_GRID_BINS,
         STATS_QUANTILE,
         fit_stats_posterior,
         release_linear_stats,
+        whitening_grid_bins,
     )
 
     n, d = fm.n_records, int(sum(np.size(ip[v.name]) for v in vars))
@@ -2006,13 +2008,32 @@ def _stats_plan(
     plan = AutoPlan(epsilon, delta, n, d, chains, mu_total, method="stats")
     spend = PresampleSpend() if spend is None else spend
     spend.phases = plan.phases
-    plan.phases += stats_phases(mu_total, epsilon, delta)
-    centre, whiten, clip, tail, last = plan.phases
+    plan.phases += stats_phases(mu_total, epsilon, delta, n, fm.n_covariates)
+    by_name = {p.name: p for p in plan.phases}
+    centre, last = by_name[STATS_CENTRE_PHASE], by_name[STATS_PHASE]
+    whiten = by_name.get(STATS_WHITENING_PHASE)
+    clip, tail = by_name.get(STATS_CLIP_PHASE), by_name.get(STATS_TAIL_PHASE)
     z = last.noise_multiplier
+    bins = None
+    if whiten is not None:  # the finest grid that locates n records (public facts)
+        bins = whitening_grid_bins(
+            n, fm.n_covariates, whiten.noise_multiplier, clip.noise_multiplier
+        )
     plan.clip_sources = {
         "statistics' centre clip (each statistic's range in the box)": "data_bounds",
         "standardised statistics' clip": f"DP histogram (quantile {STATS_QUANTILE:g})",
     }
+    if bins is not None and bins != STATS_GRID_BINS[0]:
+        plan.clip_sources["standardised statistics' clip"] = (
+            f"DP histogram (quantile {STATS_QUANTILE:g}; a grid of {bins} bounds: the finer "
+            f"grid's bins cannot hold enough of n = {n} records to pass their noise)"
+        )
+    if whiten is None:  # planned from public n and epsilon: no whitening releases at all
+        plan.clip_sources["standardised statistics' clip"] = (
+            f"data_bounds (the box's, as the centre's: at n = {n} and this epsilon the DP "
+            "histograms of the whitening could not locate the records; planned before any "
+            "release, their budget goes to the last sum)"
+        )
 
     def box_clip() -> None:  # the whitened clip's noise was larger than the box's
         plan.clip_sources["standardised statistics' clip"] = (
@@ -2024,11 +2045,11 @@ def _stats_plan(
         fm,
         C,
         centre_noise_multiplier=centre.noise_multiplier,
-        whitening_noise_multiplier=whiten.noise_multiplier,
-        clip_noise_multiplier=clip.noise_multiplier,
+        whitening_noise_multiplier=None if whiten is None else whiten.noise_multiplier,
+        clip_noise_multiplier=None if clip is None else clip.noise_multiplier,
         noise_multiplier=z,
         rng=rng,
-        tail_noise_multiplier=tail.noise_multiplier,
+        tail_noise_multiplier=None if tail is None else tail.noise_multiplier,
         on_centre_release=lambda: spend.release(STATS_CENTRE_PHASE),
         on_whitening_release=lambda: spend.release(STATS_WHITENING_PHASE),
         on_clip_release=lambda: spend.release(STATS_CLIP_PHASE),
@@ -2036,6 +2057,7 @@ def _stats_plan(
         on_release=lambda: spend.release(STATS_PHASE),
         chunk_size=chunk_size,
         on_box_clip=box_clip,
+        grid_bins=bins,
     )
     post = fit_stats_posterior(fm, stats, model, vars, ip, standard)
     if post is None:
@@ -2171,24 +2193,38 @@ def _groupstats_plan(
     )  # fmt: skip
 
 
-def stats_phases(mu_total: float, epsilon: float, delta: float) -> list[Phase]:
+def stats_phases(
+    mu_total: float, epsilon: float, delta: float, n: int | None = None, k: int | None = None
+) -> list[Phase]:
     """The sufficient-statistics strategy's phases (`pymc_dp.auto.suffstats`): the box-scaled
-    centre, the whitening's four releases, the clip bound's histogram (fixed shares of
-    ``mu``) and the last sum with the rest, its multiplier nudged up until the composition
-    fits the target (data-free)."""
+    centre, the whitening's four releases, the clip bound's histogram, the tail's excess
+    (fixed shares of ``mu``) and the last sum with the rest, its multiplier nudged up until
+    the composition fits the target (data-free).
+
+    Given the records' count ``n`` and the covariates' ``k`` (public), where the whitening's
+    histograms cannot locate ``n`` records at their multipliers on any of their grids
+    (`pymc_dp.auto.suffstats.whitening_grid_bins`) the whitening, clip bound and tail phases
+    are left out (never run): the last sum takes the box's clip (the centre's,
+    `pymc_dp.auto.suffstats.box_whitening`) and everything the centre leaves."""
     from pymc_dp.auto.suffstats import (
         STATS_CENTRE_SHARE,
         STATS_CLIP_SHARE,
         STATS_TAIL_SHARE,
         STATS_WHITENING_SHARE,
+        whitening_grid_bins,
     )
 
+    centre = Phase(STATS_CENTRE_PHASE, _share_z(mu_total, STATS_CENTRE_SHARE), 1)
     phases = [
-        Phase(STATS_CENTRE_PHASE, _share_z(mu_total, STATS_CENTRE_SHARE), 1),
+        centre,
         Phase(STATS_WHITENING_PHASE, _share_z(mu_total, STATS_WHITENING_SHARE, 4), 4),
         Phase(STATS_CLIP_PHASE, _share_z(mu_total, STATS_CLIP_SHARE), 1),
         Phase(STATS_TAIL_PHASE, _share_z(mu_total, STATS_TAIL_SHARE), 1),
     ]
+    if n is not None and k is not None:
+        zw, zc = phases[1].noise_multiplier, phases[2].noise_multiplier
+        if whitening_grid_bins(n, k, zw, zc) is None:
+            phases = [centre]
     probe = AutoPlan(epsilon, delta, 0, 0, 1, mu_total, phases=list(phases))
     z = _last_noise_multiplier(probe, mu_total - sum(p.mu for p in phases), 1)
     return [*phases, Phase(STATS_PHASE, z, 1)]

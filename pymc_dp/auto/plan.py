@@ -820,7 +820,7 @@ def plan(
     err = laplace_err if one_shot else chain_err
     stats = None
     if fm is not None:
-        stats = stats_phases(mu, epsilon, delta)
+        stats = stats_phases(mu, epsilon, delta, n, fm.n_covariates)
         stats_err = stats_predicted_error(n, fm.n_covariates, stats[-1].noise_multiplier)
         if method == "stats":
             phases, err = stats[:-1], stats_err
@@ -865,6 +865,21 @@ def plan(
             "statistics' centre clip (each statistic's range in the box)": "data_bounds",
             "whitened statistics' clip": "DP histogram",
         }
+        if stats is not None and len(stats) == 2:  # `stats_phases`: no whitening releases
+            out.clip_sources["whitened statistics' clip"] = (
+                "data_bounds (the box's, as the centre's: the whitening's DP histograms "
+                f"cannot locate n = {n} records at this epsilon; not run)"
+            )
+        elif stats is not None:
+            from pymc_dp.auto.suffstats import STATS_GRID_BINS, whitening_grid_bins
+
+            zw, zc = stats[1].noise_multiplier, stats[2].noise_multiplier
+            bins = whitening_grid_bins(n, fm.n_covariates, zw, zc)
+            if bins != STATS_GRID_BINS[0]:
+                out.clip_sources["whitened statistics' clip"] = (
+                    f"DP histogram (a grid of {bins} bounds: the finer grid's bins cannot "
+                    f"hold enough of n = {n} records to pass their noise)"
+                )
     if err > USABLE_ERROR:
         if method == "groupstats":
             from pymc_dp.auto.groupstats import (

@@ -57,6 +57,7 @@ References
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -93,6 +94,8 @@ __all__ = [
     "STATS_WHITENING_SHARE",
     "Standardisation",
     "STATS_ERROR_SCALE",
+    "STATS_COARSE_GRID_BINS",
+    "STATS_GRID_BINS",
     "StatsPosterior",
     "box_whitening",
     "fit_stats_posterior",
@@ -105,6 +108,8 @@ __all__ = [
     "stats_last_share",
     "stats_predicted_error",
     "tail_clip_bound",
+    "whitening_grid_bins",
+    "whitening_locates",
 ]
 
 #: Shares of the budget (``mu``) of the release of the statistics' centre (whence the
@@ -165,6 +170,140 @@ STATS_TAIL_LEVELS = 3
 #: statistic (``sqrt(n + (2 L z)^2)``: the sampling sd of a sum of ``n`` whitened
 #: deviations and the release's noise at that bound).
 STATS_TAIL_KAPPA = 0.5
+
+
+#: Share of the records the plain DP quantiles of the whitening (its releases 2 and 4,
+#: `pymc_dp.kernels.expfam.private_whitening`) must be expected to locate (in bins above
+#: their noise threshold) for `whitening_locates`. Where none is located the quantile is
+#: the grid's bottom and the whitening scales the deviations up ~1000 times
+#: (docs/auto-measured.md, the 400-record normal model); at 0.5 ideal data were "not
+#: located" on regressions of 1000 records (k = 2, uniform covariates, epsilon 3) whose
+#: whitening worked on 3 of 3 seeds.
+STATS_PLAIN_LOCATED_SHARE = 0.1
+
+#: Data-free stand-in records of `whitening_locates` (standard normal response and
+#: covariates, ``numpy.random.default_rng(0)``).
+STATS_STAND_IN_RECORDS = 20_000
+
+
+@functools.lru_cache(maxsize=8)
+def _stand_in_norms(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Norms of the deviations of data-free stand-in records' statistics (standard normal
+    ``e`` and ``v``, `pymc_dp.kernels.expfam.normal_linear_stats`) from their mean: as
+    released 2 (standardised), 4 (over their mean absolute deviation) and 6 (whitened by
+    their covariance) by `pymc_dp.kernels.expfam.private_whitening` on ideal data."""
+    from pymc_dp.kernels.expfam import normal_linear_stats
+
+    gen = np.random.default_rng(0)
+    e = gen.normal(size=STATS_STAND_IN_RECORDS)
+    v = gen.normal(size=(STATS_STAND_IN_RECORDS, int(k)))
+    dev = normal_linear_stats(e, v)
+    dev -= dev.mean(axis=0)
+    lam, U = np.linalg.eigh(np.cov(dev.T).reshape(dev.shape[1], dev.shape[1]))
+    W = (U * np.maximum(lam, 1e-12) ** -0.5) @ U.T
+    return (
+        np.linalg.norm(dev, axis=1),
+        np.linalg.norm(dev / np.abs(dev).mean(axis=0), axis=1),
+        np.linalg.norm(dev @ W.T, axis=1),
+    )
+
+
+def _best_located_share(norms: np.ndarray, n: int, bar: float, bins: int) -> float:
+    """The largest share of ``n`` records distributed as ``norms`` that the quantiles' log
+    grid (`pymc_dp.kernels.expfam.private_clip_bound`) holds in bins of at least ``bar``
+    expected records, over eight alignments of the grid (data-free)."""
+    from pymc_dp.kernels.expfam import CLIP_GRID_DECADES
+
+    per_decade = (int(bins) - 1.0) / CLIP_GRID_DECADES
+    best = 0.0
+    for offset in np.arange(8) / 8.0:
+        _, counts = np.unique(
+            np.floor(np.log10(np.maximum(norms, 1e-300)) * per_decade + offset), return_counts=True
+        )
+        expected = counts * (float(n) / norms.size)
+        best = max(best, float(expected[expected >= bar].sum()) / float(n))
+    return best
+
+
+def whitening_locates(
+    n: int,
+    k: int,
+    whitening_noise_multiplier: float,
+    clip_noise_multiplier: float,
+    bins: int | None = None,
+) -> bool:
+    """Whether the whitening's noisy histograms can locate ``n`` records (data-free).
+
+    Public facts only: ``n``, the covariates' count ``k`` and the releases' multipliers. The
+    histograms of `pymc_dp.kernels.expfam.private_whitening` (releases 2, 4 and 6 of
+    `release_linear_stats`) count the records' deviation norms in log bins of 1/16 decade
+    with noise sd ``sqrt(2) z`` per bin; a bin counts where it passes its threshold (4.2
+    sds for the plain quantiles, `pymc_dp.kernels.expfam.QUANTILE_FAMILY_WISE`, 3 for the
+    clip bound's, `pymc_dp.kernels.warmstart.HISTOGRAM_THRESHOLD_SDS`). Ideal data
+    (standard normal response and covariates, `_stand_in_norms`) spread over some 15-20
+    bins; at small ``n`` each holds less than the threshold and, whatever the data, the
+    clip bound's histogram then locates less than `STATS_LOCATED_SHARE` and its bound is
+    the box's (`pymc_dp.kernels.expfam.private_clip_bound`), or the plain quantiles
+    locate nothing and the whitening is noise. True where the expected histograms of ideal
+    data (the best of eight grid alignments) locate at least `STATS_PLAIN_LOCATED_SHARE`
+    (releases 2 and 4) and `STATS_LOCATED_SHARE` (release 6) of the records. (Records
+    less spread than normal ones, e.g. uniform or indicator covariates, are located more
+    easily: False may then forgo a whitening that would have worked.) Measured on
+    400 records ``x ~ N(1, 2)`` (docs/auto-measured.md): False at epsilon 1 and 3, where
+    the whitening fell back to the box on 4 and 5 of 5 seeds, True at epsilon 10, where
+    it located on 4 of 5; on 1000 records True at epsilon 3 (located on 2 of 3 seeds),
+    False at epsilon 1 (0 of 3).
+    """
+    from pymc_dp.kernels.expfam import CLIP_GRID_BINS, QUANTILE_FAMILY_WISE
+    from pymc_dp.kernels.warmstart import (
+        HISTOGRAM_SENSITIVITY,
+        HISTOGRAM_THRESHOLD_SDS,
+        bonferroni_sds,
+    )
+
+    bins = CLIP_GRID_BINS if bins is None else int(bins)
+    r2, r4, r6 = _stand_in_norms(int(k))
+    plain = bonferroni_sds(bins + 1, QUANTILE_FAMILY_WISE) * HISTOGRAM_SENSITIVITY
+    plain *= float(whitening_noise_multiplier)
+    clip = HISTOGRAM_THRESHOLD_SDS * HISTOGRAM_SENSITIVITY * float(clip_noise_multiplier)
+    return (
+        _best_located_share(r2, n, plain, bins) >= STATS_PLAIN_LOCATED_SHARE
+        and _best_located_share(r4, n, plain, bins) >= STATS_PLAIN_LOCATED_SHARE
+        and _best_located_share(r6, n, clip, bins) >= STATS_LOCATED_SHARE
+    )
+
+
+#: The whitening's quantile grids tried, finest first (`whitening_grid_bins`): 80 bounds
+#: over five decades (1/16 decade a bin, `pymc_dp.kernels.expfam.CLIP_GRID_BINS`), then,
+#: for a model without covariates only, coarser ones whose wider bins each hold more
+#: records (`STATS_COARSE_GRID_BINS`).
+STATS_GRID_BINS = (80,)
+#: Measured on 400 records ``x ~ N(1, 2)`` at epsilon 3 (seeds 0-4): 40 bounds located on
+#: every seed (sigma's sd 0.08-0.26 where the box's clip gave 0.45-1.2). On a regression
+#: (1000 records, k = 2, epsilon 3, seeds 0-2) 40 bounds gave an intercept sd of 0.67 on
+#: one seed where 80 gave 0.036, and 20 bounds at epsilon 1 were worse than the box's clip
+#: (errors 13-30 against 9-13 OLS sds): not used with covariates.
+STATS_COARSE_GRID_BINS = (40, 20)
+
+
+def whitening_grid_bins(
+    n: int, k: int, whitening_noise_multiplier: float, clip_noise_multiplier: float
+) -> int | None:
+    """The finest of `STATS_GRID_BINS` (and, without covariates, `STATS_COARSE_GRID_BINS`)
+    on which the whitening's histograms locate ``n`` records (`whitening_locates`), or
+    ``None`` (the box's clip; data-free).
+
+    A coarser grid locates fewer records (wider bins, fewer of them to threshold) at the
+    price of a coarser quantile (a bound up to one bin, a factor ``10^(5 / (bins - 1))``,
+    too high). Measured on 400 records ``x ~ N(1, 2)`` at epsilon 3 (seeds 0-4,
+    docs/auto-measured.md): 80 bins never located (the box's clip: sigma's posterior sd
+    0.45-1.2, up to 12 NUTS sds off); 40 bins located on every seed, sigma's sd
+    0.08-0.26."""
+    grids = STATS_GRID_BINS + (STATS_COARSE_GRID_BINS if int(k) == 0 else ())
+    for bins in grids:
+        if whitening_locates(n, k, whitening_noise_multiplier, clip_noise_multiplier, bins):
+            return int(bins)
+    return None
 
 
 def stats_last_share() -> float:
@@ -395,8 +534,8 @@ def release_linear_stats(
     box: tuple[np.ndarray, np.ndarray],
     *,
     centre_noise_multiplier: float,
-    whitening_noise_multiplier: float,
-    clip_noise_multiplier: float,
+    whitening_noise_multiplier: float | None,
+    clip_noise_multiplier: float | None,
     noise_multiplier: float,
     rng: np.random.Generator,
     tail_noise_multiplier: float | None = None,
@@ -408,6 +547,7 @@ def release_linear_stats(
     on_release: Callable[[], None] | None = None,
     chunk_size: int | None = None,
     on_box_clip: Callable[[], None] | None = None,
+    grid_bins: int | None = None,
 ) -> tuple[LinearStats, Standardisation]:
     """Steps 1 and 2 of the module docstring: the released statistics and their noise.
 
@@ -422,6 +562,10 @@ def release_linear_stats(
     ``(2 b z)^2 I``) and the map. Every release is counted by its callback as soon as its
     exact input reached the driver. Where the box's own clip (`box_whitening`) gives the
     last release less noise than the whitened clip, it is used and ``on_box_clip`` called.
+    ``whitening_noise_multiplier=None`` (planned from public facts where the whitening's
+    histograms cannot locate the records, `whitening_locates`): releases 2-7 are not made
+    and the last release takes the box's clip. ``grid_bins``: the whitening's quantile grids'
+    bounds (public, `whitening_grid_bins`).
     """
     from pymc_dp.kernels.expfam import private_whitening
 
@@ -446,6 +590,10 @@ def release_linear_stats(
         if callback is not None:
             callback()
 
+    if whitening_noise_multiplier is None:
+        # -- planned (data-free) without the whitening: release 1's box clip, then the sum --
+        wh = box_whitening(st, box)
+        return _last_release(std_passes, wh, n, k, noise_multiplier, rng, on_release), st
     reach = np.maximum(np.abs(lo - c), np.abs(hi - c))  # the largest deviations in the box
     top = float(np.linalg.norm(st.M, 2) * np.linalg.norm(reach))
     # -- releases 2-6: whitening and clip bound of the standardised statistics ----------------
@@ -463,6 +611,7 @@ def release_linear_stats(
         clip_extend_sds=STATS_EXTEND_SDS,
         clip_located_share=STATS_LOCATED_SHARE,
         clip_scan_sds=STATS_SCAN_SDS,
+        grid_bins=grid_bins,
     )
     if tail_noise_multiplier is not None:
         # -- release 7: the excess beyond b 2^j, whence the last bound ----------------------
@@ -484,15 +633,19 @@ def release_linear_stats(
     chosen = _smaller_noise(wh, box_whitening(st, box))
     if chosen is not wh and on_box_clip is not None:
         on_box_clip()
-    wh = chosen
-    # -- release 8: the clipped whitened standardised deviations' sum --------------------------
+    return _last_release(std_passes, chosen, n, k, noise_multiplier, rng, on_release), st
+
+
+def _last_release(std_passes, wh, n: int, k: int, noise_multiplier: float, rng, on_release):
+    """Release 8: the clipped whitened standardised deviations' sum, as the released
+    standardised statistics and their noise covariance."""
     noisy = release_whitened_sum(std_passes, wh, noise_multiplier, rng)
     if on_release is not None:
         on_release()
     std = float(noise_multiplier) * 2.0 * wh.clip
     W_inv = np.linalg.inv(wh.scale)
     S_u = W_inv @ noisy + n * wh.centre
-    return linear_stats_from_sum(S_u, n, k, std * std * (W_inv @ W_inv.T)), st
+    return linear_stats_from_sum(S_u, n, k, std * std * (W_inv @ W_inv.T))
 
 
 def box_whitening(st: Standardisation, box: tuple[np.ndarray, np.ndarray]):

@@ -724,6 +724,7 @@ def private_whitening(
     clip_extend_sds: float | None = None,
     clip_located_share: float | None = None,
     clip_scan_sds: float | None = None,
+    grid_bins: int | None = None,
 ) -> Whitening:
     r"""Centre, whiten and bound the sufficient statistics privately (up to six releases).
 
@@ -756,7 +757,8 @@ def private_whitening(
     the largest deviation ``||T(x_i) - c||`` inside the public box, the top of the quantiles'
     grids (default ``stat_clip_bound + ||c||``). ``clip_noise_multiplier``,
     ``clip_extend_sds``, ``clip_located_share`` and ``clip_scan_sds`` are release 6's own
-    (`private_clip_bound`).
+    (`private_clip_bound`). ``grid_bins``: the quantiles' grids' bounds
+    (`private_clip_bound`; default `CLIP_GRID_BINS`).
     """
     z = float(noise_multiplier)
     made = 0
@@ -772,7 +774,9 @@ def private_whitening(
     ) -> float:
         located = clip_located_share if extend is not None else None
         scan = clip_scan_sds if extend is not None else None
-        b = private_clip_bound(passes, c, scale, top, n, quantile, zq, rng, extend, located, scan)
+        b = private_clip_bound(
+            passes, c, scale, top, n, quantile, zq, rng, extend, located, scan, grid_bins
+        )
         released()
         return b
 
@@ -814,6 +818,11 @@ def private_whitening(
     return Whitening(centre=c, scale=W, clip=b, releases=made)
 
 
+#: The log grid of `private_clip_bound`: ``CLIP_GRID_BINS`` bounds over ``CLIP_GRID_DECADES``
+#: decades below the largest deviation inside the box.
+CLIP_GRID_BINS = 80
+CLIP_GRID_DECADES = 5
+
 #: Family-wise chance that noise alone passes the threshold of some empty bin of a plain DP
 #: quantile's histogram (`private_clip_bound` without ``extend_sds`` / ``located_share``).
 QUANTILE_FAMILY_WISE = 1e-3
@@ -831,6 +840,7 @@ def private_clip_bound(
     extend_sds: float | None = None,
     located_share: float | None = None,
     scan_sds: float | None = None,
+    bins: int | None = None,
 ) -> float:
     """A DP ``quantile`` of ``||W (T(x_i) - c)||`` on a public grid below ``top`` (one release).
 
@@ -844,9 +854,11 @@ def private_clip_bound(
     ``scan_sds``: then the bound moves up a bin at a time while some run of bins above it
     holds more records than the quantile allows by that many noise sds of the run's sum
     (`scan_tail`): a tail spread thinly over many bins, each below the noise threshold,
-    is located by its sum.
+    is located by its sum. ``bins``: the grid's bounds over its `CLIP_GRID_DECADES`
+    decades (default `CLIP_GRID_BINS`; public).
     """
-    grid = clip_grid(top * 1e-5, top, 80)
+    bins = CLIP_GRID_BINS if bins is None else int(bins)
+    grid = clip_grid(top * 10.0**-CLIP_GRID_DECADES, top, bins)
     hist = histogram_from_counts(n, passes.deviation_counts(centre, grid, scale))
     if extend_sds is None and located_share is None:
         # a bin counts as empty below Bonferroni's level over the grid's 81 bins (1e-3 that
