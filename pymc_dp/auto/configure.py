@@ -2104,7 +2104,10 @@ def groupstats_structure(model: pm.Model, data_bounds: dict | None):
         return None, st
     box = data_box(st, data_bounds)
     if box is None:
-        return None, "data_bounds does not give the response's range ('y': (lo, hi))"
+        return None, (
+            "data_bounds does not give the response's range: declare data_bounds="
+            f"{{{st.observed.name!r}: (lo, hi)}}"
+        )
     return st, box
 
 

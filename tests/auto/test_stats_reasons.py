@@ -105,3 +105,18 @@ def test_missing_ranges_are_named_as_the_user_can_declare_them():
         assert internal not in why, internal
     check_data_bounds(model, {k: (-1.0, 1.0) for k in _declared_keys(why) if k != "name"})
     assert _bounds_missing(fm, why)
+
+
+def test_the_group_statistics_reason_names_the_observed_variable():
+    """The per-group statistics strategy's reason (a normal model of group means) names the
+    observed variable to declare, not 'y' (refused unless the observed variable is so named)."""
+    from pymc_dp.auto.configure import groupstats_structure
+
+    y, _, g = _data()
+    with pm.Model() as model:
+        m = pm.Normal("m", 0.0, 3.0, shape=K)
+        pm.Normal("score", m[g], pm.HalfNormal("sigma", 2.0), observed=y)
+    st, why = groupstats_structure(model, None)
+    assert st is None and "data_bounds={'score': (lo, hi)}" in why and "'y'" not in why
+    check_data_bounds(model, {k: (-6.0, 6.0) for k in _declared_keys(why)})
+    assert groupstats_structure(model, {"score": (-6.0, 6.0)})[0] is not None
