@@ -273,6 +273,51 @@ def sample(
         (``epsilon_is_bound``).
     """
     model = pm.modelcontext(model)
+    # the model's initial point and the model guard once for the whole call, whatever the
+    # step (each `model.initial_point()` compiles a function; the guard walks the graph):
+    # a step class's run checked the model in `_check_class_run`, again in the step's
+    # constructor and again before `pm.sample` (`check_run_is_private`)
+    with call_scope(model):
+        return _sample(
+            draws,
+            epsilon=epsilon,
+            delta=delta,
+            step=step,
+            tune=tune,
+            chains=chains,
+            data_bounds=data_bounds,
+            random_seed=random_seed,
+            step_kwargs=step_kwargs,
+            auto_kwargs=auto_kwargs,
+            keep_data=keep_data,
+            model=model,
+            var_names=var_names,
+            idata_kwargs=idata_kwargs,
+            records=records,
+            sample_kwargs=sample_kwargs,
+        )
+
+
+def _sample(
+    draws: int | None,
+    *,
+    epsilon: float | None,
+    delta: float | None,
+    step,
+    tune: int | None,
+    chains: int,
+    data_bounds: dict | None,
+    random_seed,
+    step_kwargs: dict[str, Any] | None,
+    auto_kwargs: dict[str, Any] | None,
+    keep_data: bool,
+    model: pm.Model,
+    var_names: Sequence[str] | None,
+    idata_kwargs: dict | None,
+    records,
+    sample_kwargs: dict[str, Any],
+):
+    """`sample`'s body, inside the call's `pymc_dp.callscope.call_scope`."""
     if step is None and (inspect.isclass(draws) or isinstance(draws, DPStep | list | tuple)):
         raise TypeError(
             "pymc_dp.sample's first parameter is draws, as in pm.sample; pass the step method "
@@ -314,10 +359,7 @@ def sample(
                     "(its warm start and clip selection use the central scheme); give "
                     "DaskRecords without owners=, or step=pymc_dp.DPPenaltyMetropolis"
                 )
-        # the model's initial point and the model guard once for the whole call (each
-        # `model.initial_point()` compiles a function; the guard walks the graph)
-        with call_scope(model):
-            return _sample_auto(run, {**(auto_kwargs or {}), "data_bounds": data_bounds})
+        return _sample_auto(run, {**(auto_kwargs or {}), "data_bounds": data_bounds})
     if auto_kwargs:
         raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
     if inspect.isclass(step) and issubclass(step, DPStep) and step_kwargs:

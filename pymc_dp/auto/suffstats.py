@@ -97,7 +97,10 @@ __all__ = [
     "STATS_COARSE_GRID_BINS",
     "STATS_GRID_BINS",
     "StatsPosterior",
+    "CATEGORICAL_REASON",
     "box_whitening",
+    "categorical_reason",
+    "covariates_without_range",
     "fit_stats_posterior",
     "importance_moments",
     "linear_stats_model",
@@ -386,11 +389,18 @@ def linear_stats_model(
         return None, f"the likelihood is {structure.family.name}, not a linear regression"
     keys = set(data_bounds or {})
     y_name = getattr(structure._y_node, "name", None)
-    if not keys & {"y", structure.response_name, y_name}:
-        return None, "data_bounds does not give the response's range ('y': (lo, hi))"
-    missing = [c for c in structure.covariate_names if c not in keys and "X" not in keys]
-    if missing:
-        return None, f"data_bounds does not give the range of the covariates {missing}"
+    response = structure.response_name
+    if not keys & {"y", response, y_name}:
+        return None, (
+            f"data_bounds does not give the response's range: declare data_bounds="
+            f"{{{response!r}: (lo, hi)}}"
+        )
+    indexing = structure.indexing_covariates()
+    if indexing:
+        return None, categorical_reason(indexing)
+    why = covariates_without_range(structure, keys)
+    if why:
+        return None, why
     try:
         fm = structure.compile(vars, dict(initial_point), {})
     except ModelNotSupportedError as err:
@@ -400,10 +410,64 @@ def linear_stats_model(
     except ValueError as err:
         return None, str(err)
     if y_box is None:
-        return None, "data_bounds does not give the response's range ('y': (lo, hi))"
+        return None, (
+            f"data_bounds does not give the response's range: declare data_bounds="
+            f"{{{response!r}: (lo, hi)}}"
+        )
     if x_box is None:
         x_box = (np.zeros(0), np.zeros(0))
     return fm, normal_linear_stat_box(y_box, x_box)
+
+
+#: The start of `linear_stats_model`'s reason where the mean indexes a vector by a
+#: categorical (the automatic mode warns with it, `pymc_dp.auto.configure._stats_hint`).
+CATEGORICAL_REASON = "the mean indexes"
+
+
+def categorical_reason(indexing: Mapping[str, tuple[str | None, int | None]]) -> str:
+    """Why a linear regression with a categorical predictor written by indexing
+    (``a[idx]``) is not taken, and the writing that is: its indicator columns in a
+    ``pm.Data`` container, whose range (0, 1) is public by construction. Data-free (the
+    names and lengths of the indexed vectors)."""
+    (name, length), *_ = indexing.values()
+    vec = name or "a"
+    k = str(length) if length is not None else "K"
+    which = ", ".join(sorted({repr(n) for n, _ in indexing.values() if n})) or "a vector"
+    return (
+        f"{CATEGORICAL_REASON} {which} by an integer array with one row per record (a "
+        f"categorical predictor, {vec}[idx]), which the sufficient-statistics strategy does "
+        f"not read: write it as indicator columns in a pm.Data container, "
+        f"pm.math.dot(pm.Data('{vec}_onehot', np.eye({k})[idx]), {vec}), and declare their "
+        f"range, data_bounds={{'{vec}_onehot': (0, 1)}} (an indicator's range is public)"
+    )
+
+
+def covariates_without_range(structure, keys) -> str:
+    """The covariates of ``structure`` whose range ``keys`` (the declared names) leave
+    undeclared, in the user's terms: ``pm.Data`` names to declare, or numpy arrays written
+    into the model (no name to declare a range by) to put in a ``pm.Data`` container;
+    ``""`` if none (data-free)."""
+    if "X" in keys:
+        return ""  # 'X' (a pm.Data container's name) gives every covariate's range
+    unnamed = structure.unnamed_covariates()
+    named = [
+        c
+        for c, x in zip(structure.covariate_names, structure._x_nodes, strict=True)
+        if x.name and c not in keys
+    ]
+    parts = []
+    if named:
+        example = ", ".join(f"{c!r}: (lo, hi)" for c in named)
+        parts.append(
+            f"the range of the pm.Data covariates {named}: declare data_bounds={{{example}}}"
+        )
+    if unnamed:
+        parts.append(
+            f"a range for {len(unnamed)} numpy array(s) written into the model with one row "
+            f"per record ({'; '.join(unnamed)}), which have no name to declare it by: wrap "
+            "each in pm.Data('name', array) and declare data_bounds={'name': (lo, hi)}"
+        )
+    return ("data_bounds does not give " + "; nor ".join(parts)) if parts else ""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import numpy as np
 import pymc as pm
 from pytensor.compile.sharedvalue import SharedVariable
 
+from pymc_dp.records.errors import ModelNotSupportedError
 from pymc_dp.records.fakes import check_separable
 from pymc_dp.records.graph_facts import observed_data
 from pymc_dp.records.graphs import per_record_graphs
@@ -110,7 +111,19 @@ def build_record_functions(
     # The separability check runs on stand-in records with only the data's dtypes and
     # trailing shapes (public); no data value enters it.
     templates = [np.zeros((1, *shape[1:]), dtype=dt) for dt, shape in store.dtypes_and_shapes]
-    check_separable(f_ll, q0, templates, store.n_records)
+    try:
+        check_separable(f_ll, q0, templates, store.n_records)
+    except ModelNotSupportedError as err:
+        other = _data_of_another_length(model, store.n_records) if records is None else {}
+        if not other:
+            raise
+        raise ModelNotSupportedError(
+            f"{err} Here the pm.Data containers {other} (their numbers of rows) read by the "
+            f"likelihood do not have the {store.n_records} rows of the observed data: after "
+            "pm.set_data, give every array with one row per record the new records, the "
+            "observed values too (observed=pm.Data('y', y), with shape=X.shape[0] on the "
+            "observed variable)"
+        ) from None
     # Only arrays the user supplied (observed values, pm.Data): PyMC may also fold a
     # constant such as an all -inf bound into an array of n rows, which is not data.
     # The outcome of this check is one bit about the data, shown to the analyst who runs
@@ -146,6 +159,24 @@ def build_record_functions(
         compile_kwargs=compile_kwargs,
     )
     return fns, graphs.shared
+
+
+def _data_of_another_length(model: pm.Model, n: int) -> dict[str, int]:
+    """The ``pm.Data`` containers the likelihood reads whose leading length is not ``n`` (e.g.
+    after ``pm.set_data`` of the covariates only): ``{name: rows}``. Shapes only (public, like
+    ``n``); used to explain a likelihood that failed on stand-in records. A container of
+    another length may be legitimate (group-level data), so this only explains a failure."""
+    from pytensor.graph.traversal import ancestors
+
+    inputs = [i for rv in model.observed_RVs for i in rv.owner.inputs]
+    read = set(ancestors(inputs))
+    out = {}
+    for var in model.data_vars:
+        if var in read and var.ndim >= 1:
+            rows = node_shape(var)[0]
+            if rows != n:
+                out[var.name] = int(rows)
+    return out
 
 
 def _node_names(model: pm.Model, nodes: list, observed: set) -> list[list[str]]:

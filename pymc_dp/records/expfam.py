@@ -209,6 +209,60 @@ class ExpFamilyStructure:
     _x_nodes: list = field(repr=False)
     _params: dict = field(repr=False)
 
+    # -- data-free: the covariates in the user's terms -----------------------------------------
+    def indexing_covariates(self) -> dict[str, tuple[str | None, int | None]]:
+        """The covariates that index a vector (a categorical predictor written ``a[idx]``):
+        ``{covariate name: (name of the indexed vector or None, its length or None)}``.
+
+        Data-free (the graph of the mean and the shapes of the parameters): an integer
+        array with one row per record that is an index of an advanced indexing operation.
+        """
+        from pytensor.tensor.subtensor import AdvancedSubtensor
+
+        try:
+            from pytensor.tensor.subtensor import AdvancedSubtensor1
+        except ImportError:  # PyTensor 3.x: one AdvancedSubtensor op
+            AdvancedSubtensor1 = AdvancedSubtensor
+
+        mu = self._params.get("mu")
+        if mu is None:
+            return {}
+        out: dict[str, tuple[str | None, int | None]] = {}
+        for v in ancestors([mu]):
+            node = v.owner
+            if node is None or not isinstance(node.op, (AdvancedSubtensor, AdvancedSubtensor1)):
+                continue
+            reach = set(ancestors(node.inputs[1:]))
+            for name, x in zip(self.covariate_names, self._x_nodes, strict=True):
+                if x in reach and name not in out:
+                    out[name] = (node.inputs[0].name, self._length_of(node.inputs[0]))
+        return out
+
+    def _length_of(self, var) -> int | None:
+        """The length of a parameter vector (public: its shape at the model's initial point)."""
+        static = var.type.shape[0] if var.ndim >= 1 else None
+        if static is not None:
+            return int(static)
+        try:
+            from pymc_dp import callscope
+
+            model = self._model
+            (graph,) = model.replace_rvs_by_values([var.shape[0]])
+            ip = callscope.initial_point(model)
+            fn = pm.pytensorf.compile(model.value_vars, graph, on_unused_input="ignore")
+            return int(fn(**{v.name: ip[v.name] for v in model.value_vars}))
+        except Exception:  # noqa: BLE001 - the length is only for the message
+            return None
+
+    def unnamed_covariates(self) -> list[str]:
+        """The covariates written into the model as numpy arrays (no ``pm.Data`` name to
+        declare a range by), each described by its dtype and number of dimensions."""
+        return [
+            f"{x.dtype}, {x.ndim}-d"
+            for x in self._x_nodes
+            if not x.name or not isinstance(x, SharedVariable)
+        ]
+
     # -- data reads ---------------------------------------------------------------------------
     def _arrays(self) -> tuple[np.ndarray, list[np.ndarray]]:
         return _node_value(self._y_node), [_node_value(x) for x in self._x_nodes]

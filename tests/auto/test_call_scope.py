@@ -45,12 +45,12 @@ def test_one_automatic_call_checks_the_model_and_builds_its_initial_point_once(
     assert len(walks) == 3
 
 
-def _normal(potential: bool):
+def _normal(potential: bool, x=None):
     with pm.Model() as model:
         mu = pm.Normal("mu", 0.0, 1.0)
         if potential:
             pm.Potential("soft", -(mu**2))
-        pm.Normal("x", mu, 1.0, observed=np.zeros(20))
+        pm.Normal("x", mu, 1.0, observed=np.zeros(20) if x is None else x)
     return model
 
 
@@ -87,3 +87,48 @@ def test_the_scope_hands_out_copies_of_one_point():
         a["mu"][:] = 99.0
         b = initial_point(model)
     np.testing.assert_array_equal(b["mu"], model.initial_point()["mu"])
+
+
+def _step_class_call(model, **step_kwargs):
+    import pymc_dp
+
+    with model:
+        return pymc_dp.sample(
+            step=pymc_dp.DPPenaltyMetropolis,
+            epsilon=3.0,
+            delta=1e-6,
+            draws=20,
+            tune=20,
+            chains=1,
+            step_kwargs={"clip_bound": 1.0, **step_kwargs},
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+
+
+def test_one_step_class_call_checks_the_model_and_builds_its_initial_point_once(monkeypatch):
+    """`pymc_dp.sample(step=<a class>)` is one call as the automatic mode is (issue 26,
+    eighteenth session): before, 3 model checks (`_check_class_run`, the step's constructor,
+    `check_run_is_private`) and 2 initial points; 4 and 3 for a class configured privately."""
+    model = _normal(potential=False, x=np.linspace(-1.0, 1.0, 20))
+    walks = _counting(monkeypatch, guards, "_refuse_folded_aggregates")
+    points = _counting(monkeypatch, pm.Model, "initial_point")
+    idata = _step_class_call(model)
+    assert len(walks) == 1  # before: 3
+    assert len(points) == 1  # before: 2
+    assert idata.attrs["dp_epsilon"] <= 3.0 + 1e-9
+    # a second call checks again (a scope lasts one call)
+    _step_class_call(model)
+    assert len(walks) == 2
+
+
+def test_a_step_class_call_declaring_potentials_checks_them_once(monkeypatch):
+    """With ``data_free_potentials=True`` every check of the call is the looser one: one walk;
+    without it the model is still refused."""
+    model = _normal(potential=True, x=np.linspace(-1.0, 1.0, 20))
+    walks = _counting(monkeypatch, guards, "_refuse_folded_aggregates")
+    _step_class_call(model, data_free_potentials=True)
+    assert len(walks) == 1
+    with pytest.raises(ModelNotSupportedError, match="pm.Potential"):
+        _step_class_call(model)

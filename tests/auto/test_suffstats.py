@@ -399,7 +399,8 @@ def test_a_linear_regression_without_the_covariates_bounds_is_told_to_declare_th
     monkeypatch.setattr(RecordFunctions, "grad_norm_counts", stop)
     y, x = _data(60)
     with _linear_model(y, x):
-        with pytest.warns(UserWarning, match=r"covariates \['X'\].*data_bounds=\{'y'"):
+        hint = r"covariates \['X'\]: declare data_bounds=\{'X': \(lo, hi\)\}"
+        with pytest.warns(UserWarning, match=hint):
             with pytest.raises(RuntimeError, match="data read"):
                 pymc_dp.sample(
                     epsilon=3.0, delta=1e-6, data_bounds={"y": (-6.0, 6.0)}, progressbar=False
