@@ -929,7 +929,9 @@ def _refuse_potentials(model: pm.Model, what: str) -> None:
         "private phases cannot tell whether one reads the data). If every Potential is a "
         "function of the parameters only, write the term as a prior, or give a step class its "
         "hyperparameters and declare them: pymc_dp.sample(step=pymc_dp.DPHMC, step_kwargs="
-        "{'data_free_potentials': True, 'grad_clip_bound': ..., 'llr_clip_bound': ...}, ...)"
+        "{'data_free_potentials': True, 'grad_clip_bound': ..., 'llr_clip_bound': ...}, ...). "
+        "If a Potential is a likelihood (it reads the data), write it as an observed variable "
+        "instead (e.g. pm.Censored for censored data, pm.CustomDist with a logp)"
     )
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pymc as pm
 
 from pymc_dp.auto.intervals import split_candidates
+from pymc_dp.records.graph_facts import imputed_variables
 
 __all__ = ["DerivedBounds", "check_data_bounds", "clip_plan"]
 
@@ -50,9 +51,29 @@ def check_data_bounds(model: pm.Model, data_bounds) -> dict[str, tuple[float, fl
     out = {}
     for name, bound in data_bounds.items():
         if name not in names:
+            # a likelihood written as a pm.Potential has no observed variable to bound (found on
+            # the issue-26 eighth sweep: a censored survival likelihood in a Potential was told
+            # only "known names: []", not that the Potential is the reason)
+            potentials = ", ".join(repr(p.name) for p in model.potentials)
+            hint = (
+                f"; the model's pm.Potential terms ({potentials}) "
+                "are not observed variables: write a likelihood as one (e.g. pm.Censored for "
+                "censored data, pm.CustomDist with a logp)"
+                if model.potentials
+                else ""
+            )
+            if name in imputed_variables(model):
+                # found on the same sweep: a masked covariate's bound under its own name was
+                # pointed at PyMC's '{name}_observed', which is then refused for its gaps
+                hint += (
+                    f"; {name!r} has missing values, which PyMC splits into "
+                    f"'{name}_observed' and '{name}_unobserved' to impute them: pymc_dp needs "
+                    "complete data (drop or impute the incomplete records before building the "
+                    "model, by a rule that does not look at the other records)"
+                )
             raise ValueError(
                 f"data_bounds names {name!r}, which is neither an observed variable nor a "
-                f"pm.Data container of the model; known names: {sorted(names)}"
+                f"pm.Data container of the model; known names: {sorted(names)}{hint}"
             )
         try:
             low, high = (float(b) for b in bound)
