@@ -567,6 +567,8 @@ class Recentring:
         self._curv = pytensor.function(
             [yv],
             [
+                # a Scan (3.4 s of compile at d = 467, 14 calls a run): vectorised like
+                # ``_derivs``, its compile did not finish in 600 s on PyTensor 2.38 (issue 26)
                 pytensor.gradient.hessian(fg, yv),
                 pytensor.gradient.jacobian(pt.concatenate(parts), yv),
                 pt.stack([scale_loc[2 * k] for k in self._funnels]),
