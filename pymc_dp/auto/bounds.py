@@ -171,26 +171,7 @@ class DerivedBounds:
         rewrites["exclude"] = ("fusion", "inplace", *UNSAFE_REWRITES)
         raw = pytensor.grad(graphs.one_record, graphs.x)
         grad = rewrite_graph(raw, **rewrites)
-        no_hessian = ""
-        try:
-            hess = pt.stack([pytensor.grad(grad[j], graphs.x) for j in range(self.ndim)])
-        except (NotImplementedError, MethodNotDefined):
-            # a specialised op without a gradient: from the raw one
-            try:
-                hess = pt.stack([pytensor.grad(raw[j], graphs.x) for j in range(self.ndim)])
-            except (NotImplementedError, MethodNotDefined) as err:
-                # PyTensor cannot differentiate the gradient itself (e.g. the ScalarLoop of
-                # betainc in a hurdle negative binomial's truncation, third sweep): no
-                # Hessian enclosure, so the clips that need one come from DP histograms
-                hess = None
-                no_hessian = (
-                    "the per-record Hessian cannot be formed: PyTensor has no gradient for "
-                    f"an operation of the per-record gradient ({type(err).__name__}: {err})"
-                )
-        # the Hessian as differentiated, not rewritten: on PyTensor 2.38 its rewrites did
-        # not finish in minutes on a negative binomial regression's Hessian (issue 26's
-        # real-data sweep); a looser enclosure, still sound
-        self._grad, self._hess = grad, hess
+        self._grad, self._hess = grad, None
         self._boxes: dict = {}
         self._splits: dict = {}
         missing: dict[str, list[str]] = {}
@@ -222,11 +203,35 @@ class DerivedBounds:
         self._missing = missing
         self.reason = ""
         self.gradient_ok = self._check(self._grad, ancestors, "gradient")
-        if hess is None:
-            self.hessian_ok = False
-            self.reason = self.reason or no_hessian
-        else:
-            self.hessian_ok = self.gradient_ok and self._check(self._hess, ancestors, "Hessian")
+        # the per-record Hessian (``d`` symbolic gradients: 62 s of a 468 s call at d = 467,
+        # issue 26) only where the gradient has its enclosure: without it there is no
+        # Hessian bound either (``hessian_ok`` False, ``reason`` the gradient's)
+        self.hessian_ok = False
+        if self.gradient_ok:
+            no_hessian = ""
+            try:
+                hess = pt.stack([pytensor.grad(grad[j], graphs.x) for j in range(self.ndim)])
+            except (NotImplementedError, MethodNotDefined):
+                # a specialised op without a gradient: from the raw one
+                try:
+                    hess = pt.stack([pytensor.grad(raw[j], graphs.x) for j in range(self.ndim)])
+                except (NotImplementedError, MethodNotDefined) as err:
+                    # PyTensor cannot differentiate the gradient itself (e.g. the ScalarLoop of
+                    # betainc in a hurdle negative binomial's truncation, third sweep): no
+                    # Hessian enclosure, so the clips that need one come from DP histograms
+                    hess = None
+                    no_hessian = (
+                        "the per-record Hessian cannot be formed: PyTensor has no gradient for "
+                        f"an operation of the per-record gradient ({type(err).__name__}: {err})"
+                    )
+            # the Hessian as differentiated, not rewritten: on PyTensor 2.38 its rewrites did
+            # not finish in minutes on a negative binomial regression's Hessian (issue 26's
+            # real-data sweep); a looser enclosure, still sound
+            self._hess = hess
+            if hess is None:
+                self.reason = self.reason or no_hessian
+            else:
+                self.hessian_ok = self._check(self._hess, ancestors, "Hessian")
         self._graphs_rows = graphs.rows
 
     def _check(self, out, ancestors, what: str) -> bool:

@@ -628,7 +628,9 @@ class _Coordinates:
             return float(lp), g
         if with_logp:  # the log-determinant only where the density is wanted
             lp = float(lp) - float(self.rp.log_det_jacobian(q))
-        return float(lp), self.rp.gradient_map(q) @ (g - self.rp.grad_log_det_jacobian(q))
+        # = gradient_map(q) @ (g - grad_log_det_jacobian(q)) up to rounding, without the
+        # d x d Jacobian and its inverse (`Recentring.pull_back`)
+        return float(lp), self.rp.pull_back(q, y, g)
 
     def prior_curvature(self, y: np.ndarray) -> np.ndarray:
         """Minus the Hessian of the log prior of ``y``, the recentred blocks' part replaced

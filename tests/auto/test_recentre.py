@@ -615,3 +615,64 @@ def test_the_automatic_mode_samples_a_banana_in_the_shifted_coordinates():
     sd_t2 = np.sqrt(v2 + _A**2 * (4 * m1**2 * v1 + 2 * v1**2))
     assert abs(float(post["theta1"].mean()) - m1) < np.sqrt(v1)
     assert abs(float(post["theta2"].mean()) - e_t2) < sd_t2
+
+
+def _old_prior_grad(rp, fns, q):
+    """The prior's gradient in y as `_Coordinates` computed it before `Recentring.pull_back`:
+    ``inv(J)^T (g - grad log |det J|)``, the Jacobian from a Scan over its rows."""
+    _, g = fns.prior_logp_and_grad(q)
+    return np.linalg.inv(rp.jacobian(q)).T @ (g - rp.grad_log_det_jacobian(q))
+
+
+def _groups_model(groups: int, centred_too: bool = False) -> pm.Model:
+    rng = np.random.default_rng(5)
+    n = 4 * groups
+    g, x, y = rng.integers(groups, size=n), rng.normal(size=n), rng.normal(size=n)
+    with pm.Model() as m:
+        b0, b1 = pm.Normal("b0", 1, 2), pm.Normal("b1")
+        sd = pm.HalfNormal("sd")
+        z = pm.Normal("z", 0, 1, shape=groups)
+        eta = b0 + b1 * x + sd * z[g]
+        if centred_too:
+            tau = pm.HalfNormal("tau")
+            eta = eta + pm.Normal("c", 0, tau, shape=groups)[g]
+        pm.Normal("y", eta, pm.HalfNormal("sigma", 2), observed=y)
+    return m
+
+
+@pytest.mark.parametrize("kind", ["hier", "groups40", "centred", "banana"])
+def test_pull_back_is_the_inverse_jacobian_transpose_product(kind):
+    """`Recentring.pull_back` (a vector-Jacobian product of the inverse map, O(d)) gives the
+    prior's gradient in y that ``gradient_map(q) @ (g - grad log |det J|)`` gave (an inverse
+    of the d x d Jacobian, O(d^3): 25 ms at d = 467, 6 900 times in one call, issue 26), to
+    rounding; and the vectorised Jacobian is the closed form (``tau`` on the block's
+    diagonal, 1 in ``loc``, ``tau z_j`` in ``log tau``) to rounding."""
+    model = {
+        "hier": lambda: _hier(),
+        "groups40": lambda: _groups_model(40),
+        "centred": lambda: _groups_model(6, centred_too=True),
+        "banana": lambda: _banana()[0],
+    }[kind]()
+    ip = model.initial_point()
+    fns, _ = build_record_functions(model, model.value_vars, ip)
+    rp = Recentring(model, find_recentring(model, point=ip), model.value_vars, ip)
+    coords = _Coordinates(fns, rp)
+    rng = np.random.default_rng(7)
+    d = _flat(model).size
+    for _ in range(3):
+        q = _flat(model) + rng.normal(size=d)
+        y = rp.forward(q)
+        old = _old_prior_grad(rp, fns, q)
+        new = coords.prior_grad(y)
+        np.testing.assert_allclose(new, old, rtol=1e-12, atol=1e-12 * np.abs(old).max())
+        v = rng.normal(size=d) * 10
+        want = rp.gradient_map(q) @ (v - rp.grad_log_det_jacobian(q))
+        np.testing.assert_allclose(rp.pull_back(q, y, v), want, rtol=1e-12, atol=1e-12 * 10)
+    if kind == "groups40":  # value order: b0, b1, sd_log__, z (40), sigma_log__
+        jac = rp.jacobian(q)
+        tau, z = np.exp(q[2]), q[3:43]
+        want = np.eye(d)
+        want[3:43, 3:43] = tau * np.eye(40)
+        want[3:43, 0] = 1.0
+        want[3:43, 2] = tau * z
+        np.testing.assert_allclose(jac, want, rtol=1e-14, atol=0)
