@@ -22,6 +22,7 @@ from pymc_dp.records.errors import ModelNotSupportedError
 from pymc_dp.records.graph_facts import count_records, data_nodes, record_data_read
 from pymc_dp.records.rewrite import (
     canonicalize,
+    canonicalize_records,
     drop_shape_pins,
     inline_op_from_graph,
     record_position_indices,
@@ -115,7 +116,7 @@ def per_record_graphs(
     [ll_vec, prior], x = join_nonshared_inputs(initial_point, [ll_vec, prior], vars, shared)
     x.name = "q"
     ll_vec = drop_shape_pins(inline_op_from_graph(ll_vec))
-    ll_vec = record_position_indices(drop_shape_pins(canonicalize(ll_vec)), n)
+    ll_vec = record_position_indices(drop_shape_pins(canonicalize_records(ll_vec, n)), n)
     if tempering != 1.0:
         ll_vec = ll_vec * tempering
 

@@ -29,6 +29,7 @@ from pytensor.tensor.variable import TensorConstant
 __all__ = [
     "UNSAFE_REWRITES",
     "canonicalize",
+    "canonicalize_records",
     "drop_shape_pins",
     "inline_op_from_graph",
     "lift_switches",
@@ -50,6 +51,39 @@ def canonicalize(graph):
     return rewrite_graph(
         graph, include=("canonicalize",), exclude=("constant_folding", *UNSAFE_REWRITES)
     )
+
+
+def canonicalize_records(graph, n: int):
+    """`canonicalize` with every constant array of ``n`` rows (a numpy observed array or
+    covariate: record data) held as an opaque input, so that no rewrite specialises on its
+    values.
+
+    PyTensor's rewrites read a constant whose entries are all equal as that one scalar
+    (``get_underlying_scalar_constant_value``) and simplify by it: an all-zero observed
+    ``y`` turns ``y - mu`` into ``-mu``, ``y * log(lam)`` into 0, a Bernoulli's
+    ``switch(y, ., .)`` into one branch; the record axis then survives only in a
+    broadcast (or not at all) and the one-record graph no longer reads its record. The
+    per-record graphs, the routes built on them, and whether ``pymc_dp`` ran or failed
+    (``AxisError`` in the gradient routes, issue 26) then depended on whether every
+    record had the same value. With the record arrays held as inputs of their static type
+    (``n`` and the trailing shape are public) the rewritten graph is the same for any
+    data values; the constants are put back afterwards, so the data nodes are found
+    as before.
+    """
+    hidden = {}
+    for v in ancestors([graph]):
+        if (
+            isinstance(v, TensorConstant)
+            and v.type.ndim >= 1
+            and v.type.shape[0] == n
+            and v not in hidden
+        ):
+            hidden[v] = v.type(name=f"record_array{len(hidden)}")
+    if not hidden:
+        return canonicalize(graph)
+    opaque = clone_replace(graph, replace=hidden, rebuild_strict=False)
+    out = canonicalize(opaque)
+    return clone_replace(out, replace={h: c for c, h in hidden.items()}, rebuild_strict=False)
 
 
 def _inline_op_from_graph(graph):

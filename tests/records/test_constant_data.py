@@ -1,0 +1,112 @@
+"""Per-record graphs that do not depend on the data's values (issue 26).
+
+PyTensor's rewrites read a constant array whose entries are all equal as one scalar and
+simplify by it. With a numpy observed array of all zeros (or all ones) the per-record graphs
+lost their record axis, and `DPPenaltyMetropolis` / `DPHMC` failed with ``AxisError`` in the
+gradient routes while the same model with mixed values ran: whether a run failed told
+whether every record had the same value. The graphs must be the same for any values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pymc as pm
+import pytest
+from pytensor.graph.basic import Constant
+from pytensor.graph.traversal import graph_inputs, io_toposort
+
+import pymc_dp
+from pymc_dp.records import build_record_functions
+from pymc_dp.records.graphs import per_record_graphs
+
+N = 20
+
+
+def _model(lik: str, y: np.ndarray) -> pm.Model:
+    with pm.Model() as model:
+        a = pm.Normal("a", 0.0, 1.0)
+        if lik == "Normal":
+            pm.Normal("obs", a, 1.0, observed=y)
+        elif lik == "Bernoulli":
+            pm.Bernoulli("obs", logit_p=a, observed=y)
+        elif lik == "Poisson":
+            pm.Poisson("obs", pm.math.exp(a), observed=y)
+        else:
+            pm.Binomial("obs", n=3, p=pm.math.sigmoid(a), observed=y)
+    return model
+
+
+def _values(lik: str) -> dict[str, np.ndarray]:
+    out = {"zeros": np.zeros(N), "ones": np.ones(N), "mixed": np.r_[np.zeros(N - 1), 1.0]}
+    if lik == "Binomial":
+        out["all n"] = np.full(N, 3.0)
+    if lik != "Normal":
+        out = {k: v.astype("int64") for k, v in out.items()}
+    return out
+
+
+def _structure(graph) -> tuple:
+    """The graph's operations and their inputs' kinds and static shapes (no constant value)."""
+    nodes = io_toposort(list(graph_inputs([graph])), [graph])
+    return tuple(
+        (str(node.op), tuple((isinstance(i, Constant), i.type.shape) for i in node.inputs))
+        for node in nodes
+    )
+
+
+def _reference_loglik(model, a: float) -> np.ndarray:
+    [term] = model.logp(vars=model.observed_RVs, sum=False)
+    return np.asarray(model.compile_fn(term, inputs=model.value_vars)({"a": np.array(a)}))
+
+
+@pytest.mark.parametrize("lik", ["Normal", "Bernoulli", "Poisson", "Binomial"])
+def test_per_record_graphs_do_not_depend_on_the_values(lik):
+    structures = {}
+    for name, y in _values(lik).items():
+        model = _model(lik, y)
+        g = per_record_graphs(model, model.value_vars, model.initial_point())
+        structures[name] = (_structure(g.ll_batch), _structure(g.one_record), len(g.data_nodes))
+        # the functions are right for these values: per-record log-likelihoods against
+        # PyMC's, per-record gradients (n x 1) against central differences, and the clipped
+        # gradient sum of the routes (where the all-zero data failed with AxisError)
+        fns = build_record_functions(model, model.value_vars, model.initial_point())[0]
+        q, h = np.array([0.3]), 1e-6
+        np.testing.assert_allclose(fns.loglik(q), _reference_loglik(model, 0.3), rtol=1e-10)
+        G = fns.per_record_grad(q)
+        assert G.shape == (N, 1), name
+        fd = (fns.loglik(q + h) - fns.loglik(q - h)) / (2 * h)
+        np.testing.assert_allclose(G[:, 0], fd, atol=1e-6)
+        s, k = fns.clipped_grad_sum(q, 0.5)
+        assert k == int((np.abs(G[:, 0]) > 0.5).sum())
+        # a route may form clip weights in float32, shortening a clipped record's gradient
+        # (norm 0.5) by a factor in [1 - 2^-16 - 4 * 2^-24, 1] (`clipping.clip_weights`)
+        atol = k * 0.5 * (2.0**-16 + 4 * 2.0**-24) + 1e-12
+        np.testing.assert_allclose(s, np.clip(G[:, 0], -0.5, 0.5).sum(), rtol=0, atol=atol)
+    first = next(iter(structures.values()))
+    for name, s in structures.items():
+        assert s == first, f"{lik}: the per-record graphs of {name!r} differ from the others'"
+
+
+@pytest.mark.parametrize("step", ["penalty", "hmc"])
+@pytest.mark.parametrize("lik", ["Normal", "Bernoulli", "Poisson"])
+def test_steps_run_on_all_zero_observed(lik, step):
+    """The combinations that raised AxisError before (numpy observed, all zeros)."""
+    model = _model(lik, _values(lik)["zeros"])
+    if step == "penalty":
+        cls, kw = pymc_dp.DPPenaltyMetropolis, {"clip_bound": 2.0}
+    else:
+        cls, kw = pymc_dp.DPHMC, {"llr_clip_bound": 2.0, "grad_clip_bound": 2.0, "n_leapfrog": 3}
+    with model:
+        idata = pymc_dp.sample(
+            step=cls,
+            step_kwargs=kw,
+            epsilon=4.0,
+            delta=1e-6,
+            draws=10,
+            tune=10,
+            chains=1,
+            random_seed=1,
+            progressbar=False,
+            compute_convergence_checks=False,
+        )
+    assert idata.posterior["a"].shape == (1, 10)
