@@ -190,6 +190,26 @@ def assert_not_confidently_wrong(idata, model, caught, draws, mean, sd) -> None:
         assert first.startswith(UNUSABLE_PREFIXES), first
 
 
+def mode_and_laplace_sds(neg_log_post, start, keep: int, h: float = 1e-4):
+    """A sweep cell's exact reference: the mode of ``neg_log_post`` (BFGS from ``start``) and
+    the Laplace sds (central second differences of step ``h``), the first ``keep`` of each."""
+    from scipy import optimize
+
+    res = optimize.minimize(neg_log_post, start, method="BFGS", options={"gtol": 1e-9})
+    th, d = res.x, len(res.x)
+    hess = np.zeros((d, d))
+    for i in range(d):
+        for j in range(d):
+            ei, ej = np.eye(d)[i] * h, np.eye(d)[j] * h
+            hess[i, j] = (
+                neg_log_post(th + ei + ej)
+                - neg_log_post(th + ei - ej)
+                - neg_log_post(th - ei + ej)
+                + neg_log_post(th - ei - ej)
+            ) / (4 * h * h)
+    return th[:keep], np.sqrt(np.diag(np.linalg.inv(hess)))[:keep]
+
+
 def oneshot_call(model, *, epsilon: float = 3.0, seed: int = 1):
     """One automatic call with the one-shot Laplace strategy forced (2 chains, warnings of
     the run's usability ignored): for tests that count what a call does."""

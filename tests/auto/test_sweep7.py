@@ -11,8 +11,8 @@ import warnings
 import numpy as np
 import pymc as pm
 import pytest
-from conftest import assert_not_confidently_wrong
-from scipy import optimize, special
+from conftest import assert_not_confidently_wrong, mode_and_laplace_sds
+from scipy import special
 
 import pymc_dp
 
@@ -60,24 +60,35 @@ def _laplace_reference(x, year, y):
         )
         return -(ll + lp)
 
-    res = optimize.minimize(
-        neg_log_post,
-        np.r_[np.full(4, 5.0), np.zeros(3), 1.0],
-        method="BFGS",
-        options={"gtol": 1e-9},
+    return mode_and_laplace_sds(neg_log_post, np.r_[np.full(4, 5.0), np.zeros(3), 1.0], keep=7)
+
+
+def _airgamma_run(epsilon: float):
+    """The sweep's Gamma GLM on `airfare` (DP seed 1): the result, its model, the warnings it
+    raised, its (yr, b) draws and the exact reference's mean and sds."""
+    x, year, y = _airfare()
+    mean, sd = _laplace_reference(x, year, y)
+    with pm.Model(coords={"year": [1997, 1998, 1999, 2000]}) as model:
+        yr = pm.Normal("yr", 5, 2, dims="year")
+        b = pm.Normal("b", 0, 1, shape=3)
+        alpha = pm.HalfNormal("alpha", 20)
+        mu = pm.math.exp(yr[year] + pm.math.dot(x, b))
+        pm.Gamma("fare", alpha=alpha, beta=alpha / mu, observed=y)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            idata = pymc_dp.sample(
+                step=None,
+                epsilon=epsilon,
+                delta=1e-6,
+                random_seed=1,
+                progressbar=False,
+                data_bounds={"fare": (10.0, 1500.0)},
+            )
+    post = idata.posterior
+    draws = np.column_stack(
+        [np.asarray(post["yr"]).reshape(-1, 4), np.asarray(post["b"]).reshape(-1, 3)]
     )
-    th, h, d = res.x, 1e-4, 8
-    hess = np.zeros((d, d))
-    for i in range(d):
-        for j in range(d):
-            ei, ej = np.eye(d)[i] * h, np.eye(d)[j] * h
-            hess[i, j] = (
-                neg_log_post(th + ei + ej)
-                - neg_log_post(th + ei - ej)
-                - neg_log_post(th - ei + ej)
-                + neg_log_post(th - ei - ej)
-            ) / (4 * h * h)
-    return th[:7], np.sqrt(np.diag(np.linalg.inv(hess)))[:7]
+    return idata, model, caught, draws, mean, sd
 
 
 @pytest.mark.slow
@@ -105,31 +116,7 @@ def test_sweep7_gamma_glm_not_confidently_wrong(epsilon):
     # coordinates beyond 2) with only the noise-dominated warning ("wide, not off",
     # ``dp_converged`` 1): the check exempted runs whose curvature widening was above 2
     # (helper 240 found it; step widening 4.27). Not exempt since: IN DOUBT.
-    x, year, y = _airfare()
-    mean, sd = _laplace_reference(x, year, y)
-    with pm.Model(coords={"year": [1997, 1998, 1999, 2000]}) as model:
-        yr = pm.Normal("yr", 5, 2, dims="year")
-        b = pm.Normal("b", 0, 1, shape=3)
-        alpha = pm.HalfNormal("alpha", 20)
-        mu = pm.math.exp(yr[year] + pm.math.dot(x, b))
-        pm.Gamma("fare", alpha=alpha, beta=alpha / mu, observed=y)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            idata = pymc_dp.sample(
-                step=None,
-                epsilon=epsilon,
-                delta=1e-6,
-                random_seed=1,
-                progressbar=False,
-                data_bounds={"fare": (10.0, 1500.0)},
-            )
-    post = idata.posterior
-    draws = np.column_stack(
-        [np.asarray(post["yr"]).reshape(-1, 4), np.asarray(post["b"]).reshape(-1, 3)]
-    )
-    # the reference is within ~0.05 posterior sds of the exact posterior mean; the result's
-    # 4 000 draws are independent (one-shot), so its own mean is within ~0.05 own sds of its
-    # centre: a margin of 2 own sds leaves both errors far inside
+    idata, model, caught, draws, mean, sd = _airgamma_run(epsilon)
     assert_not_confidently_wrong(idata, model, caught, draws, mean, sd)
 
 
@@ -145,32 +132,11 @@ def test_sweep7_gamma_glm_epsilon10_landed_is_not_in_doubt():
     # before (the OneShotWarning, ``dp_converged`` 0).
     from pymc_dp.auto.oneshot import CURVATURE_WIDENING_WARN
 
-    x, year, y = _airfare()
-    mean, sd = _laplace_reference(x, year, y)
-    with pm.Model(coords={"year": [1997, 1998, 1999, 2000]}):
-        yr = pm.Normal("yr", 5, 2, dims="year")
-        b = pm.Normal("b", 0, 1, shape=3)
-        alpha = pm.HalfNormal("alpha", 20)
-        mu = pm.math.exp(yr[year] + pm.math.dot(x, b))
-        pm.Gamma("fare", alpha=alpha, beta=alpha / mu, observed=y)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            idata = pymc_dp.sample(
-                step=None,
-                epsilon=10.0,
-                delta=1e-6,
-                random_seed=1,
-                progressbar=False,
-                data_bounds={"fare": (10.0, 1500.0)},
-            )
+    idata, _, caught, draws, mean, sd = _airgamma_run(10.0)
     assert not any(type(w.message).__name__ == "OneShotWarning" for w in caught)
     assert idata.attrs["dp_converged"] != 0
     assert idata.attrs["dp_oneshot_zeroed_widening"] > CURVATURE_WIDENING_WARN  # the old flag
     assert idata.attrs["dp_oneshot_zeroed_step_widening"] <= CURVATURE_WIDENING_WARN
-    post = idata.posterior
-    draws = np.column_stack(
-        [np.asarray(post["yr"]).reshape(-1, 4), np.asarray(post["b"]).reshape(-1, 3)]
-    )
     # and it is right: within 2 of its own sds of the reference (the reference within ~0.05
     # posterior sds of the exact mean, the 4 000 independent draws' mean within ~0.05 own sds)
     own = np.abs(draws.mean(0) - mean) / draws.std(0)
