@@ -510,7 +510,9 @@ def _predictive_reasons(idata, model) -> list[str]:
     covariates: a function of the DP draws alone) are post-processing and pass. Judged from
     the model's graph (data-free). Found on the issue-26 sweep: after
     ``extend_inferencedata=True`` and removing ``observed_data`` the report called such a
-    result private.
+    result private. Containers named in the group's ``dp_public_data`` attribute (set by
+    `pymc_dp.sample_posterior_predictive` for the ``pm.Data`` it set to public values before
+    the draws) are not counted as record data.
     """
     from pymc_dp.records import deterministics_reading_data
     from pymc_dp.records.graph_facts import count_records, record_data_read
@@ -522,14 +524,22 @@ def _predictive_reasons(idata, model) -> list[str]:
         ds = _get_group(idata, group)
         if ds is None:
             continue
+        # containers pymc_dp.sample_posterior_predictive set to public values for the draws
+        tag = str(ds.attrs.get("dp_public_data", ""))
+        public = frozenset(model[k] for k in tag.split(",") if k in model.named_vars)
         read = set()
         for name in ds.data_vars:
             var = model.named_vars.get(name)
             if var is None:
                 continue
-            if name in data_dets:
+            if public and var not in model.observed_RVs:
+                if record_data_read([var], model, n, exclude=public):
+                    read.add(name)
+            elif name in data_dets:
                 read.add(name)
-            elif var in model.observed_RVs and record_data_read(var.owner.inputs, model, n):
+            elif var in model.observed_RVs and record_data_read(
+                var.owner.inputs, model, n, exclude=public
+            ):
                 read.add(name)
         if read:
             reasons.append(
