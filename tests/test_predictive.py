@@ -141,3 +141,29 @@ def test_refuses_a_result_without_dp_stats():
         idata = pm.sample(10, tune=0, chains=1, step=pm.Metropolis(), random_seed=1, **SAMPLE)
         with pytest.raises(ValueError, match="takes a pymc_dp result"):
             pymc_dp.sample_posterior_predictive(idata)
+
+
+def test_predictions_group_at_public_covariates_without_its_constant_data():
+    """predictions=True: PyMC adds predictions_constant_data (the containers' values, the
+    records' observed container among them unless replaced); it is removed."""
+    model, idata = _dp_run("data")
+    grid = np.linspace(-1, 1, 4)
+    with model:
+        plain = pm.sample_posterior_predictive(
+            idata.copy(), predictions=True, random_seed=1, progressbar=False
+        )
+        assert "predictions_constant_data" in _groups(plain)  # what pymc_dp's call removes
+        with pytest.raises(ValueError, match=r"read record data \['x'\]"):
+            pymc_dp.sample_posterior_predictive(
+                idata, predictions=True, random_seed=1, progressbar=False
+            )
+        pp = pymc_dp.sample_posterior_predictive(
+            idata,
+            public_data={"x": grid, "yobs": np.zeros(4)},
+            predictions=True,
+            random_seed=1,
+            progressbar=False,
+        )
+    assert "predictions" in _groups(pp) and not set(RAW) & set(_groups(pp))
+    assert pp["predictions"]["y"].shape == (1, 20, 4)
+    assert pp.attrs["dp_private"] == 1
