@@ -29,7 +29,7 @@ __all__ = ["sample_posterior_predictive", "PUBLIC_DATA_ATTR"]
 #: (``observed_data``, ``constant_data``) and the data containers' values at prediction time
 #: (``predictions_constant_data``; dropped too: with a partial ``public_data`` it holds the
 #: records' other containers).
-DATA_GROUPS = (*RAW_DATA_GROUPS, "predictions_constant_data")
+DATA_GROUPS = RAW_DATA_GROUPS
 
 #: Groups of draws `sample_posterior_predictive` returns.
 DRAW_GROUPS = ("posterior_predictive", "predictions")

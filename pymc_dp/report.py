@@ -36,8 +36,10 @@ from pymc_dp.accounting import (
 
 __all__ = ["PrivacyReport", "privacy_report", "RAW_DATA_GROUPS"]
 
-#: Groups of a PyMC result that hold the raw data.
-RAW_DATA_GROUPS = ("observed_data", "constant_data", "log_likelihood")
+#: Groups of a PyMC result that hold the raw data (``predictions_constant_data``: the data
+#: containers' values that ``pm.sample_posterior_predictive(..., predictions=True)`` stores,
+#: the records' own unless every container was replaced).
+RAW_DATA_GROUPS = ("observed_data", "constant_data", "log_likelihood", "predictions_constant_data")
 
 NEIGHBOUR_RELATION = NeighbourRelation.REPLACE_ONE.description
 
@@ -496,8 +498,9 @@ def _model_reasons(idata, stats, model, posterior) -> list[str]:
 
 #: Groups of draws PyMC adds after sampling (``pm.sample_posterior_predictive(...,
 #: extend_inferencedata=True)``, ``pm.sample_prior_predictive``): draws of the observed
-#: variables at the model's current data.
-PREDICTIVE_GROUPS = ("posterior_predictive", "prior_predictive")
+#: variables at the model's current data (``predictions``: with ``predictions=True``; judged
+#: like the others, since without ``pm.set_data`` its draws are at the records' covariates).
+PREDICTIVE_GROUPS = ("posterior_predictive", "prior_predictive", "predictions")
 
 
 def _predictive_reasons(idata, model) -> list[str]:
@@ -545,8 +548,8 @@ def _predictive_reasons(idata, model) -> list[str]:
             reasons.append(
                 f"the {group} group holds draws of {sorted(read)} at the records' own data "
                 "(covariates): per-record functions of the data without noise; remove the "
-                "group before publishing (for predictions at public covariates: pm.set_data, "
-                "then pm.sample_posterior_predictive(..., predictions=True))"
+                "group before publishing (for draws at public covariates: "
+                "pymc_dp.sample_posterior_predictive(idata, public_data={...}))"
             )
     return reasons
 
@@ -602,9 +605,8 @@ def privacy_report(
             "this is a predictive result (what pm.sample_posterior_predictive returns): it has "
             "no pymc_dp privacy stats and is not a DP output: its draws are at the records' "
             "own data and its observed_data/constant_data groups are the raw data; for "
-            "predictions at public covariates use pm.set_data, then "
-            "pm.sample_posterior_predictive(..., predictions=True), and publish only the "
-            "predictions group"
+            "draws at public covariates without the raw data use "
+            "pymc_dp.sample_posterior_predictive(idata, public_data={...})"
         )
     if stats is None or posterior is None or "dp_mu" not in stats:
         raise ValueError(

@@ -167,3 +167,20 @@ def test_predictions_group_at_public_covariates_without_its_constant_data():
     assert "predictions" in _groups(pp) and not set(RAW) & set(_groups(pp))
     assert pp["predictions"]["y"].shape == (1, 20, 4)
     assert pp.attrs["dp_private"] == 1
+
+
+def test_report_judges_a_predictions_group_made_by_pymc():
+    """PyMC's predictions=True, extend_inferencedata=True without pm.set_data put draws at the
+    records' covariates and the containers' values (predictions_constant_data) into the DP
+    result: the report had called it private."""
+    model, idata = _dp_run("data")
+    with model:
+        pm.sample_posterior_predictive(
+            idata, predictions=True, extend_inferencedata=True, random_seed=1, progressbar=False
+        )
+        with pytest.warns(UserWarning):
+            rep = pymc_dp.privacy_report(idata)
+    assert not rep.private
+    reasons = " ".join(rep.not_private_reasons)
+    assert "predictions group holds draws of ['y']" in reasons
+    assert "predictions_constant_data" in reasons
