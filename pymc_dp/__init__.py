@@ -1,7 +1,7 @@
 """pymc_dp: differentially private MCMC step methods for PyMC.
 
-Public API: the step methods, `sample`, `privacy_report` (also callable as
-``pymc_dp.report(idata)``) and `check_convergence`.
+Public API: the step methods, `sample`, `sample_posterior_predictive`, `privacy_report`
+(also callable as ``pymc_dp.report(idata)``) and `check_convergence`.
 Docstrings cite papers by key (``[DPHMC]``, ``[Raisa2021]``, ...): the keyed list with DOIs and
 arXiv ids is docs/references.md.
 """
@@ -11,6 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pymc_dp import step_methods
 from pymc_dp.auto import plan
 from pymc_dp.diagnostics import ConvergenceWarning, PriorDominatedWarning, check_convergence
+from pymc_dp.predictive import sample_posterior_predictive
 from pymc_dp.records import ModelNotSupportedError
 from pymc_dp.report import PrivacyReport, privacy_report
 from pymc_dp.sampling import NoiseDominatedWarning, OneShotWarning, sample
@@ -35,4 +36,5 @@ __all__ = [
     "plan",
     "privacy_report",
     "sample",
+    "sample_posterior_predictive",
 ]

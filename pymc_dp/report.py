@@ -36,8 +36,10 @@ from pymc_dp.accounting import (
 
 __all__ = ["PrivacyReport", "privacy_report", "RAW_DATA_GROUPS"]
 
-#: Groups of a PyMC result that hold the raw data.
-RAW_DATA_GROUPS = ("observed_data", "constant_data", "log_likelihood")
+#: Groups of a PyMC result that hold the raw data (``predictions_constant_data``: the data
+#: containers' values that ``pm.sample_posterior_predictive(..., predictions=True)`` stores,
+#: the records' own unless every container was replaced).
+RAW_DATA_GROUPS = ("observed_data", "constant_data", "log_likelihood", "predictions_constant_data")
 
 NEIGHBOUR_RELATION = NeighbourRelation.REPLACE_ONE.description
 
@@ -496,8 +498,9 @@ def _model_reasons(idata, stats, model, posterior) -> list[str]:
 
 #: Groups of draws PyMC adds after sampling (``pm.sample_posterior_predictive(...,
 #: extend_inferencedata=True)``, ``pm.sample_prior_predictive``): draws of the observed
-#: variables at the model's current data.
-PREDICTIVE_GROUPS = ("posterior_predictive", "prior_predictive")
+#: variables at the model's current data (``predictions``: with ``predictions=True``; judged
+#: like the others, since without ``pm.set_data`` its draws are at the records' covariates).
+PREDICTIVE_GROUPS = ("posterior_predictive", "prior_predictive", "predictions")
 
 
 def _predictive_reasons(idata, model) -> list[str]:
@@ -510,7 +513,9 @@ def _predictive_reasons(idata, model) -> list[str]:
     covariates: a function of the DP draws alone) are post-processing and pass. Judged from
     the model's graph (data-free). Found on the issue-26 sweep: after
     ``extend_inferencedata=True`` and removing ``observed_data`` the report called such a
-    result private.
+    result private. Containers named in the group's ``dp_public_data`` attribute (set by
+    `pymc_dp.sample_posterior_predictive` for the ``pm.Data`` it set to public values before
+    the draws) are not counted as record data.
     """
     from pymc_dp.records import deterministics_reading_data
     from pymc_dp.records.graph_facts import count_records, record_data_read
@@ -522,21 +527,29 @@ def _predictive_reasons(idata, model) -> list[str]:
         ds = _get_group(idata, group)
         if ds is None:
             continue
+        # containers pymc_dp.sample_posterior_predictive set to public values for the draws
+        tag = str(ds.attrs.get("dp_public_data", ""))
+        public = frozenset(model[k] for k in tag.split(",") if k in model.named_vars)
         read = set()
         for name in ds.data_vars:
             var = model.named_vars.get(name)
             if var is None:
                 continue
-            if name in data_dets:
+            if public and var not in model.observed_RVs:
+                if record_data_read([var], model, n, exclude=public):
+                    read.add(name)
+            elif name in data_dets:
                 read.add(name)
-            elif var in model.observed_RVs and record_data_read(var.owner.inputs, model, n):
+            elif var in model.observed_RVs and record_data_read(
+                var.owner.inputs, model, n, exclude=public
+            ):
                 read.add(name)
         if read:
             reasons.append(
                 f"the {group} group holds draws of {sorted(read)} at the records' own data "
                 "(covariates): per-record functions of the data without noise; remove the "
-                "group before publishing (for predictions at public covariates: pm.set_data, "
-                "then pm.sample_posterior_predictive(..., predictions=True))"
+                "group before publishing (for draws at public covariates: "
+                "pymc_dp.sample_posterior_predictive(idata, public_data={...}))"
             )
     return reasons
 
@@ -592,9 +605,8 @@ def privacy_report(
             "this is a predictive result (what pm.sample_posterior_predictive returns): it has "
             "no pymc_dp privacy stats and is not a DP output: its draws are at the records' "
             "own data and its observed_data/constant_data groups are the raw data; for "
-            "predictions at public covariates use pm.set_data, then "
-            "pm.sample_posterior_predictive(..., predictions=True), and publish only the "
-            "predictions group"
+            "draws at public covariates without the raw data use "
+            "pymc_dp.sample_posterior_predictive(idata, public_data={...})"
         )
     if stats is None or posterior is None or "dp_mu" not in stats:
         raise ValueError(
