@@ -190,3 +190,26 @@ def test_step_runs_with_an_all_zero_covariate():
             compute_convergence_checks=False,
         )
     assert idata.posterior["b"].shape == (1, 10, 2)
+
+
+def test_group_index_equal_to_record_positions_is_data():
+    """A group index column equal to ``0 .. n-1`` (one latent value a record, ``a[g]``) and a
+    permuted one take the same route with the right per-record log-likelihoods (helper 247:
+    `record_position_indices` took the former for PyTensor 3's folded ``arange(n)`` and the
+    model was refused as not separable, the permuted column ran)."""
+    rng = np.random.default_rng(5)
+    y = rng.normal(size=N)
+    q = np.linspace(-1.0, 1.0, N)
+    seen = {}
+    for name, g in {"positions": np.arange(N), "permuted": rng.permutation(N)}.items():
+        with pm.Model() as model:
+            a = pm.Normal("a", 0.0, 1.0, shape=N)
+            pm.Normal("obs", a[g], 1.0, observed=y)
+        g_ = per_record_graphs(model, model.value_vars, model.initial_point())
+        seen[name] = (_structure(g_.ll_batch), _structure(g_.one_record), len(g_.data_nodes))
+        fns = build_record_functions(model, model.value_vars, model.initial_point())[0]
+        [term] = model.logp(vars=model.observed_RVs, sum=False)
+        ref = model.compile_fn(term, inputs=model.value_vars)({"a": q})
+        np.testing.assert_allclose(fns.loglik(q), ref, rtol=1e-10)
+        assert fns.per_record_grad(q).shape == (N, N)
+    assert seen["positions"] == seen["permuted"]
