@@ -180,14 +180,13 @@ def _reads_record_array(x, n: int, idx) -> bool:
     the stand-in of an observed value) other than ``idx``. Structural."""
     from pytensor.compile.sharedvalue import SharedVariable
 
+    from pymc_dp.records.store import node_shape  # shapes only (public, like n)
+
     for a in ancestors([x]):
         if a is idx or a.owner is not None:
             continue
         if isinstance(a, TensorConstant | SharedVariable) and getattr(a.type, "ndim", 0) >= 1:
-            shape = (
-                a.data.shape if isinstance(a, TensorConstant) else a.get_value(borrow=True).shape
-            )
-            if shape[0] == n:
+            if node_shape(a)[0] == n:
                 return True
     return False
 
