@@ -149,6 +149,16 @@ def _mul_uses(v, clients) -> list | None:
 
 
 def _constant(v) -> float | None:
+    """The value of a prior parameter that is a constant (an all-equal array read as its
+    one value by ``get_underlying_scalar_constant_value``), or None.
+
+    Data never reaches here: it is called on the ``mu`` and ``sigma`` of free variables'
+    priors only (`_standard_normal`, `_centred_blocks`). A prior that reads an array of
+    ``n`` rows (record data) is refused before any sampling (`check_model_supported`,
+    `per_record_graphs`: "the prior ... reads an array with one row per record"), for
+    all-equal and mixed values alike (helper 247's probe), so the value read here is a
+    number written into the model, not a record's.
+    """
     try:
         return float(pt.get_underlying_scalar_constant_value(v))
     except Exception:

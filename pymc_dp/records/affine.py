@@ -83,7 +83,17 @@ _SCATTERS = ("AdvancedIncSubtensor1", "AdvancedIncSubtensor")
 
 
 def _const_value(v) -> float | None:
-    """The value of a data-free, parameter-free scalar-like constant ``v``, or None."""
+    """The value of a data-free, parameter-free scalar-like constant ``v``, or None.
+
+    Reading an all-equal array as its one value is safe here: data never reaches this
+    function. It is called on the exponent of a power in `data_degree`, only when the
+    exponent's degree in the data is 0, on the one-record graph, where every data array
+    (any constant or shared tensor of ``n`` rows, covariates included) has already been
+    replaced by the symbolic row ``graphs.rows`` (`pymc_dp.records.graphs.per_record_graphs`,
+    which also keeps PyMC's and PyTensor's rewrites from specialising on the data's values
+    before that: issue 26, helpers 245 and 247). What remains are the model's written-in
+    constants (e.g. ``x ** 2``'s ``2``).
+    """
     try:
         val = pt.get_underlying_scalar_constant_value(v)
     except Exception:  # noqa: BLE001 - not a constant

@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import pymc as pm
 import pytensor.tensor as pt
+from pymc.logprob.basic import transformed_conditional_logp
 from pymc.pytensorf import join_nonshared_inputs, make_shared_replacements
-from pytensor.graph.replace import clone_replace
+from pytensor.graph.replace import clone_replace, graph_replace
+from pytensor.graph.traversal import ancestors
 
 from pymc_dp.records.errors import ModelNotSupportedError
 from pymc_dp.records.graph_facts import count_records, data_nodes, record_data_read
@@ -76,6 +78,47 @@ class RecordGraphs:
         return int(self.n_params if self.n_params is not None else self.x.type.shape[0])
 
 
+def _record_logps(model: pm.Model, n: int) -> list:
+    """``model.logp(vars=model.observed_RVs, sum=False)`` with every constant array of ``n``
+    rows in the observed variables' graphs (a numpy covariate) held as an opaque input while
+    PyMC derives the log-probabilities, then put back.
+
+    PyMC's log-probability rewrites read a constant whose entries are all equal as one
+    scalar: with a covariate column ``x`` of all ones, ``b0 + b1 * x`` became ``b0 + b1``
+    (``x`` left only as a shape), with ``x`` all zeros the term ``b1 * x`` vanished (and a
+    gradient in ``b1`` raised ``DisconnectedInputError``). Whether ``x`` was a data node, the
+    per-record graphs, the affine bypass (`pymc_dp.records.affine.affine_in_data`) and
+    whether the model ran then depended on whether the column was constant in the data
+    (issue 26, helper 247). Held as inputs of their static type (``n`` and the trailing
+    shape are public), the graphs are the same for any data values of the same shape.
+    """
+    obs = list(model.observed_RVs)
+    hidden: dict = {}
+    # not past a free variable: its prior keeps its graph (a prior reading record data is
+    # refused below); a rebuilt free variable would not be the model's
+    for v in ancestors(obs, blockers=[rv for rv in model.basic_RVs if rv not in obs]):
+        if (
+            isinstance(v, pt.TensorConstant)
+            and v.type.ndim >= 1
+            and v.type.shape[0] == n
+            and v not in hidden
+        ):
+            hidden[v] = v.type(name=f"record_covariate{len(hidden)}")
+    if not hidden:
+        return model.logp(vars=obs, sum=False)
+    new = graph_replace(obs, replace=hidden, strict=False)
+    rvs_to_values = {rv: val for rv, val in model.rvs_to_values.items() if rv not in obs}
+    rvs_to_values.update({nv: model.rvs_to_values[ov] for ov, nv in zip(obs, new, strict=True)})
+    terms = transformed_conditional_logp(
+        rvs=new,
+        rvs_to_values=rvs_to_values,
+        rvs_to_transforms=model.rvs_to_transforms,
+        jacobian=True,
+    )
+    back = {h: c for c, h in hidden.items()}
+    return [clone_replace(t, replace=back, rebuild_strict=False) for t in terms]
+
+
 def per_record_graphs(
     model: pm.Model,
     vars: Sequence,
@@ -98,7 +141,7 @@ def per_record_graphs(
     """
     n = count_records(model)
     shared = make_shared_replacements(initial_point, vars, model)
-    ll_terms = model.logp(vars=model.observed_RVs, sum=False)
+    ll_terms = _record_logps(model, n)
     per_record = []
     for t in ll_terms:
         if t.ndim == 0:

@@ -175,6 +175,22 @@ def _is_record_position(a, n: int) -> bool:
     return bool((v.reshape(n) == np.arange(n)).all())
 
 
+def _reads_record_array(x, n: int, idx) -> bool:
+    """Whether ``x`` reads an array of ``n`` rows (a constant or shared tensor: record data,
+    the stand-in of an observed value) other than ``idx``. Structural."""
+    from pytensor.compile.sharedvalue import SharedVariable
+
+    from pymc_dp.records.store import node_shape  # shapes only (public, like n)
+
+    for a in ancestors([x]):
+        if a is idx or a.owner is not None:
+            continue
+        if isinstance(a, TensorConstant | SharedVariable) and getattr(a.type, "ndim", 0) >= 1:
+            if node_shape(a)[0] == n:
+                return True
+    return False
+
+
 def record_position_indices(graph, n: int):
     """Turn a constant ``arange(n)`` that selects each record's own row into the position
     in the batch the graph is evaluated on.
@@ -200,6 +216,12 @@ def record_position_indices(graph, n: int):
             continue  # PyTensor 3: the first index input does not index axis 0
         lead = x.type.shape[0] if x.type.ndim else 0
         if lead not in (n, None) or not _is_record_position(idx, n):
+            continue
+        if not _reads_record_array(x, n, idx):
+            # ``x`` is not per-record (a parameter vector of length ``n``, ``a[g]``): the
+            # index is then a data column (a group index) that happens to be ``0 .. n-1``;
+            # rewriting it would make the graph depend on the data's values (a permuted
+            # column is data, ``0 .. n-1`` was refused as not separable: helper 247)
             continue
         pos = pt.arange(x.shape[0], dtype=idx.dtype).reshape((-1,) + (1,) * (idx.ndim - 1))
         new = node.op.make_node(x, pos, *node.inputs[2:]).outputs[node.outputs.index(v)]
