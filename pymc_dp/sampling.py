@@ -276,158 +276,119 @@ def sample(
     # the model's initial point and the model guard once for the whole call, whatever the
     # step (each `model.initial_point()` compiles a function; the guard walks the graph):
     # a step class's run checked the model in `_check_class_run`, again in the step's
-    # constructor and again before `pm.sample` (`check_run_is_private`)
+    # constructor and again before `pm.sample` (`check_run_is_private`). The body stays in
+    # this function: the warnings' ``stacklevel`` counts the frames to the user's call
     with call_scope(model):
-        return _sample(
-            draws,
-            epsilon=epsilon,
-            delta=delta,
-            step=step,
+        if step is None and (inspect.isclass(draws) or isinstance(draws, DPStep | list | tuple)):
+            raise TypeError(
+                "pymc_dp.sample's first parameter is draws, as in pm.sample; pass the step method "
+                "as a keyword: pymc_dp.sample(draws, step=..., epsilon=..., delta=...)"
+            )
+        _check_sample_kwargs(sample_kwargs)
+        if draws is not None:
+            draws = check_positive("draws", draws, integer=True)
+        if tune is not None:
+            tune = check_positive("tune", tune, integer=True, allow_zero=True)
+        chains = check_positive("chains", chains, integer=True)
+        if data_bounds is not None:
+            from pymc_dp.auto import check_data_bounds
+
+            data_bounds = check_data_bounds(model, data_bounds)
+        if records is not None:
+            _check_cores(sample_kwargs)
+        run = _Request(
+            model=model,
+            draws=draws,
             tune=tune,
             chains=chains,
-            data_bounds=data_bounds,
+            epsilon=epsilon,
+            delta=delta,
             random_seed=random_seed,
             step_kwargs=step_kwargs,
-            auto_kwargs=auto_kwargs,
             keep_data=keep_data,
-            model=model,
             var_names=var_names,
             idata_kwargs=idata_kwargs,
-            records=records,
             sample_kwargs=sample_kwargs,
+            records=records,
         )
+        if step is None:
+            if records is not None:
+                _check_records(DPPenaltyMetropolis, records, False)
+                if getattr(records, "owners", None) is not None:
+                    raise ValueError(
+                        "the automatic mode (step=None) does not implement the data-sharing scheme "
+                        "(its warm start and clip selection use the central scheme); give "
+                        "DaskRecords without owners=, or step=pymc_dp.DPPenaltyMetropolis"
+                    )
+            return _sample_auto(run, {**(auto_kwargs or {}), "data_bounds": data_bounds})
+        if auto_kwargs:
+            raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
+        if inspect.isclass(step) and issubclass(step, DPStep) and step_kwargs:
+            # the settings objects spelled as the keywords the class checks are made with
+            run.step_kwargs = to_keywords(step, step_kwargs)
+        if (
+            inspect.isclass(step)
+            and data_bounds is not None
+            and "data_bounds" in accepted_keywords(step)
+            and "data_bounds" not in (run.step_kwargs or {})
+        ):
+            # a class that takes the public bounds itself (DPExpFamilyPenalty) gets them
+            run.step_kwargs = {**(run.step_kwargs or {}), "data_bounds": data_bounds}
+        if inspect.isclass(step) and issubclass(step, DPStep):
+            from pymc_dp.auto.steps import check_configurable, wants_configuration
 
-
-def _sample(
-    draws: int | None,
-    *,
-    epsilon: float | None,
-    delta: float | None,
-    step,
-    tune: int | None,
-    chains: int,
-    data_bounds: dict | None,
-    random_seed,
-    step_kwargs: dict[str, Any] | None,
-    auto_kwargs: dict[str, Any] | None,
-    keep_data: bool,
-    model: pm.Model,
-    var_names: Sequence[str] | None,
-    idata_kwargs: dict | None,
-    records,
-    sample_kwargs: dict[str, Any],
-):
-    """`sample`'s body, inside the call's `pymc_dp.callscope.call_scope`."""
-    if step is None and (inspect.isclass(draws) or isinstance(draws, DPStep | list | tuple)):
-        raise TypeError(
-            "pymc_dp.sample's first parameter is draws, as in pm.sample; pass the step method "
-            "as a keyword: pymc_dp.sample(draws, step=..., epsilon=..., delta=...)"
-        )
-    _check_sample_kwargs(sample_kwargs)
-    if draws is not None:
-        draws = check_positive("draws", draws, integer=True)
-    if tune is not None:
-        tune = check_positive("tune", tune, integer=True, allow_zero=True)
-    chains = check_positive("chains", chains, integer=True)
-    if data_bounds is not None:
-        from pymc_dp.auto import check_data_bounds
-
-        data_bounds = check_data_bounds(model, data_bounds)
-    if records is not None:
-        _check_cores(sample_kwargs)
-    run = _Request(
-        model=model,
-        draws=draws,
-        tune=tune,
-        chains=chains,
-        epsilon=epsilon,
-        delta=delta,
-        random_seed=random_seed,
-        step_kwargs=step_kwargs,
-        keep_data=keep_data,
-        var_names=var_names,
-        idata_kwargs=idata_kwargs,
-        sample_kwargs=sample_kwargs,
-        records=records,
-    )
-    if step is None:
-        if records is not None:
-            _check_records(DPPenaltyMetropolis, records, False)
-            if getattr(records, "owners", None) is not None:
-                raise ValueError(
-                    "the automatic mode (step=None) does not implement the data-sharing scheme "
-                    "(its warm start and clip selection use the central scheme); give "
-                    "DaskRecords without owners=, or step=pymc_dp.DPPenaltyMetropolis"
+            if wants_configuration(step, run.step_kwargs):
+                # refused here, before anything is read, when the class cannot be configured
+                run.epsilon, run.delta = _require_target(epsilon, delta, step.__name__)
+                check_configurable(
+                    step,
+                    run.step_kwargs,
+                    sample_kwargs,
+                    model=model,
+                    epsilon=run.epsilon,
+                    delta=run.delta,
+                    chains=chains,
+                    draws=draws,
+                    tune=tune,
+                    records=records,
                 )
-        return _sample_auto(run, {**(auto_kwargs or {}), "data_bounds": data_bounds})
-    if auto_kwargs:
-        raise ValueError("auto_kwargs configure the automatic mode (step=None) only")
-    if inspect.isclass(step) and issubclass(step, DPStep) and step_kwargs:
-        # the settings objects spelled as the keywords the class checks are made with
-        run.step_kwargs = to_keywords(step, step_kwargs)
-    if (
-        inspect.isclass(step)
-        and data_bounds is not None
-        and "data_bounds" in accepted_keywords(step)
-        and "data_bounds" not in (run.step_kwargs or {})
-    ):
-        # a class that takes the public bounds itself (DPExpFamilyPenalty) gets them
-        run.step_kwargs = {**(run.step_kwargs or {}), "data_bounds": data_bounds}
-    if inspect.isclass(step) and issubclass(step, DPStep):
-        from pymc_dp.auto.steps import check_configurable, wants_configuration
-
-        if wants_configuration(step, run.step_kwargs):
-            # refused here, before anything is read, when the class cannot be configured
+                return _sample_configured(run, step)
+        run.draws = 1000 if draws is None else draws
+        run.tune = 1000 if tune is None else tune
+        if inspect.isclass(step):
+            if not issubclass(step, DPStep):
+                raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
             run.epsilon, run.delta = _require_target(epsilon, delta, step.__name__)
-            check_configurable(
-                step,
-                run.step_kwargs,
-                sample_kwargs,
-                model=model,
-                epsilon=run.epsilon,
-                delta=run.delta,
-                chains=chains,
-                draws=draws,
-                tune=tune,
-                records=records,
+            # Everything that needs no data is checked before the step compiles: the model, and
+            # what pm.sample would store.
+            _check_class_run(run, step)
+            kwargs = dict(run.step_kwargs or {})
+            if records is not None:
+                kwargs["records"] = records
+            with warnings.catch_warnings():
+                # checked just above (refused, or excluded by var_names): do not warn again
+                warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
+                step = step(
+                    model=model,
+                    epsilon=run.epsilon,
+                    delta=run.delta,
+                    draws=run.draws,
+                    tune=run.tune,
+                    chains=chains,
+                    **kwargs,
+                )
+        elif records is not None:
+            raise ValueError(
+                "records= is given to the step class (pymc_dp.sample(step=pymc_dp.DPHMC, "
+                "records=...)); a step instance carries its own records (give them to its "
+                "constructor)"
             )
-            return _sample_configured(run, step)
-    run.draws = 1000 if draws is None else draws
-    run.tune = 1000 if tune is None else tune
-    if inspect.isclass(step):
-        if not issubclass(step, DPStep):
-            raise ModelNotSupportedError(f"{step.__name__} is not a pymc_dp step class")
-        run.epsilon, run.delta = _require_target(epsilon, delta, step.__name__)
-        # Everything that needs no data is checked before the step compiles: the model, and
-        # what pm.sample would store.
-        _check_class_run(run, step)
-        kwargs = dict(run.step_kwargs or {})
-        if records is not None:
-            kwargs["records"] = records
-        with warnings.catch_warnings():
-            # checked just above (refused, or excluded by var_names): do not warn again
-            warnings.filterwarnings("ignore", message="Deterministics .* depend on the data")
-            step = step(
-                model=model,
-                epsilon=run.epsilon,
-                delta=run.delta,
-                draws=run.draws,
-                tune=run.tune,
-                chains=chains,
-                **kwargs,
+        elif epsilon is not None or step_kwargs:
+            raise ValueError(
+                "epsilon/delta/step_kwargs calibrate a step class; a step instance carries its own "
+                "calibration: pass the class (e.g. step=pymc_dp.DPHMC) to calibrate here"
             )
-    elif records is not None:
-        raise ValueError(
-            "records= is given to the step class (pymc_dp.sample(step=pymc_dp.DPHMC, "
-            "records=...)); a step instance carries its own records (give them to its "
-            "constructor)"
-        )
-    elif epsilon is not None or step_kwargs:
-        raise ValueError(
-            "epsilon/delta/step_kwargs calibrate a step class; a step instance carries its own "
-            "calibration: pass the class (e.g. step=pymc_dp.DPHMC) to calibrate here"
-        )
-    return _run(run, step)
+        return _run(run, step)
 
 
 @dataclasses.dataclass

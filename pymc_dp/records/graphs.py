@@ -93,6 +93,10 @@ def _record_logps(model: pm.Model, n: int) -> list:
     shape are public), the graphs are the same for any data values of the same shape.
     """
     obs = list(model.observed_RVs)
+    if n <= 1:
+        # one record: every length-1 constant has "n" rows (see
+        # `pymc_dp.records.rewrite.canonicalize_records`): nothing is hidden
+        return model.logp(vars=obs, sum=False)
     hidden: dict = {}
     # not past a free variable: its prior keeps its graph (a prior reading record data is
     # refused below); a rebuilt free variable would not be the model's
