@@ -87,6 +87,18 @@ def test_per_record_graphs_do_not_depend_on_the_values(lik):
         assert s == first, f"{lik}: the per-record graphs of {name!r} differ from the others'"
 
 
+HMC_KW = {"llr_clip_bound": 2.0, "grad_clip_bound": 2.0, "n_leapfrog": 3}
+
+
+def _short_run(model, cls, kw):
+    """10 + 10 iterations of one chain of step class ``cls`` (hyperparameters ``kw``)."""
+    with model:
+        return pymc_dp.sample(
+            step=cls, step_kwargs=kw, epsilon=4.0, delta=1e-6, draws=10, tune=10, chains=1,
+            random_seed=1, progressbar=False, compute_convergence_checks=False,
+        )  # fmt: skip
+
+
 @pytest.mark.parametrize("step", ["penalty", "hmc"])
 @pytest.mark.parametrize("lik", ["Normal", "Bernoulli", "Poisson"])
 def test_steps_run_on_all_zero_observed(lik, step):
@@ -95,20 +107,8 @@ def test_steps_run_on_all_zero_observed(lik, step):
     if step == "penalty":
         cls, kw = pymc_dp.DPPenaltyMetropolis, {"clip_bound": 2.0}
     else:
-        cls, kw = pymc_dp.DPHMC, {"llr_clip_bound": 2.0, "grad_clip_bound": 2.0, "n_leapfrog": 3}
-    with model:
-        idata = pymc_dp.sample(
-            step=cls,
-            step_kwargs=kw,
-            epsilon=4.0,
-            delta=1e-6,
-            draws=10,
-            tune=10,
-            chains=1,
-            random_seed=1,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
+        cls, kw = pymc_dp.DPHMC, HMC_KW
+    idata = _short_run(model, cls, kw)
     assert idata.posterior["a"].shape == (1, 10)
 
 
@@ -176,19 +176,7 @@ def test_step_runs_with_an_all_zero_covariate():
     """DPHMC on a Poisson GLM whose covariate column is all zeros (before: PyMC dropped the
     column, the likelihood's compiled function did not read it: ``UnusedInputError``)."""
     y = np.random.default_rng(4).poisson(2.0, size=N)
-    with _glm("Poisson", np.zeros(N), y):
-        idata = pymc_dp.sample(
-            step=pymc_dp.DPHMC,
-            step_kwargs={"llr_clip_bound": 2.0, "grad_clip_bound": 2.0, "n_leapfrog": 3},
-            epsilon=4.0,
-            delta=1e-6,
-            draws=10,
-            tune=10,
-            chains=1,
-            random_seed=1,
-            progressbar=False,
-            compute_convergence_checks=False,
-        )
+    idata = _short_run(_glm("Poisson", np.zeros(N), y), pymc_dp.DPHMC, HMC_KW)
     assert idata.posterior["b"].shape == (1, 10, 2)
 
 
